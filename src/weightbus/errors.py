@@ -1,0 +1,157 @@
+"""The error tree of weightbus: every failure a caller can act on has a type and structured fields.
+
+Library errors derive from ``WeightbusError`` and, where the meaning matches, from a builtin::
+
+    WeightbusError
+    ├── InvalidPolicyError (ValueError)       policy id is not a single NATS subject token
+    ├── InvalidEventError (ValueError)        a payload failed the typed decode at the bus boundary
+    ├── BusError
+    │   ├── BusConnectError (ConnectionError) nothing answered at the URL within the connect budget
+    │   ├── PublishError                      the bus refused or could not confirm a publish
+    │   │   └── SequenceConflictError         a conditional publish lost: the subject moved on
+    │   └── SlowConsumerError                 a subscriber fell behind its bounded queue
+    ├── FencedError                           another publisher owns the policy's counter
+    ├── EngineError                           an SGLang engine answered with an error or not at all
+    │   └── EngineOutOfSyncError              an engine does not serve the version it was stamped with
+    └── VersionRegressionError                a tracker in ``raise`` mode saw a lower version
+
+Translation from nats-py and msgspec errors happens in ``weightbus.bus`` only; from httpx errors in
+``weightbus.engines`` only.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BusConnectError",
+    "BusError",
+    "EngineError",
+    "EngineOutOfSyncError",
+    "FencedError",
+    "InvalidEventError",
+    "InvalidPolicyError",
+    "PublishError",
+    "SequenceConflictError",
+    "SlowConsumerError",
+    "VersionRegressionError",
+    "WeightbusError",
+]
+
+
+class WeightbusError(Exception):
+    """Root of every error raised by weightbus."""
+
+
+class InvalidPolicyError(WeightbusError, ValueError):
+    """A policy id that cannot be a single NATS subject token (empty, dots, spaces, wildcards)."""
+
+    def __init__(self, policy: str, why: str) -> None:
+        self.policy = policy
+        self.why = why
+        super().__init__(f"invalid policy id {policy!r}: {why}")
+
+
+class InvalidEventError(WeightbusError, ValueError):
+    """A payload that is not a valid event of its subject's family.
+
+    Attributes:
+        subject: the NATS subject it arrived on.
+        family: the subject family (``weights``, ``applied``, ``alerts``, ``drains``) or ``unknown``.
+        reason: a low-cardinality label: ``malformed``, ``invalid``, ``oversized``, ``unknown_subject``.
+        detail: the decoder's message, e.g. ``Expected `int` >= 0 - at `$.version```.
+    """
+
+    def __init__(self, subject: str, family: str, reason: str, detail: str) -> None:
+        self.subject = subject
+        self.family = family
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"invalid {family} event on {subject!r} ({reason}): {detail}")
+
+
+class BusError(WeightbusError):
+    """A failure of the message bus itself."""
+
+
+class BusConnectError(BusError, ConnectionError):
+    """Nothing answered at ``url`` within the connect budget."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"cannot connect to NATS at {url}: {detail}")
+
+
+class PublishError(BusError):
+    """The bus refused a publish, or could not confirm it after every retry."""
+
+    def __init__(self, subject: str, reason: str) -> None:
+        self.subject = subject
+        self.reason = reason
+        super().__init__(f"publish to {subject!r} failed: {reason}")
+
+
+class SequenceConflictError(PublishError):
+    """A conditional publish expected the subject's last sequence to be ``expected``; it had moved on."""
+
+    def __init__(self, subject: str, expected: int) -> None:
+        self.expected = expected
+        super().__init__(subject, f"the subject's last sequence is no longer {expected}")
+
+
+class SlowConsumerError(BusError):
+    """A subscriber's bounded queue overflowed; events were not silently dropped but this was raised."""
+
+    def __init__(self, subject: str, limit: int) -> None:
+        self.subject = subject
+        self.limit = limit
+        super().__init__(f"subscriber on {subject!r} fell more than {limit} events behind")
+
+
+class FencedError(WeightbusError):
+    """Another publisher has taken over the policy's version counter; nothing was published.
+
+    Attributes:
+        policy: the policy id.
+        owner: the trainer id that holds the counter now.
+        epoch: the owner's epoch.
+        version: the latest version on the bus (None if the owner has not published one yet).
+    """
+
+    def __init__(self, policy: str, owner: str, epoch: int, version: int | None) -> None:
+        self.policy = policy
+        self.owner = owner
+        self.epoch = epoch
+        self.version = version
+        at = "no version yet" if version is None else f"version {version}"
+        super().__init__(f"policy {policy!r} was taken over by {owner!r} (epoch {epoch}, {at}); nothing was published")
+
+
+class EngineError(WeightbusError):
+    """An SGLang engine answered with an error status, an unexpected body, or not at all."""
+
+    def __init__(self, url: str, status: int | None, message: str) -> None:
+        self.url = url
+        self.status = status
+        self.message = message
+        where = f"HTTP {status}" if status is not None else "no response"
+        super().__init__(f"engine {url}: {where}: {message}")
+
+
+class EngineOutOfSyncError(EngineError):
+    """An engine read back a different ``weight_version`` than it was stamped with."""
+
+    def __init__(self, url: str, expected: str, actual: str) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(url, 200, f"stamped weight_version {expected!r} but /model_info reports {actual!r}")
+
+
+class VersionRegressionError(WeightbusError):
+    """A tracker in ``regression="raise"`` mode saw a lower version than the one it holds."""
+
+    def __init__(self, policy: str, current: int, incoming: int, publisher: str) -> None:
+        self.policy = policy
+        self.current = current
+        self.incoming = incoming
+        self.publisher = publisher
+        super().__init__(f"policy {policy!r}: version went back from {current} to {incoming} (published by {publisher!r})")

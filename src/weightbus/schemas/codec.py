@@ -1,0 +1,89 @@
+"""The one typed decode: bytes on a subject → an event of that subject's family, or ``InvalidEventError``.
+
+The family is the last token of the subject (``weightbus.<policy>.<family>``). Encoders and decoders
+are built once at import. Nothing but ``InvalidEventError`` ever leaves ``decode``: not JSON, wrong
+types, a negative version, an unknown tag, an oversized payload, or a subject outside the scheme.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from weightbus.errors import InvalidEventError
+from weightbus.schemas.alerts import AlertMessage, EngineOutOfSync, VersionRegressed
+from weightbus.schemas.drains import DrainMessage, DrainReport
+from weightbus.schemas.weights import AppliedMessage, PublisherClaimed, WeightApplied, WeightUpdated
+
+__all__ = ["FAMILIES", "MAX_EVENT_BYTES", "Event", "decode", "encode", "family_of", "json_schemas"]
+
+#: Control events are small; anything larger is refused before parsing.
+MAX_EVENT_BYTES: Final = 64 * 1024
+
+Event = WeightUpdated | PublisherClaimed | WeightApplied | VersionRegressed | EngineOutOfSync | DrainReport
+
+#: subject family → the tagged union carried on it.
+FAMILIES: Final[dict[str, Any]] = {
+    "weights": WeightUpdated | PublisherClaimed,
+    "applied": AppliedMessage,
+    "alerts": AlertMessage,
+    "drains": DrainMessage,
+}
+
+_DECODERS: Final = {family: msgspec.json.Decoder(union) for family, union in FAMILIES.items()}
+_ENCODER: Final = msgspec.json.Encoder()
+_FAMILY_OF_TYPE: Final[dict[type, str]] = {
+    WeightUpdated: "weights",
+    PublisherClaimed: "weights",
+    WeightApplied: "applied",
+    VersionRegressed: "alerts",
+    EngineOutOfSync: "alerts",
+    DrainReport: "drains",
+}
+
+
+def family_of(event: Event) -> str:
+    """The subject family an event belongs on.
+
+    Raises:
+        TypeError: ``event`` is not a weightbus event.
+    """
+    try:
+        return _FAMILY_OF_TYPE[type(event)]
+    except KeyError:
+        raise TypeError(f"not a weightbus event: {type(event).__name__}") from None
+
+
+def encode(event: Event) -> bytes:
+    """Encode an event as its wire JSON (``{"type": <tag>, ...}``)."""
+    return _ENCODER.encode(event)
+
+
+def decode(subject: str, data: bytes) -> Event:
+    """Decode ``data`` received on ``subject`` into its family's event type.
+
+    Raises:
+        InvalidEventError: with ``reason`` ``unknown_subject``, ``oversized``, ``malformed`` (not JSON)
+            or ``invalid`` (JSON that is not a valid event: wrong type, constraint, unknown tag).
+    """
+    family = subject.rsplit(".", 1)[-1] if subject.startswith("weightbus.") else ""
+    decoder = _DECODERS.get(family)
+    if decoder is None:
+        raise InvalidEventError(subject, "unknown", "unknown_subject", "subject is not weightbus.<policy>.<family>")
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidEventError(subject, family, "oversized", f"{len(data)} bytes > {MAX_EVENT_BYTES}")
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise InvalidEventError(subject, family, "invalid", str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidEventError(subject, family, "malformed", str(exc)) from None
+
+
+def json_schemas() -> dict[str, Any]:
+    """The JSON Schema of each family's union, keyed by family, for non-Python subscribers."""
+    out: dict[str, Any] = {}
+    for family, union in FAMILIES.items():
+        out[family] = msgspec.json.schema(union)
+    return out
