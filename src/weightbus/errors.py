@@ -154,4 +154,6 @@ class VersionRegressionError(WeightbusError):
         self.current = current
         self.incoming = incoming
         self.publisher = publisher
-        super().__init__(f"policy {policy!r}: version went back from {current} to {incoming} (published by {publisher!r})")
+        super().__init__(
+            f"policy {policy!r}: version went back from {current} to {incoming} (published by {publisher!r})"
+        )

@@ -1,0 +1,27 @@
+"""The bus: the ``Bus`` protocol, its NATS JetStream and in-memory implementations, the subject
+scheme, an embedded nats-server, and record/replay of event traces.
+
+``weightbus.bus.nats`` imports nats-py; everything here is light enough to import anywhere.
+"""
+
+from weightbus.bus.memory import MemoryBus
+from weightbus.bus.metrics import BusMetrics
+from weightbus.bus.nats import NatsBus, connect
+from weightbus.bus.protocol import Bus, Deliver, Envelope, PublishAck, Subscription
+from weightbus.bus.server import EmbeddedNats, NatsServerNotFound, find_nats_server, free_port
+
+__all__ = [
+    "Bus",
+    "BusMetrics",
+    "Deliver",
+    "EmbeddedNats",
+    "Envelope",
+    "MemoryBus",
+    "NatsBus",
+    "NatsServerNotFound",
+    "PublishAck",
+    "Subscription",
+    "connect",
+    "find_nats_server",
+    "free_port",
+]

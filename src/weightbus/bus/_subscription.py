@@ -1,0 +1,102 @@
+"""The bounded queue behind every subscription: decoding at the boundary, counting invalid payloads.
+
+A transport pushes raw messages in with ``offer``; the iterator decodes each one exactly once. An
+invalid payload is logged and counted under ``weightbus_invalid_events_total`` and skipped; it never
+ends the subscription. A full queue does not drop silently: the next ``__anext__`` raises
+``SlowConsumerError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final
+
+from weightbus.bus.metrics import BusMetrics
+from weightbus.bus.protocol import Envelope
+from weightbus.errors import InvalidEventError, SlowConsumerError
+from weightbus.schemas.codec import decode
+
+__all__ = ["QueueSubscription"]
+
+log = logging.getLogger("weightbus.bus")
+
+_CLOSED: Final = object()
+
+
+class QueueSubscription:
+    """A typed async iterator over a bounded queue of raw messages."""
+
+    def __init__(
+        self,
+        pattern: str,
+        metrics: BusMetrics,
+        *,
+        max_pending: int = 10_000,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.pattern = pattern
+        self._metrics = metrics
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._max_pending = max_pending
+        self._overflowed = False
+        self._closed = False
+        self._on_close = on_close
+        self._error: BaseException | None = None
+
+    def offer(self, subject: str, data: bytes, headers: Mapping[str, str] | None, seq: int | None) -> None:
+        """Queue one raw message (called by the transport, never blocks)."""
+        if self._closed:
+            return
+        if self._queue.qsize() >= self._max_pending:
+            self._overflowed = True
+            return
+        self._queue.put_nowait((subject, data, dict(headers or {}), seq, time.time()))
+
+    def fail(self, exc: BaseException) -> None:
+        """End the iteration with ``exc`` (a transport failure the caller must see)."""
+        self._error = exc
+        self._queue.put_nowait(_CLOSED)
+
+    def __aiter__(self) -> QueueSubscription:
+        return self
+
+    async def __anext__(self) -> Envelope:
+        while True:
+            if self._overflowed:
+                self._overflowed = False
+                raise SlowConsumerError(self.pattern, self._max_pending)
+            item = await self._queue.get()
+            if item is _CLOSED:
+                self._queue.put_nowait(_CLOSED)
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            subject, data, headers, seq, received_at = item  # type: ignore[misc]
+            try:
+                event = decode(subject, data)
+            except InvalidEventError as exc:
+                self._metrics.invalid_events.labels(exc.family, exc.reason).inc()
+                log.warning(
+                    "invalid event skipped",
+                    extra={"subject": subject, "family": exc.family, "reason": exc.reason, "detail": exc.detail},
+                )
+                continue
+            return Envelope(subject, event, data, headers, seq, received_at)
+
+    async def close(self) -> None:
+        """Stop receiving; a pending ``__anext__`` ends with StopAsyncIteration."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put_nowait(_CLOSED)
+        if self._on_close is not None:
+            await self._on_close()
+
+    async def __aenter__(self) -> QueueSubscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,60 @@
+"""Shared fixtures: a real nats-server per test session, fresh registries, unique policy ids.
+
+The server is started by this session on 127.0.0.1 with a free port and a temporary store, and stopped
+by pid; the machine's own NATS on 4222 is never used.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+from prometheus_client import CollectorRegistry
+
+from weightbus.bus import BusMetrics, EmbeddedNats, MemoryBus, NatsBus, connect
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: EmbeddedNats) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def policy() -> str:
+    return f"p-{uuid.uuid4().hex[:12]}"
+
+
+@pytest_asyncio.fixture
+async def nats_bus(nats_url: str, registry: CollectorRegistry) -> AsyncIterator[NatsBus]:
+    bus = await connect(nats_url, metrics=BusMetrics(registry), connect_timeout=5)
+    yield bus
+    await bus.close()
+
+
+@pytest_asyncio.fixture(params=["memory", "nats"])
+async def bus(request: pytest.FixtureRequest, registry: CollectorRegistry) -> AsyncIterator[MemoryBus | NatsBus]:
+    """The contract fixture: every test using it runs on both buses."""
+    if request.param == "memory":
+        mem = MemoryBus(BusMetrics(registry))
+        yield mem
+        await mem.close()
+    else:
+        url = request.getfixturevalue("nats_url")
+        nb = await connect(url, metrics=BusMetrics(registry), connect_timeout=5)
+        yield nb
+        await nb.close()
