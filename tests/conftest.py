@@ -46,7 +46,7 @@ async def nats_bus(nats_url: str, registry: CollectorRegistry) -> AsyncIterator[
     await bus.close()
 
 
-@pytest_asyncio.fixture(params=["memory", "nats"])
+@pytest_asyncio.fixture(params=["memory", pytest.param("nats", marks=pytest.mark.nats)])
 async def bus(request: pytest.FixtureRequest, registry: CollectorRegistry) -> AsyncIterator[MemoryBus | NatsBus]:
     """The contract fixture: every test using it runs on both buses."""
     if request.param == "memory":

@@ -84,13 +84,14 @@ async def connect(
             not be ensured.
     """
     client = NatsClient()
+    closing = asyncio.Event()  # set by NatsBus.close, so a deliberate close is not logged as an outage
     servers = [u.strip() for u in url.split(",") if u.strip()]
 
     async def _error(exc: Exception) -> None:
         log.debug("nats client error", extra={"error": repr(exc)})
 
     async def _disconnected() -> None:
-        if not (client.is_closing or client.is_closed):
+        if not (closing.is_set() or client.is_closed):
             log.warning("disconnected from NATS; reconnecting", extra={"url": url})
 
     async def _reconnected() -> None:
@@ -127,6 +128,7 @@ async def connect(
         stream=stream,
         publish_timeout=publish_timeout,
         publish_attempts=publish_attempts,
+        closing=closing,
     )
     if ensure_stream:
         try:
@@ -148,8 +150,10 @@ class NatsBus:
         stream: str = DEFAULT_STREAM,
         publish_timeout: float = 2.0,
         publish_attempts: int = 5,
+        closing: asyncio.Event | None = None,
     ) -> None:
         self.client = client
+        self._closing = closing if closing is not None else asyncio.Event()
         self.js: JetStreamContext = client.jetstream(timeout=publish_timeout)
         self.metrics = metrics if metrics is not None else BusMetrics()
         self.stream = stream
@@ -287,6 +291,7 @@ class NatsBus:
 
     async def close(self) -> None:
         """Close every subscription, then the connection."""
+        self._closing.set()
         for sub in list(self._subs):
             await sub.close()
         if not self.client.is_closed:

@@ -1,0 +1,154 @@
+"""Record and replay of event traces (JSON Lines), for tests, debugging and demos.
+
+Format: one JSON object per line, in receive order::
+
+    {"v": 1, "subject": "weightbus.p.weights", "received_at": 1764427200.123, "seq": 7,
+     "headers": {"Nats-Msg-Id": "p:0:3"}, "event": {"type": "weight.updated", ...}}
+
+``event`` is the event's wire JSON, byte for byte as it was received. ``seq`` is the stream sequence
+at the source (informational). ``v`` is the format version; readers skip fields they don't know.
+
+Replay republishes records in order through any ``Bus``, keeping the original ``Nats-Msg-Id`` (so a
+replay into the same stream within its duplicate window is idempotent) unless ``msg_id_suffix`` is
+given, and optionally keeping the original pacing scaled by ``speed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+from weightbus.bus.protocol import Bus, Deliver, Envelope, PublishAck
+
+__all__ = ["TRACE_FORMAT_VERSION", "TraceRecord", "read_trace", "record", "replay", "write_record"]
+
+TRACE_FORMAT_VERSION = 1
+
+
+class TraceRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One recorded event. ``event`` holds the raw wire JSON of the payload."""
+
+    subject: str
+    received_at: float
+    event: msgspec.Raw
+    headers: dict[str, str] = {}
+    seq: int | None = None
+    v: int = TRACE_FORMAT_VERSION
+
+    @classmethod
+    def from_envelope(cls, env: Envelope) -> TraceRecord:
+        """The record of a received envelope."""
+        return cls(
+            subject=env.subject,
+            received_at=env.received_at,
+            event=msgspec.Raw(env.data),
+            headers=dict(env.headers),
+            seq=env.seq,
+        )
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(TraceRecord)
+
+
+def write_record(out: IO[bytes], rec: TraceRecord) -> None:
+    """Append one record as a line and flush, so a killed recorder loses at most one line."""
+    out.write(_encoder.encode(rec) + b"\n")
+    out.flush()
+
+
+def read_trace(path: str | Path) -> Iterator[TraceRecord]:
+    """Records of a trace file, in order; blank lines are skipped.
+
+    Raises:
+        ValueError: a line is not a trace record (with the line number).
+    """
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield _decoder.decode(line)
+            except msgspec.DecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not a trace record: {exc}") from None
+
+
+async def record(
+    bus: Bus,
+    out: IO[bytes],
+    *,
+    pattern: str = "weightbus.>",
+    deliver: Deliver = Deliver.NEW,
+    count: int | None = None,
+    duration: float | None = None,
+) -> int:
+    """Write every valid event on ``pattern`` to ``out`` until ``count`` events or ``duration`` seconds.
+
+    Invalid payloads are not recorded (the bus counts and logs them). Returns the number recorded.
+    """
+    written = 0
+    sub = bus.subscribe(pattern, deliver=deliver)
+
+    async def _loop() -> None:
+        nonlocal written
+        async for env in sub:
+            write_record(out, TraceRecord.from_envelope(env))
+            written += 1
+            if count is not None and written >= count:
+                return
+
+    task = asyncio.ensure_future(_loop())
+    try:
+        # Reaching ``duration`` is the normal end of a timed recording, not an error.
+        await asyncio.wait({task}, timeout=duration)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await sub.close()
+    if not task.cancelled():
+        task.result()  # re-raises a failure of the subscription
+    return written
+
+
+async def replay(
+    records: Iterable[TraceRecord],
+    bus: Bus,
+    *,
+    speed: float | None = None,
+    msg_id_suffix: str | None = None,
+) -> list[PublishAck]:
+    """Republish ``records`` in order into ``bus``.
+
+    Args:
+        records: e.g. ``read_trace(path)``.
+        bus: a MemoryBus or a NatsBus.
+        speed: None or 0 replays as fast as possible; X > 0 keeps the recorded gaps divided by X.
+        msg_id_suffix: appended to each ``Nats-Msg-Id`` (replaying into the stream the trace came from).
+
+    Returns:
+        The acknowledgements, one per record.
+    """
+    acks: list[PublishAck] = []
+    first_at: float | None = None
+    started = time.monotonic()
+    for n, rec in enumerate(records):
+        if speed:
+            first_at = rec.received_at if first_at is None else first_at
+            due = (rec.received_at - first_at) / speed
+            wait = due - (time.monotonic() - started)
+            if wait > 0:
+                await asyncio.sleep(wait)
+        headers = dict(rec.headers)
+        msg_id = headers.pop("Nats-Msg-Id", f"replay:{n}:{rec.subject}:{rec.received_at}")
+        if msg_id_suffix:
+            msg_id = f"{msg_id}{msg_id_suffix}"
+        acks.append(await bus.publish_raw(rec.subject, bytes(rec.event), msg_id=msg_id, headers=headers))
+    return acks
