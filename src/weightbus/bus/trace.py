@@ -10,7 +10,7 @@ at the source (informational). ``v`` is the format version; readers skip fields 
 
 Replay republishes records in order through any ``Bus``, keeping the original ``Nats-Msg-Id`` (so a
 replay into the same stream within its duplicate window is idempotent) unless ``msg_id_suffix`` is
-given, and optionally keeping the original pacing scaled by ``speed``.
+given, drops recorded ``Nats-Expected-*`` conditions, and optionally keeping the original pacing scaled by ``speed``.
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ async def replay(
             wait = due - (time.monotonic() - started)
             if wait > 0:
                 await asyncio.sleep(wait)
-        headers = dict(rec.headers)
+        # A recorded conditional publish must not stay conditional against another stream's sequences.
+        headers = {k: v for k, v in rec.headers.items() if not k.startswith("Nats-Expected")}
         msg_id = headers.pop("Nats-Msg-Id", f"replay:{n}:{rec.subject}:{rec.received_at}")
         if msg_id_suffix:
             msg_id = f"{msg_id}{msg_id_suffix}"
