@@ -1,0 +1,60 @@
+"""``weightbus engine``: run the CPU reference engine (SGLang 0.5.23's weight and generate routes) until Ctrl-C.
+
+starlette, uvicorn and (for ``--model torch``) torch are imported inside the command, after option parsing.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from weightbus.cli._common import fail, run_async
+
+__all__ = ["register"]
+
+
+class _ModelChoice(str, Enum):
+    hash = "hash"
+    torch = "torch"
+
+
+def engine_command(
+    port: Annotated[int, typer.Option("--port", help="HTTP port (SGLang's default is 30000).")] = 30000,
+    host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
+    model: Annotated[
+        _ModelChoice, typer.Option("--model", help="hash: pure-Python; torch: tiny torch LM (needs torch).")
+    ] = _ModelChoice.hash,
+    weight_version: Annotated[
+        str, typer.Option("--weight-version", help="Boot weight_version label, as SGLang's --weight-version.")
+    ] = "default",
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="WEIGHTBUS_ENGINE_API_KEY", help="Require Bearer auth.")
+    ] = None,
+    token_delay: Annotated[float, typer.Option("--token-delay", help="Seconds per generated token.")] = 0.01,
+) -> None:
+    """Serve a reference SGLang engine on HOST:PORT that tracks weight_version like SGLang 0.5.23."""
+    try:
+        from weightbus.engines.reference import EngineState, create_app
+        from weightbus.engines.serve import serve_forever
+    except ImportError as exc:
+        raise fail(f"the reference engine needs the 'engine' extra (starlette, uvicorn): {exc}") from None
+    if model is _ModelChoice.torch:
+        try:
+            from weightbus.engines.tiny_model import TinyTorchModel
+
+            engine_model = TinyTorchModel()
+        except ImportError as exc:
+            raise fail(f"--model torch needs torch (the 'engine' extra): {exc}") from None
+        state = EngineState(model=engine_model, weight_version=weight_version, api_key=api_key, token_delay=token_delay)
+    else:
+        state = EngineState(weight_version=weight_version, api_key=api_key, token_delay=token_delay)
+    typer.echo(f"http://{host}:{port}", color=False)
+    typer.echo(f"reference engine ({model.value} model, weight_version {weight_version!r}); Ctrl-C to stop", err=True)
+    run_async(serve_forever(create_app(state), host, port))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``engine`` to ``app``."""
+    app.command("engine")(engine_command)

@@ -1,0 +1,51 @@
+"""HTTP helpers shared by the engine and router clients: URL normalisation and error-message extraction.
+
+Internal to ``weightbus.engines``; nothing here raises ``httpx`` errors or reads the network.
+"""
+
+from __future__ import annotations
+
+import httpx
+import msgspec
+
+__all__ = ["normalize_url", "server_message"]
+
+# Server messages can be whole tracebacks; keep errors readable.
+_MAX_MESSAGE = 2000
+
+
+def normalize_url(url: str) -> str:
+    """``url`` without surrounding spaces or a trailing slash, with ``http://`` added when no scheme is given.
+
+    Raises:
+        ValueError: ``url`` is empty.
+    """
+    url = url.strip().rstrip("/")
+    if not url:
+        raise ValueError("url is empty")
+    if "://" not in url:
+        url = f"http://{url}"
+    return url
+
+
+def server_message(response: httpx.Response) -> str:
+    """The most specific human message in an error response, whatever shape the server chose.
+
+    Looks at JSON ``message``, ``error_message``, ``detail`` and ``error`` (or ``error.message``), then the
+    plain text, then the reason phrase.
+    """
+    try:
+        body = msgspec.json.decode(response.content)
+    except msgspec.DecodeError:
+        body = None
+    if isinstance(body, dict):
+        for key in ("message", "error_message", "detail", "error"):
+            value = body.get(key)
+            if isinstance(value, dict) and isinstance(value.get("message"), str):
+                value = value["message"]
+            if isinstance(value, str) and value:
+                return value[:_MAX_MESSAGE]
+    text = response.text.strip()
+    if text:
+        return text[:_MAX_MESSAGE]
+    return response.reason_phrase or "empty response"

@@ -1,0 +1,114 @@
+"""Serve an ASGI app (normally the reference engine) over real HTTP with uvicorn.
+
+:class:`ServedEngine` runs the app on ``127.0.0.1`` on a free port in a background thread with its own event
+loop: entering the context returns once the port accepts connections, leaving it asks uvicorn to exit and joins
+the thread (in-flight requests get ``graceful_timeout`` seconds). The socket is bound before the thread starts,
+so ``url`` is known and no port race is possible. :func:`serve_forever` is the foreground variant for the CLI.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+__all__ = ["ServedEngine", "serve_forever"]
+
+
+def _config(app: Any, host: str, port: int, graceful_timeout: float | None, log_level: str) -> uvicorn.Config:
+    # h11 and no websockets: the engine needs neither httptools nor websockets, and both are optional imports.
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http="h11",
+        ws="none",
+        lifespan="off",
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=None if graceful_timeout is None else max(1, round(graceful_timeout)),
+    )
+
+
+class ServedEngine:
+    """Run ``app`` in a background thread on ``host`` and a free port; a context manager.
+
+    Args:
+        app: an ASGI app, e.g. ``create_app(EngineState())``.
+        host: the interface to bind.
+        startup_timeout: seconds to wait for the server to accept connections.
+        graceful_timeout: seconds in-flight requests get at shutdown before they are cut.
+        log_level: uvicorn's log level.
+
+    Attributes:
+        url: ``http://host:port``, valid once constructed.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        startup_timeout: float = 10.0,
+        graceful_timeout: float = 1.0,
+        log_level: str = "warning",
+    ) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, 0))
+        self.port: int = self._socket.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self._startup_timeout = startup_timeout
+        self._server = uvicorn.Server(_config(app, host, self.port, graceful_timeout, log_level))
+        self._thread = threading.Thread(target=self._run, name=f"weightbus-engine-{self.port}", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._socket])
+        except Exception as exc:  # handed to the starting thread, which raises it from start()
+            self._error = exc
+
+    def start(self) -> ServedEngine:
+        """Start serving; returns once the server accepts connections.
+
+        Raises:
+            RuntimeError: the server failed or did not start within ``startup_timeout``.
+        """
+        self._thread.start()
+        deadline = time.monotonic() + self._startup_timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"engine server at {self.url} exited during startup") from self._error
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"engine server at {self.url} did not start within {self._startup_timeout} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Ask the server to exit and wait for its thread; idempotent."""
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join()
+        self._socket.close()
+
+    def __enter__(self) -> ServedEngine:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+async def serve_forever(app: Any, host: str, port: int, *, log_level: str = "info") -> None:
+    """Serve ``app`` on ``host:port`` until uvicorn is told to exit (Ctrl-C / SIGTERM in the main thread)."""
+    await uvicorn.Server(_config(app, host, port, graceful_timeout=1.0, log_level=log_level)).serve()
