@@ -1,0 +1,24 @@
+"""The trainer side: the fenced version publisher, engine fleets and their stamping, and status reads.
+
+``VersionPublisher`` owns a policy's version counter on the bus; ``EngineFleet`` addresses the SGLang
+workers that serve the policy; ``stamp_and_verify`` is the check that keeps a trainer from announcing a
+version its engines do not serve. ``SyncVersionPublisher`` is the blocking facade for sync trainers.
+"""
+
+from weightbus.producers.publisher import VersionPublisher, VersionUpdate, default_trainer_id
+from weightbus.producers.stamping import EngineFleet, EngineStamp, stamp_and_verify
+from weightbus.producers.status import EngineReadBack, PolicyStatus, read_status
+from weightbus.producers.sync import SyncVersionPublisher
+
+__all__ = [
+    "EngineFleet",
+    "EngineReadBack",
+    "EngineStamp",
+    "PolicyStatus",
+    "SyncVersionPublisher",
+    "VersionPublisher",
+    "VersionUpdate",
+    "default_trainer_id",
+    "read_status",
+    "stamp_and_verify",
+]

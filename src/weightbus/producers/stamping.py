@@ -1,0 +1,310 @@
+"""Engine fleets: pause, resume, LoRA load, and the stamp-and-verify step that precedes every publish.
+
+A fleet is the set of SGLang workers (not routers: routers do not forward weight, version, pause or
+LoRA routes) that serve one policy. Invariants:
+
+* A stamp sends ``update_weight_version(str(v), abort_all_requests=False)`` to every engine
+  concurrently, then reads ``/model_info`` ``weight_version`` back from each. An engine counts as
+  stamped only when its read-back equals ``str(v)``.
+* With a bus, every engine that answered gets a ``WeightApplied`` on ``applied(policy)``, and every
+  engine that did not take the version gets an ``EngineOutOfSync`` alert on ``alerts(policy)``;
+  then ``EngineOutOfSyncError`` (or the engine's ``EngineError`` when it did not answer) is raised.
+  The caller therefore never announces a version its engines do not serve.
+* Fleet operations address every engine and report every failure: the first error is raised, the
+  others are attached as notes; nothing is retried here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+
+from weightbus.bus import subjects
+from weightbus.bus.protocol import Bus
+from weightbus.engines.router import discover_workers
+from weightbus.engines.sglang import PauseMode, SGLangClient
+from weightbus.errors import EngineError, EngineOutOfSyncError, PublishError
+from weightbus.schemas import EngineOutOfSync, LoraAdapter, WeightApplied, now
+
+__all__ = ["EngineFleet", "EngineStamp", "stamp_and_verify"]
+
+log = logging.getLogger("weightbus.producers")
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStamp:
+    """One engine's outcome of a stamp.
+
+    Attributes:
+        engine: the engine URL.
+        expected: the label it was stamped with (``str(version)``).
+        read_back: its ``/model_info`` ``weight_version`` after the stamp, or None if it did not answer.
+        error: the engine error when the stamp or the read-back failed.
+    """
+
+    engine: str
+    expected: str
+    read_back: str | None
+    error: EngineError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the engine serves the stamped version."""
+        return self.error is None and self.read_back == self.expected
+
+
+class EngineFleet:
+    """The SGLang workers of one policy, addressed together.
+
+    Args:
+        engines: ``SGLangClient`` objects (borrowed, not closed by ``aclose``) or worker URLs (a client
+            is created for each and closed by ``aclose``).
+        http: a shared ``httpx.AsyncClient`` for the clients created from URLs (borrowed).
+        api_key: bearer token for the clients created from URLs.
+        timeout: per-request seconds for the clients created from URLs.
+
+    Raises:
+        ValueError: no engines, or the same URL twice.
+    """
+
+    def __init__(
+        self,
+        engines: Sequence[SGLangClient | str],
+        *,
+        http: httpx.AsyncClient | None = None,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        if not engines:
+            raise ValueError("an engine fleet needs at least one engine")
+        self._owned: list[SGLangClient] = []
+        clients: list[SGLangClient] = []
+        for engine in engines:
+            if isinstance(engine, SGLangClient):
+                clients.append(engine)
+            else:
+                client = SGLangClient(engine, http=http, api_key=api_key, timeout=timeout)
+                self._owned.append(client)
+                clients.append(client)
+        urls = [c.url for c in clients]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"an engine appears twice in the fleet: {urls}")
+        self.clients: tuple[SGLangClient, ...] = tuple(clients)
+
+    @classmethod
+    async def from_router(
+        cls,
+        router_url: str,
+        *,
+        http: httpx.AsyncClient | None = None,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+    ) -> EngineFleet:
+        """The workers listed by a router's ``GET /workers``; the router itself is never sent weight routes.
+
+        Raises:
+            EngineError: the router failed or lists no workers.
+        """
+        urls = await discover_workers(router_url, http=http, timeout=timeout)
+        return cls(urls, http=http, api_key=api_key, timeout=timeout)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The engines' base URLs, in fleet order."""
+        return tuple(c.url for c in self.clients)
+
+    def __repr__(self) -> str:
+        return f"EngineFleet({list(self.urls)!r})"
+
+    async def aclose(self) -> None:
+        """Close the clients this fleet created from URLs."""
+        for client in self._owned:
+            await client.aclose()
+
+    async def __aenter__(self) -> EngineFleet:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _each(self, op: str, call: Callable[[SGLangClient], Awaitable[_T]]) -> list[_T | EngineError]:
+        results = await asyncio.gather(*(call(c) for c in self.clients), return_exceptions=True)
+        out: list[_T | EngineError] = []
+        for client, result in zip(self.clients, results, strict=True):
+            if isinstance(result, EngineError):
+                log.warning("engine %s failed", op, extra={"engine": client.url, "op": op, "error": str(result)})
+                out.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                out.append(result)
+        return out
+
+    async def _all(self, op: str, call: Callable[[SGLangClient], Awaitable[object]]) -> None:
+        errors = [r for r in await self._each(op, call) if isinstance(r, EngineError)]
+        if errors:
+            raise _first_with_notes(errors, op)
+
+    async def pause(self, mode: PauseMode = "retract") -> None:
+        """Pause generation on every engine; if any refuses, the ones that paused are resumed.
+
+        Raises:
+            EngineError: an engine refused or did not answer (others are listed as notes).
+        """
+        results = await self._each("pause", lambda c: c.pause_generation(mode))
+        errors = [r for r in results if isinstance(r, EngineError)]
+        if not errors:
+            return
+        paused = [c for c, r in zip(self.clients, results, strict=True) if not isinstance(r, EngineError)]
+        first = _first_with_notes(errors, "pause")
+        undo = await asyncio.gather(*(c.continue_generation() for c in paused), return_exceptions=True)
+        for client, result in zip(paused, undo, strict=True):
+            if isinstance(result, BaseException):
+                first.add_note(f"and resuming {client.url} after the failed pause failed too: {result}")
+        raise first
+
+    async def resume(self) -> None:
+        """Resume generation on every engine (all are tried even if one fails).
+
+        Raises:
+            EngineError: an engine refused or did not answer (others are listed as notes).
+        """
+        await self._all("resume", lambda c: c.continue_generation())
+
+    async def load_lora_adapter(self, name: str, path: str, *, pinned: bool = False) -> None:
+        """Load LoRA adapter ``name`` from ``path`` on every engine. Loading never changes a version: stamp next.
+
+        Raises:
+            EngineError: an engine refused (e.g. the name is already loaded) or did not answer.
+        """
+        await self._all("load_lora_adapter", lambda c: c.load_lora_adapter(name, path, pinned=pinned))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Unload LoRA adapter ``name`` from every engine.
+
+        Raises:
+            EngineError: an engine refused or did not answer.
+        """
+        await self._all("unload_lora_adapter", lambda c: c.unload_lora_adapter(name))
+
+    async def read_versions(self) -> dict[str, str | EngineError]:
+        """Each engine's live ``weight_version`` (or the error reading it), keyed by URL; read-only."""
+        results = await self._each("read_version", lambda c: c.weight_version())
+        return dict(zip(self.urls, results, strict=True))
+
+    async def stamp(self, version: int) -> list[EngineStamp]:
+        """Stamp every engine with ``str(version)`` and read each one back; raises nothing for engine faults.
+
+        Returns:
+            One ``EngineStamp`` per engine, in fleet order; check ``ok``.
+        """
+        expected = str(version)
+
+        async def _one(client: SGLangClient) -> EngineStamp:
+            try:
+                await client.update_weight_version(expected, abort_all_requests=False)
+                read_back = await client.weight_version()
+            except EngineError as exc:
+                return EngineStamp(client.url, expected, None, exc)
+            return EngineStamp(client.url, expected, read_back)
+
+        return list(await asyncio.gather(*(_one(c) for c in self.clients)))
+
+
+async def stamp_and_verify(
+    fleet: EngineFleet,
+    version: int,
+    *,
+    bus: Bus | None = None,
+    policy: str | None = None,
+    trainer_id: str = "",
+    lora: LoraAdapter | None = None,
+) -> list[EngineStamp]:
+    """Stamp every engine with ``version``, read it back, report to the bus, and refuse an out-of-sync fleet.
+
+    Args:
+        fleet: the engines.
+        version: the version to stamp (sent as ``str(version)``).
+        bus: where ``WeightApplied`` (per engine) and ``EngineOutOfSync`` alerts go; nothing is published if None.
+        policy: the policy id (required with ``bus``).
+        trainer_id: who stamps, recorded on alerts.
+        lora: the adapter this push loaded, recorded on ``WeightApplied``.
+
+    Returns:
+        The stamps, all ``ok``.
+
+    Raises:
+        EngineOutOfSyncError: an engine answered but reports another version (alerts were published first).
+        EngineError: an engine did not answer the stamp or the read-back (alerts were published first).
+        PublishError: a ``WeightApplied`` could not be published.
+        ValueError: ``bus`` without ``policy``.
+    """
+    if bus is not None and policy is None:
+        raise ValueError("stamp_and_verify needs the policy to publish to the bus")
+    stamps = await fleet.stamp(version)
+    if bus is not None and policy is not None:
+        applied = subjects.applied(policy)
+        for s in stamps:
+            if s.read_back is None:
+                continue
+            event = WeightApplied(
+                policy=policy,
+                version=version,
+                engine=s.engine,
+                read_back=s.read_back,
+                ok=s.ok,
+                published_at=now(),
+                lora=lora,
+            )
+            # Deterministic: a retried publish of the same outcome is stored once; a different outcome is new.
+            msg_id = f"{policy}:applied:{trainer_id}:{version}:{s.engine}:{s.read_back}"
+            await bus.publish(applied, event, msg_id=msg_id)
+    bad = [s for s in stamps if not s.ok]
+    if not bad:
+        log.info("engines stamped", extra={"policy": policy, "version": version, "engines": len(stamps)})
+        return stamps
+    errors: list[EngineError] = []
+    for s in bad:
+        err = s.error if s.error is not None else EngineOutOfSyncError(s.engine, s.expected, str(s.read_back))
+        errors.append(err)
+        log.error(
+            "engine out of sync after stamp",
+            extra={"policy": policy, "engine": s.engine, "expected": s.expected, "actual": s.read_back},
+        )
+    # A wrong read-back is the sharper diagnosis; raise it before a mere transport failure.
+    errors.sort(key=lambda e: not isinstance(e, EngineOutOfSyncError))
+    first = _first_with_notes(errors, "stamp")
+    if bus is not None and policy is not None:
+        alerts = subjects.alerts(policy)
+        for s in bad:
+            alert = EngineOutOfSync(
+                policy=policy,
+                engine=s.engine,
+                expected=s.expected,
+                actual=s.read_back,
+                trainer_id=trainer_id,
+                published_at=now(),
+                error=None if s.error is None else str(s.error),
+            )
+            try:
+                msg_id = f"{policy}:out_of_sync:{trainer_id}:{s.expected}:{s.engine}:{s.read_back}:{s.error is None}"
+                await bus.publish(alerts, alert, msg_id=msg_id)
+            except PublishError as exc:
+                # The engine fault is what the caller must act on; a lost alert is reported with it.
+                log.error("could not publish the out-of-sync alert", extra={"policy": policy, "error": str(exc)})
+                first.add_note(f"the EngineOutOfSync alert for {s.engine} was not published: {exc}")
+    raise first
+
+
+def _first_with_notes(errors: list[EngineError], op: str) -> EngineError:
+    first = errors[0]
+    for other in errors[1:]:
+        first.add_note(f"{op} also failed on {other.url}: {other}")
+    return first

@@ -1,0 +1,207 @@
+"""``SyncVersionPublisher``: the version publisher for trainers that are not async.
+
+It runs a private event loop in a daemon thread and owns everything bound to that loop (the bus
+connection, the engine fleet, the ``VersionPublisher``); each call blocks until its coroutine is
+done there. Semantics are those of ``VersionPublisher``: ``with pub.update() as version:`` publishes
+on normal exit, and publishes nothing (and does not use up the version) on an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from weightbus.bus.protocol import Bus
+from weightbus.engines.sglang import PauseMode
+from weightbus.producers.publisher import VersionPublisher
+from weightbus.producers.stamping import EngineFleet
+from weightbus.schemas import LoraAdapter
+
+__all__ = ["SyncVersionPublisher"]
+
+_T = TypeVar("_T")
+
+
+class SyncVersionPublisher:
+    """A blocking facade over ``VersionPublisher``; see the module docstring.
+
+    Args:
+        policy: the policy id.
+        nats_url: NATS URL to connect to (ignored when ``bus_factory`` is given).
+        bus_factory: an async callable returning a ``Bus``, called on the private loop (tests, custom
+            connections); the bus is closed by ``close()``.
+        trainer_id: this publisher's identity (default ``<hostname>:<pid>``).
+        engines: SGLang worker URLs to stamp, verify (and pause) around each update.
+        router: a router whose ``GET /workers`` lists the engines (instead of ``engines``).
+        pause: pause mode for the fleet during an update, or None.
+        api_key: bearer token for the engines.
+        connect_timeout: seconds for the NATS connect.
+
+    Raises:
+        ValueError: neither ``nats_url`` nor ``bus_factory``; both ``engines`` and ``router``.
+    """
+
+    def __init__(
+        self,
+        policy: str,
+        *,
+        nats_url: str | None = None,
+        bus_factory: Callable[[], Awaitable[Bus]] | None = None,
+        trainer_id: str | None = None,
+        engines: Sequence[str] | None = None,
+        router: str | None = None,
+        pause: PauseMode | None = None,
+        api_key: str | None = None,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        if bus_factory is None and nats_url is None:
+            raise ValueError("pass nats_url or bus_factory")
+        if engines and router:
+            raise ValueError("pass engines or router, not both")
+        self._policy = policy
+        self._nats_url = nats_url
+        self._bus_factory = bus_factory
+        self._trainer_id = trainer_id
+        self._engines = list(engines or [])
+        self._router = router
+        self._pause: PauseMode | None = pause
+        self._api_key = api_key
+        self._connect_timeout = connect_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._bus: Bus | None = None
+        self._fleet: EngineFleet | None = None
+        self._pub: VersionPublisher | None = None
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        if self._loop is None:
+            coro.close()
+            raise RuntimeError("the publisher is not started (call start() or use it as a context manager)")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def publisher(self) -> VersionPublisher:
+        """The async publisher running on the private loop."""
+        if self._pub is None:
+            raise RuntimeError("the publisher is not started")
+        return self._pub
+
+    @property
+    def policy(self) -> str:
+        """The policy id."""
+        return self._policy
+
+    @property
+    def trainer_id(self) -> str:
+        """This publisher's identity on the bus."""
+        return self.publisher.trainer_id
+
+    @property
+    def epoch(self) -> int | None:
+        """The claimed epoch."""
+        return self.publisher.epoch
+
+    @property
+    def version(self) -> int | None:
+        """The current published version."""
+        return self.publisher.version
+
+    @property
+    def fleet(self) -> EngineFleet | None:
+        """The engine fleet (its methods are coroutines: call them through ``call``)."""
+        return self._fleet
+
+    def start(self) -> SyncVersionPublisher:
+        """Start the private loop, connect, build the fleet, and claim the counter.
+
+        Raises:
+            BusConnectError: NATS did not answer.
+            EngineError: the router could not list its workers.
+            PublishError: the claim failed.
+        """
+        if self._loop is not None:
+            return self
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="weightbus-publisher", daemon=True)
+        self._thread.start()
+        try:
+            self._pub = self._run(self._astart())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    async def _astart(self) -> VersionPublisher:
+        if self._bus_factory is not None:
+            self._bus = await self._bus_factory()
+        else:
+            from weightbus.bus.nats import connect
+
+            assert self._nats_url is not None
+            self._bus = await connect(self._nats_url, name="weightbus-trainer", connect_timeout=self._connect_timeout)
+        if self._router:
+            self._fleet = await EngineFleet.from_router(self._router, api_key=self._api_key)
+        elif self._engines:
+            self._fleet = EngineFleet(self._engines, api_key=self._api_key)
+        pub = VersionPublisher(
+            self._bus, self._policy, trainer_id=self._trainer_id, fleet=self._fleet, pause=self._pause
+        )
+        return await pub.start()
+
+    def call(self, fn: Callable[[VersionPublisher], Awaitable[_T]]) -> _T:
+        """Run ``fn(publisher)`` on the private loop and return its result (e.g. a custom push)."""
+
+        async def _call() -> _T:
+            return await fn(self.publisher)
+
+        return self._run(_call())
+
+    @contextlib.contextmanager
+    def update(self, *, lora: LoraAdapter | None = None) -> Iterator[int]:
+        """One weight update, yielding the version to stamp; see ``VersionPublisher.update``."""
+        upd = self.publisher.update(lora=lora)
+        version = self._run(upd.__aenter__())
+        try:
+            yield version
+        except BaseException as exc:
+            self._run(upd.__aexit__(type(exc), exc, exc.__traceback__))
+            raise
+        self._run(upd.__aexit__(None, None, None))
+
+    def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False) -> int:
+        """Load ``adapter`` on every engine, stamp, and publish; see ``VersionPublisher.publish_lora``."""
+        return self._run(self.publisher.publish_lora(adapter, pinned=pinned))
+
+    def close(self) -> None:
+        """Close the fleet and the bus, then stop the private loop."""
+        loop, thread = self._loop, self._thread
+        if loop is None:
+            return
+        try:
+            self._run(self._aclose())
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not None:
+                thread.join(timeout=10)
+            loop.close()
+            self._loop = self._thread = None
+
+    async def _aclose(self) -> None:
+        fleet, bus = self._fleet, self._bus
+        self._fleet = self._bus = None
+        if fleet is not None:
+            await fleet.aclose()
+        if bus is not None:
+            await bus.close()
+
+    def __enter__(self) -> SyncVersionPublisher:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,100 @@
+"""Producer fixtures: strict reference engines reached through httpx's ASGI transport, and bus helpers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+import httpx
+import pytest_asyncio
+
+from weightbus.bus import Deliver
+from weightbus.bus.protocol import Bus, Envelope, PublishAck
+from weightbus.engines.reference import EngineState, create_app
+from weightbus.engines.sglang import SGLangClient
+from weightbus.schemas import Event
+
+
+class Engines:
+    """Reference engines on fake hosts, all reached through one shared ``httpx.AsyncClient``."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, EngineState] = {}
+        self._transports: dict[str, httpx.ASGITransport] = {}
+        self.routes: dict[str, Callable[[httpx.Request], httpx.Response]] = {}
+        self.http = httpx.AsyncClient(transport=httpx.MockTransport(self._dispatch))
+
+    async def _dispatch(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host in self.routes:
+            return self.routes[host](request)
+        transport = self._transports.get(host)
+        if transport is None:
+            raise httpx.ConnectError(f"no engine at {host}", request=request)
+        response = await transport.handle_async_request(request)
+        await response.aread()
+        return httpx.Response(response.status_code, headers=response.headers, content=response.content)
+
+    def add(self, name: str, **knobs: object) -> SGLangClient:
+        state = EngineState(**knobs)  # type: ignore[arg-type]
+        self.states[f"http://{name}"] = state
+        self._transports[name] = httpx.ASGITransport(app=create_app(state))
+        return SGLangClient(f"http://{name}", http=self.http)
+
+    def paths(self, url: str) -> list[str]:
+        return [r.path for r in self.states[url].requests]
+
+
+@pytest_asyncio.fixture
+async def engines() -> AsyncIterator[Engines]:
+    e = Engines()
+    yield e
+    await e.http.aclose()
+
+
+async def history(bus: Bus, subject: str, idle: float = 0.3) -> list[Envelope]:
+    """Every stored event on ``subject``, oldest first."""
+    out: list[Envelope] = []
+    sub = bus.subscribe(subject, deliver=Deliver.ALL)
+    try:
+        while True:
+            try:
+                out.append(await asyncio.wait_for(sub.__anext__(), idle))
+            except TimeoutError:
+                return out
+    finally:
+        await sub.close()
+
+
+class HookBus:
+    """A ``Bus`` wrapper that runs ``hook(subject, event)`` before delegating each publish."""
+
+    def __init__(self, inner: Bus, hook: Callable[[str, Event], Awaitable[None]]) -> None:
+        self.inner = inner
+        self.hook = hook
+
+    async def publish(
+        self,
+        subject: str,
+        event: Event,
+        *,
+        msg_id: str,
+        expected_last_seq: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> PublishAck:
+        await self.hook(subject, event)
+        return await self.inner.publish(
+            subject, event, msg_id=msg_id, expected_last_seq=expected_last_seq, headers=headers
+        )
+
+    async def publish_raw(self, subject: str, data: bytes, *, msg_id: str, headers=None) -> PublishAck:  # noqa: ANN001
+        return await self.inner.publish_raw(subject, data, msg_id=msg_id, headers=headers)
+
+    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT):  # noqa: ANN201
+        return self.inner.subscribe(pattern, deliver=deliver)
+
+    async def last(self, subject: str) -> Envelope | None:
+        return await self.inner.last(subject)
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,187 @@
+"""VersionPublisher on both buses: resume, claim and fencing, the update protocol, publishes in doubt."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from weightbus.bus import MemoryBus, subjects
+from weightbus.bus.protocol import Bus
+from weightbus.errors import FencedError, PublishError
+from weightbus.producers import VersionPublisher
+from weightbus.schemas import Event, LoraAdapter, PublisherClaimed, WeightUpdated, now
+
+from .conftest import HookBus, history
+
+
+async def test_new_policy_claims_epoch_0_and_starts_at_1(bus: Bus, policy: str) -> None:
+    pub = await VersionPublisher(bus, policy, trainer_id="t1").start()
+    assert (pub.epoch, pub.version, pub.next_version) == (0, None, 1)
+    claim = (await bus.last(subjects.weights(policy))).event
+    assert claim == PublisherClaimed(
+        policy=policy, epoch=0, trainer_id="t1", published_at=claim.published_at, version=None
+    )
+    async with pub.update() as version:
+        assert version == 1
+    last = await bus.last(subjects.weights(policy))
+    assert isinstance(last.event, WeightUpdated)
+    assert (last.event.version, last.event.epoch, last.event.trainer_id, last.event.lora) == (1, 0, "t1", None)
+    assert last.headers["Nats-Msg-Id"] == f"{policy}:0:1"
+    assert pub.version == 1 and pub.last_event == last.event
+
+
+async def test_restart_resumes_the_counter_57_to_58(bus: Bus, policy: str) -> None:
+    # The failover of the review finding: the old trainer's last event says 57.
+    old = WeightUpdated(policy=policy, version=57, epoch=4, trainer_id="cell-0", published_at=now())
+    await bus.publish(subjects.weights(policy), old, msg_id=f"{policy}:4:57", expected_last_seq=0)
+    pub = await VersionPublisher(bus, policy, trainer_id="cell-1").start()
+    assert (pub.epoch, pub.version) == (5, 57)
+    claim = (await bus.last(subjects.weights(policy))).event
+    assert isinstance(claim, PublisherClaimed)
+    assert (claim.version, claim.epoch, claim.previous_trainer_id) == (57, 5, "cell-0")
+    async with pub.update() as version:
+        assert version == 58
+    async with pub.update() as version:
+        assert version == 59
+
+
+async def test_same_trainer_restarting_continues(bus: Bus, policy: str) -> None:
+    first = await VersionPublisher(bus, policy, trainer_id="t").start()
+    for _ in range(3):
+        async with first.update():
+            pass
+    again = await VersionPublisher(bus, policy, trainer_id="t").start()
+    assert (again.epoch, again.version) == (1, 3)
+    async with again.update() as version:
+        assert version == 4
+
+
+async def test_takeover_fences_the_old_publisher_before_its_body_runs(bus: Bus, policy: str) -> None:
+    old = await VersionPublisher(bus, policy, trainer_id="old").start()
+    async with old.update():
+        pass
+    new = await VersionPublisher(bus, policy, trainer_id="new").start()
+    before = await bus.last(subjects.weights(policy))
+    ran = False
+    with pytest.raises(FencedError) as info:
+        async with old.update():
+            ran = True
+    assert not ran
+    assert (info.value.owner, info.value.epoch, info.value.version, info.value.policy) == ("new", 1, 1, policy)
+    assert "'new'" in str(info.value)
+    assert (await bus.last(subjects.weights(policy))).seq == before.seq
+    # Fenced for good, without another read.
+    with pytest.raises(FencedError):
+        async with old.update():
+            pass
+    assert old.fenced is not None
+    async with new.update() as version:
+        assert version == 2
+
+
+async def test_takeover_during_an_update_refuses_its_publish(bus: Bus, policy: str) -> None:
+    old = await VersionPublisher(bus, policy, trainer_id="old").start()
+    with pytest.raises(FencedError) as info:
+        async with old.update() as version:
+            assert version == 1
+            await VersionPublisher(bus, policy, trainer_id="usurper").start()
+    assert info.value.owner == "usurper" and info.value.epoch == 1
+    events = [e.event for e in await history(bus, subjects.weights(policy))]
+    assert [type(e).__name__ for e in events] == ["PublisherClaimed", "PublisherClaimed"]
+    assert old.version is None
+
+
+async def test_two_publishers_racing_exactly_one_wins(bus: Bus, policy: str) -> None:
+    a = VersionPublisher(bus, policy, trainer_id="a")
+    b = VersionPublisher(bus, policy, trainer_id="b")
+    await asyncio.gather(a.start(), b.start())
+    assert {a.epoch, b.epoch} == {0, 1}
+
+    async def one_update(pub: VersionPublisher) -> int:
+        async with pub.update() as version:
+            await asyncio.sleep(0)
+        return version
+
+    results = await asyncio.gather(one_update(a), one_update(b), return_exceptions=True)
+    winner, loser = (a, b) if a.epoch == 1 else (b, a)
+    by_pub = dict(zip((a, b), results, strict=True))
+    assert by_pub[winner] == 1
+    assert isinstance(by_pub[loser], FencedError)
+    assert by_pub[loser].owner == winner.trainer_id
+    updates = [e.event for e in await history(bus, subjects.weights(policy)) if isinstance(e.event, WeightUpdated)]
+    assert [(u.version, u.trainer_id) for u in updates] == [(1, winner.trainer_id)]
+
+
+async def test_exception_inside_update_publishes_nothing_and_keeps_the_version(bus: Bus, policy: str) -> None:
+    pub = await VersionPublisher(bus, policy, trainer_id="t").start()
+    async with pub.update():
+        pass
+    before = await bus.last(subjects.weights(policy))
+    with pytest.raises(ValueError, match="push failed"):
+        async with pub.update() as version:
+            assert version == 2
+            raise ValueError("push failed")
+    assert (await bus.last(subjects.weights(policy))).seq == before.seq
+    assert pub.version == 1
+    async with pub.update(lora=LoraAdapter(name="a", path="/p")) as version:
+        assert version == 2
+    assert (await bus.last(subjects.weights(policy))).event.lora == LoraAdapter(name="a", path="/p")
+
+
+async def test_update_needs_start_and_is_sequential(bus: Bus, policy: str) -> None:
+    pub = VersionPublisher(bus, policy)
+    with pytest.raises(RuntimeError, match="start"):
+        async with pub.update():
+            pass
+    await pub.start()
+    async with pub.update():
+        with pytest.raises(RuntimeError, match="in progress"):
+            async with pub.update():
+                pass
+    assert pub.version == 1
+
+
+async def test_a_failed_publish_that_landed_uses_up_its_version_once(policy: str) -> None:
+    mem = MemoryBus()
+    lost_ack = True
+
+    async def drop_first_ack(subject: str, event: Event) -> None:
+        nonlocal lost_ack
+        if isinstance(event, WeightUpdated) and lost_ack:
+            lost_ack = False
+            await mem.publish(subject, event, msg_id=f"{policy}:0:{event.version}", expected_last_seq=1)
+            raise PublishError(subject, "no acknowledgement after 5 attempts")
+
+    pub = await VersionPublisher(HookBus(mem, drop_first_ack), policy, trainer_id="t").start()
+    with pytest.raises(PublishError):
+        async with pub.update():
+            pass
+    assert pub.version is None
+    async with pub.update() as version:
+        assert version == 2
+    assert pub.version == 2
+    updates = [
+        e.event.version for e in await history(mem, subjects.weights(policy)) if isinstance(e.event, WeightUpdated)
+    ]
+    assert updates == [1, 2]
+
+
+async def test_a_failed_publish_that_did_not_land_is_retried_with_the_same_version(policy: str) -> None:
+    mem = MemoryBus()
+    fail = True
+
+    async def refuse_once(subject: str, event: Event) -> None:
+        nonlocal fail
+        if isinstance(event, WeightUpdated) and fail:
+            fail = False
+            raise PublishError(subject, "no acknowledgement after 5 attempts")
+
+    pub = await VersionPublisher(HookBus(mem, refuse_once), policy, trainer_id="t").start()
+    with pytest.raises(PublishError):
+        async with pub.update():
+            pass
+    async with pub.update() as version:
+        assert version == 1
+    updates = [e.event for e in await history(mem, subjects.weights(policy)) if isinstance(e.event, WeightUpdated)]
+    assert [u.version for u in updates] == [1]
