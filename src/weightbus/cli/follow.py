@@ -1,0 +1,111 @@
+"""``weightbus follow``: run a ``VersionTracker`` for one policy and print each version change.
+
+A long-running consumer process: it learns the current version from the stream at once, prints one
+line per change (and per held regression), serves the tracker's metrics with ``--metrics-port``, and
+exits with code 3 when ``--regression raise`` sees a lower version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+from typing import Annotated, Final
+
+import msgspec
+import typer
+from prometheus_client import CollectorRegistry
+
+from weightbus.bus.metrics import BusMetrics
+from weightbus.cli._common import (
+    MetricsPortOption,
+    NatsOption,
+    VerboseOption,
+    fail,
+    run_async,
+    setup_logging,
+    start_metrics,
+)
+from weightbus.consumers.tracker import VersionChange, VersionTracker
+from weightbus.consumers.tracker_metrics import TrackerMetrics
+from weightbus.consumers.tracker_state import RegressionMode
+from weightbus.errors import BusError, InvalidPolicyError, VersionRegressionError
+
+__all__ = ["EXIT_REGRESSION", "format_change", "register"]
+
+_DEFAULT_NATS: Final = "nats://127.0.0.1:4222"
+EXIT_REGRESSION: Final = 3
+_encoder = msgspec.json.Encoder()
+
+
+def format_change(change: VersionChange, *, json_out: bool = False) -> str:
+    """One output line for a change: human text, or a JSON object with every field."""
+    if json_out:
+        return _encoder.encode(dataclasses.asdict(change)).decode()
+    parts = [f"{change.action}", f"epoch {change.epoch}", change.publisher]
+    if change.lag is not None:
+        parts.append(f"lag {change.lag:.3f}s")
+    if change.replayed:
+        parts.append("replayed")
+    if change.action == "held":
+        return f"{change.policy}: held v{change.version}, ignored v{change.incoming} ({', '.join(parts)})"
+    return f"{change.policy}: v{change.version} ({', '.join(parts)})"
+
+
+def _emit(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def follow_command(
+    policy: Annotated[str, typer.Option("--policy", "-p", help="The policy to follow.")],
+    regression: Annotated[
+        RegressionMode,
+        typer.Option("--regression", help="On a lower version: hold (keep the higher), follow, or raise (exit 3)."),
+    ] = RegressionMode.HOLD,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per change.")] = False,
+    duration: Annotated[float | None, typer.Option("--duration", help="Exit after this many seconds.")] = None,
+    observer: Annotated[
+        str | None, typer.Option("--observer", help="Name in regression alerts (default host:pid).")
+    ] = None,
+    metrics_port: MetricsPortOption = None,
+    nats: NatsOption = _DEFAULT_NATS,
+    verbose: VerboseOption = 0,
+) -> None:
+    """Follow POLICY's weight version and print each change (the current one first)."""
+    setup_logging(verbose)
+
+    async def _run() -> None:
+        from weightbus.bus.nats import connect
+
+        registry = CollectorRegistry()
+        metrics = TrackerMetrics(registry)
+        start_metrics(metrics_port, registry)
+        bus = await connect(nats, name="weightbus-follow", metrics=BusMetrics(registry))
+        try:
+            tracker = VersionTracker(bus, policy, regression=regression, metrics=metrics, observer=observer)
+            async with tracker:
+                try:
+                    async with asyncio.timeout(duration):
+                        if await tracker.wait_ready() is None and not json_out:
+                            _emit(f"{policy}: no version published yet (staleness unknown)")
+                        async for change in tracker.changes(include_regressions=True):
+                            _emit(format_change(change, json_out=json_out))
+                except TimeoutError:
+                    return
+        finally:
+            await bus.close()
+
+    try:
+        run_async(_run())
+    except InvalidPolicyError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from None
+    except VersionRegressionError as exc:
+        raise fail(str(exc), code=EXIT_REGRESSION) from None
+    except BusError as exc:
+        raise fail(str(exc)) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``follow`` to ``app``."""
+    app.command("follow")(follow_command)

@@ -1,0 +1,118 @@
+"""Prometheus metrics of the version follower, on an injected ``CollectorRegistry`` (never the global one).
+
+Families (prefix ``weightbus_``, label ``policy`` only; never a version, epoch or publisher as a label):
+
+* ``weightbus_current_version`` gauge: the version the tracker holds (unset until one is known);
+* ``weightbus_epoch`` gauge: the publisher epoch of the held version (or of the latest claim);
+* ``weightbus_last_update_timestamp_seconds`` gauge: ``published_at`` of the last accepted update,
+  so that ``time() - weightbus_last_update_timestamp_seconds`` is the time since the last update;
+* ``weightbus_propagation_lag_seconds`` histogram: publish-to-observe delay of live updates;
+* ``weightbus_version_regressions_total`` counter: lower versions seen, whatever the handling;
+* ``weightbus_tracker_resubscribes_total`` counter: subscriptions re-established after a failure.
+
+One ``TrackerMetrics`` serves every policy of a process: registering the families twice on one
+registry raises, so trackers share it and bind a policy with ``for_policy``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["LAG_BUCKETS", "PolicyTrackerMetrics", "TrackerMetrics"]
+
+#: Upper bounds of the propagation-lag histogram, in seconds: loopback delivery is ~0.1 ms, a
+#: reconnect costs seconds, and anything past a minute is an outage.
+LAG_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class TrackerMetrics:
+    """The tracker's metric families, registered once on ``registry``.
+
+    Args:
+        registry: where the families are registered; a private one when None (scripts only, tests
+            and services should inject theirs).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.current_version = Gauge(
+            "weightbus_current_version",
+            "The weight version the tracker holds (unset until one is known).",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.epoch = Gauge(
+            "weightbus_epoch",
+            "Publisher epoch of the held version, or of the latest takeover claim.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.last_update = Gauge(
+            "weightbus_last_update_timestamp_seconds",
+            "Unix time at which the last accepted weight update was published.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.lag = Histogram(
+            "weightbus_propagation_lag_seconds",
+            "Delay from a live weight update's publish to its receipt by the tracker.",
+            ["policy"],
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self.regressions = Counter(
+            "weightbus_version_regressions",
+            "Weight updates with a lower version than the one held, whatever the tracker did with them.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.resubscribes = Counter(
+            "weightbus_tracker_resubscribes",
+            "Subscriptions to the weights subject re-established after a failure.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self._bound: dict[str, PolicyTrackerMetrics] = {}
+
+    def for_policy(self, policy: str) -> PolicyTrackerMetrics:
+        """The metrics of ``policy``, with its labelled children cached."""
+        bound = self._bound.get(policy)
+        if bound is None:
+            bound = self._bound[policy] = PolicyTrackerMetrics(self, policy)
+        return bound
+
+
+class PolicyTrackerMetrics:
+    """The tracker metrics of one policy (cached label children)."""
+
+    def __init__(self, families: TrackerMetrics, policy: str) -> None:
+        self.policy = policy
+        self._current = families.current_version.labels(policy)
+        self._epoch = families.epoch.labels(policy)
+        self._last_update = families.last_update.labels(policy)
+        self._lag = families.lag.labels(policy)
+        self._regressions = families.regressions.labels(policy)
+        self._resubscribes = families.resubscribes.labels(policy)
+
+    def set_state(self, version: int | None, epoch: int | None, updated_at: float | None) -> None:
+        """Mirror the tracker's state; a None leaves its gauge as it was."""
+        if version is not None:
+            self._current.set(version)
+        if epoch is not None:
+            self._epoch.set(epoch)
+        if updated_at is not None:
+            self._last_update.set(updated_at)
+
+    def observe_lag(self, seconds: float) -> None:
+        """Record one live update's publish-to-observe delay."""
+        self._lag.observe(seconds)
+
+    def count_regression(self) -> None:
+        """Count one lower version seen."""
+        self._regressions.inc()
+
+    def count_resubscribe(self) -> None:
+        """Count one subscription re-established after a failure."""
+        self._resubscribes.inc()

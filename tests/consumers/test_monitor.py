@@ -1,0 +1,134 @@
+"""The monitor reducer: events in, view state out, no bus and no clock."""
+
+from __future__ import annotations
+
+from weightbus.consumers.monitor import MonitorState, reduce
+from weightbus.consumers.tracker_state import TrackerAction
+from weightbus.schemas import (
+    DrainReport,
+    EngineOutOfSync,
+    PublisherClaimed,
+    VersionRegressed,
+    WeightApplied,
+    WeightUpdated,
+)
+from weightbus.schemas.codec import Event
+
+W = "weightbus.p.weights"
+
+
+def upd(version: int, *, epoch: int = 1, trainer: str = "a", at: float = 100.0) -> WeightUpdated:
+    return WeightUpdated(policy="p", version=version, epoch=epoch, trainer_id=trainer, published_at=at)
+
+
+def drain(seq: int, kept: int, recycled: int, dropped: int, avg: float | None, mx: int | None) -> DrainReport:
+    return DrainReport(
+        policy="p",
+        consumer="rm-0",
+        seq=seq,
+        current=5,
+        kept=kept,
+        recycled=recycled,
+        dropped=dropped,
+        published_at=100.0 + seq,
+        staleness_avg=avg,
+        staleness_max=mx,
+    )
+
+
+def run(*items: tuple[str, Event, float, bool], max_recent: int = 8) -> MonitorState:
+    state = MonitorState(max_recent=max_recent)
+    for subject, event, received_at, live in items:
+        state = reduce(state, subject, event, received_at=received_at, live=live)
+    return state
+
+
+def test_weights_events_set_version_epoch_publisher_and_live_lag() -> None:
+    state = run((W, upd(3, at=100.0), 500.0, False), (W, upd(4, epoch=2, trainer="b", at=600.0), 600.25, True))
+    view = state.policies["p"]
+    assert (view.weights.version, view.weights.epoch, view.weights.publisher) == (4, 2, "b")
+    assert view.weights.updated_at == 600.0
+    assert view.lag == 0.25
+    assert view.last_action is TrackerAction.ADVANCED
+    assert (view.events, state.events) == (2, 2)
+
+
+def test_replayed_update_has_no_lag() -> None:
+    view = run((W, upd(3, at=100.0), 5000.0, False)).policies["p"]
+    assert view.weights.version == 3 and view.lag is None
+
+
+def test_reduce_does_not_mutate_its_input() -> None:
+    before = run((W, upd(1), 101.0, True))
+    after = reduce(before, W, upd(2), received_at=102.0, live=True)
+    assert before.policies["p"].weights.version == 1
+    assert after.policies["p"].weights.version == 2
+
+
+def test_claim_notes_the_takeover_without_changing_the_version() -> None:
+    claim = PublisherClaimed(policy="p", epoch=7, trainer_id="b", published_at=200.0, version=3)
+    view = run((W, upd(3), 101.0, True), (W, claim, 201.0, True)).policies["p"]
+    assert (view.weights.version, view.weights.epoch, view.weights.publisher) == (3, 7, "b")
+    assert view.weights.updated_at == 100.0 and view.last_action is TrackerAction.CLAIMED
+
+
+def test_lower_version_is_shown_and_recorded_as_an_alert() -> None:
+    view = run((W, upd(57), 101.0, True), (W, upd(1, epoch=2, trainer="cell-1"), 102.0, True)).policies["p"]
+    assert view.weights.version == 1
+    assert view.regressions == 1 and view.alert_count == 1
+    assert view.alerts[0].kind == "regression_seen"
+    assert "v57 → v1" in view.alerts[0].summary and "cell-1" in view.alerts[0].summary
+
+
+def test_drains_keep_recent_reports_and_totals() -> None:
+    s = "weightbus.p.drains"
+    state = run(*[(s, drain(i, 10, i, 1, 0.5 * i, i), 200.0, True) for i in range(1, 6)], max_recent=3)
+    view = state.policies["p"]
+    assert [d.seq for d in view.drains] == [3, 4, 5]
+    assert (view.kept, view.recycled, view.dropped) == (50, 15, 5)
+    last = view.last_drain
+    assert last is not None and (last.staleness_avg, last.staleness_max) == (2.5, 5)
+
+
+def test_alerts_from_trackers_and_engines() -> None:
+    a = "weightbus.p.alerts"
+    regressed = VersionRegressed(
+        policy="p",
+        current=57,
+        incoming=1,
+        incoming_epoch=2,
+        publisher="cell-1",
+        action="hold",
+        observer="rm-0",
+        published_at=300.0,
+    )
+    oos = EngineOutOfSync(policy="p", engine="http://e0", expected="5", actual="4", trainer_id="a", published_at=301.0)
+    view = run((a, regressed, 300.1, True), (a, oos, 301.1, True)).policies["p"]
+    assert [al.kind for al in view.alerts] == ["version_regressed", "engine_out_of_sync"]
+    assert "hold at rm-0" in view.alerts[0].summary
+    assert "stamped 5, reports 4" in view.alerts[1].summary
+    assert view.weights.version is None  # an alert is not a version
+
+
+def test_engine_read_backs_count_for_the_newest_version() -> None:
+    s = "weightbus.p.applied"
+
+    def applied(version: int, engine: str, ok: bool) -> WeightApplied:
+        return WeightApplied(
+            policy="p", version=version, engine=engine, read_back=str(version), ok=ok, published_at=1.0
+        )
+
+    view = run(
+        (s, applied(1, "e0", True), 1.0, True),
+        (s, applied(2, "e0", True), 2.0, True),
+        (s, applied(2, "e1", False), 2.0, True),
+        (s, applied(1, "e1", True), 2.0, True),  # late read-back of an older stamp
+    ).policies["p"]
+    assert (view.applied_version, view.applied_ok, view.applied_failed) == (2, 1, 1)
+
+
+def test_policies_are_kept_apart() -> None:
+    other = WeightUpdated(policy="q", version=9, epoch=1, trainer_id="x", published_at=1.0)
+    state = run((W, upd(1), 1.0, True), ("weightbus.q.weights", other, 1.0, True))
+    assert list(state.policies) == ["p", "q"]
+    assert state.policies["q"].weights.version == 9 and state.policies["p"].weights.version == 1

@@ -1,0 +1,276 @@
+"""``VersionTracker`` on both buses (``bus`` runs each test on MemoryBus and on a real nats-server)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from weightbus.bus import MemoryBus, subjects
+from weightbus.bus._subscription import QueueSubscription
+from weightbus.bus.protocol import Bus, Deliver
+from weightbus.consumers.tracker import VersionTracker
+from weightbus.consumers.tracker_metrics import TrackerMetrics
+from weightbus.consumers.tracker_state import TrackerAction
+from weightbus.errors import BusError, VersionRegressionError
+from weightbus.schemas import PublisherClaimed, VersionRegressed, WeightUpdated
+
+TIMEOUT = 5.0
+
+
+async def publish(
+    bus: Bus, policy: str, version: int, *, epoch: int = 1, trainer: str = "trainer-a", at: float | None = None
+) -> None:
+    event = WeightUpdated(
+        policy=policy,
+        version=version,
+        epoch=epoch,
+        trainer_id=trainer,
+        published_at=time.time() if at is None else at,
+    )
+    await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:{epoch}:{version}:{uuid.uuid4().hex}")
+
+
+def sample(registry: CollectorRegistry, name: str, policy: str) -> float | None:
+    return registry.get_sample_value(name, {"policy": policy})
+
+
+async def test_restarted_tracker_learns_the_current_version_from_the_stream(
+    bus: Bus, policy: str, registry: CollectorRegistry
+) -> None:
+    metrics = TrackerMetrics(registry)
+    for v in (1, 2, 3):
+        await publish(bus, policy, v)
+    async with VersionTracker(bus, policy, metrics=metrics) as first:
+        assert await first.wait_ready(TIMEOUT) == 3
+    await publish(bus, policy, 4, at=time.time() - 30)
+    async with VersionTracker(bus, policy, metrics=metrics) as second:
+        # No further publish: the stored event alone must make it ready at 4.
+        assert await second.wait_ready(TIMEOUT) == 4
+        assert second.current == 4 and second.epoch == 1 and second.publisher == "trainer-a"
+        assert second.seconds_since_update is not None and second.seconds_since_update >= 29
+    assert sample(registry, "weightbus_current_version", policy) == 4
+    assert sample(registry, "weightbus_epoch", policy) == 1
+    # Replayed events are ages, not propagation lags.
+    assert sample(registry, "weightbus_propagation_lag_seconds_count", policy) == 0
+
+
+async def test_never_published_policy_is_ready_with_none_then_adopts_version_zero(
+    bus: Bus, policy: str, registry: CollectorRegistry
+) -> None:
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        assert await tracker.wait_ready(TIMEOUT) is None
+        assert tracker.current is None and tracker.seconds_since_update is None
+        await publish(bus, policy, 0)
+        assert await tracker.wait_for(0, TIMEOUT) == 0
+        assert tracker.current == 0
+
+
+async def test_live_update_lag_is_observed(bus: Bus, policy: str, registry: CollectorRegistry) -> None:
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        await tracker.wait_ready(TIMEOUT)
+        await publish(bus, policy, 1, at=time.time() - 0.3)
+        await tracker.wait_for(1, TIMEOUT)
+        await publish(bus, policy, 2)
+        await tracker.wait_for(2, TIMEOUT)
+    assert sample(registry, "weightbus_propagation_lag_seconds_count", policy) == 2
+    total = sample(registry, "weightbus_propagation_lag_seconds_sum", policy)
+    assert total is not None and 0.3 <= total < 3.0
+    assert (
+        registry.get_sample_value("weightbus_propagation_lag_seconds_bucket", {"policy": policy, "le": "0.25"}) == 1
+    )  # the fresh one, not the 0.3 s one
+    assert sample(registry, "weightbus_last_update_timestamp_seconds", policy) == pytest.approx(time.time(), abs=3)
+
+
+@pytest.mark.parametrize("mode", ["hold", "follow", "raise"])
+async def test_regression_is_logged_counted_alerted_and_handled(
+    bus: Bus, policy: str, registry: CollectorRegistry, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await publish(bus, policy, 57)
+    async with VersionTracker(bus, policy, registry=registry, regression=mode, observer="rm-0") as tracker:
+        assert await tracker.wait_ready(TIMEOUT) == 57
+        changes = tracker.changes(include_regressions=True)
+        first = await anext(changes)
+        assert (first.action, first.version) == (TrackerAction.ADOPTED, 57)
+        await publish(bus, policy, 1, epoch=2, trainer="cell-1")
+        if mode == "raise":
+            with pytest.raises(VersionRegressionError) as info:
+                await asyncio.wait_for(anext(changes), TIMEOUT)
+            assert (info.value.current, info.value.incoming, info.value.publisher) == (57, 1, "cell-1")
+            with pytest.raises(VersionRegressionError):
+                tracker.current  # noqa: B018
+            with pytest.raises(VersionRegressionError):
+                await tracker.wait_for(58, TIMEOUT)
+            assert tracker.state.version == 57
+        else:
+            change = await asyncio.wait_for(anext(changes), TIMEOUT)
+            assert change.incoming == 1 and change.previous == 57
+            assert tracker.current == (57 if mode == "hold" else 1)
+            assert change.action is (TrackerAction.HELD if mode == "hold" else TrackerAction.FOLLOWED)
+            # The tracker keeps following after a regression.
+            await publish(bus, policy, 60, epoch=2, trainer="cell-1")
+            assert await tracker.wait_for(60, TIMEOUT) == 60
+        await changes.aclose()
+    assert sample(registry, "weightbus_version_regressions_total", policy) == 1
+    stored = await bus.last(subjects.alerts(policy))
+    assert stored is not None
+    alert = stored.event
+    assert isinstance(alert, VersionRegressed)
+    assert (alert.current, alert.incoming, alert.incoming_epoch) == (57, 1, 2)
+    assert (alert.publisher, alert.action, alert.observer) == ("cell-1", mode, "rm-0")
+    assert any(r.getMessage() == "weight version went backwards" for r in caplog.records)
+
+
+async def test_takeover_with_a_higher_version_in_a_new_epoch_is_not_a_regression(
+    bus: Bus, policy: str, registry: CollectorRegistry
+) -> None:
+    await publish(bus, policy, 5)
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        await tracker.wait_ready(TIMEOUT)
+        claim = PublisherClaimed(policy=policy, epoch=2, trainer_id="trainer-b", published_at=time.time(), version=5)
+        await bus.publish(subjects.weights(policy), claim, msg_id=f"{policy}:claim:2")
+        await publish(bus, policy, 6, epoch=2, trainer="trainer-b")
+        assert await tracker.wait_for(6, TIMEOUT) == 6
+        assert (tracker.epoch, tracker.publisher) == (2, "trainer-b")
+    assert sample(registry, "weightbus_version_regressions_total", policy) == 0
+    assert sample(registry, "weightbus_epoch", policy) == 2
+    assert await bus.last(subjects.alerts(policy)) is None
+
+
+async def test_a_claim_alone_gives_the_version_but_no_update(
+    bus: Bus, policy: str, registry: CollectorRegistry
+) -> None:
+    claim = PublisherClaimed(policy=policy, epoch=3, trainer_id="trainer-c", published_at=time.time(), version=9)
+    await bus.publish(subjects.weights(policy), claim, msg_id=f"{policy}:claim:3")
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        assert await tracker.wait_ready(TIMEOUT) == 9
+        assert tracker.epoch == 3 and tracker.seconds_since_update is None
+    assert sample(registry, "weightbus_last_update_timestamp_seconds", policy) is None or (
+        sample(registry, "weightbus_last_update_timestamp_seconds", policy) == 0
+    )
+
+
+async def test_malformed_payloads_do_not_stop_the_tracker(bus: Bus, policy: str, registry: CollectorRegistry) -> None:
+    subject = subjects.weights(policy)
+    await publish(bus, policy, 1)
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        assert await tracker.wait_ready(TIMEOUT) == 1
+        await bus.publish_raw(subject, b"{not json", msg_id=f"{policy}:garbage")
+        await bus.publish_raw(
+            subject,
+            b'{"type":"weight.updated","policy":"%s","version":-4,"epoch":1,"trainer_id":"x","published_at":1}'
+            % policy.encode(),
+            msg_id=f"{policy}:negative",
+        )
+        await publish(bus, policy, 2)
+        assert await tracker.wait_for(2, TIMEOUT) == 2
+    invalid = registry.get_sample_value("weightbus_invalid_events_total", {"family": "weights", "reason": "malformed"})
+    assert invalid == 1
+
+
+async def test_invalid_latest_stored_event_does_not_block_readiness(
+    bus: Bus, policy: str, registry: CollectorRegistry
+) -> None:
+    await bus.publish_raw(subjects.weights(policy), b"\x00garbage", msg_id=f"{policy}:garbage")
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        assert await tracker.wait_ready(TIMEOUT) is None
+        await publish(bus, policy, 3)
+        assert await tracker.wait_for(3, TIMEOUT) == 3
+
+
+async def test_iterator_starts_at_the_current_version_and_ends_on_stop(
+    bus: Bus, policy: str, registry: CollectorRegistry
+) -> None:
+    await publish(bus, policy, 1)
+    tracker = await VersionTracker(bus, policy, registry=registry).start()
+    seen: list[tuple[int | None, bool]] = []
+
+    async def consume() -> None:
+        async for change in tracker:
+            seen.append((change.version, change.replayed))
+
+    await tracker.wait_ready(TIMEOUT)
+    consumer = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    await publish(bus, policy, 2)
+    await tracker.wait_for(2, TIMEOUT)
+    await asyncio.sleep(0.05)
+    await tracker.stop()
+    await asyncio.wait_for(consumer, TIMEOUT)
+    assert seen == [(1, True), (2, False)]
+    with pytest.raises(RuntimeError):
+        await tracker.wait_for(3, TIMEOUT)  # a stopped tracker never gets there: fail, don't hang
+
+
+async def test_slow_consumer_resubscribes_and_relearns_the_version(policy: str, registry: CollectorRegistry) -> None:
+    bus = MemoryBus()
+    async with VersionTracker(bus, policy, registry=registry, retry_delay=0.01) as tracker:
+        await tracker.wait_ready(TIMEOUT)
+        # MemoryBus.publish never yields, so the tracker cannot drain its 10k-bounded queue meanwhile.
+        for v in range(10_050):
+            await publish(bus, policy, v)
+        assert await tracker.wait_for(10_049, TIMEOUT) == 10_049
+        assert tracker.current == 10_049
+    assert sample(registry, "weightbus_tracker_resubscribes_total", policy) == 1
+    assert sample(registry, "weightbus_version_regressions_total", policy) == 0
+    await bus.close()
+
+
+async def test_event_naming_another_policy_is_skipped(bus: Bus, policy: str, registry: CollectorRegistry) -> None:
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        await tracker.wait_ready(TIMEOUT)
+        stray = WeightUpdated(policy="other", version=99, epoch=1, trainer_id="x", published_at=time.time())
+        await bus.publish(subjects.weights(policy), stray, msg_id=f"{policy}:stray")
+        await publish(bus, policy, 4)
+        assert await tracker.wait_for(4, TIMEOUT) == 4
+
+
+def test_bad_arguments_are_refused(registry: CollectorRegistry) -> None:
+    bus = MemoryBus()
+    with pytest.raises(ValueError):
+        VersionTracker(bus, "p", regression="ignore")
+    with pytest.raises(ValueError):
+        VersionTracker(bus, "p", metrics=TrackerMetrics(registry), registry=registry)
+    with pytest.raises(ValueError):
+        VersionTracker(bus, "bad.policy")
+
+
+class _RecordingBus(MemoryBus):
+    """A MemoryBus that hands out its subscriptions, so a test can fail one as a transport would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.subscriptions: list[QueueSubscription] = []
+
+    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT) -> QueueSubscription:
+        sub = super().subscribe(pattern, deliver=deliver)
+        self.subscriptions.append(sub)
+        return sub
+
+
+async def test_failed_subscription_resubscribes_without_handling_the_last_event_twice(
+    policy: str, registry: CollectorRegistry
+) -> None:
+    bus = _RecordingBus()
+    await publish(bus, policy, 57)
+    async with VersionTracker(bus, policy, registry=registry, retry_delay=0.01) as tracker:
+        await tracker.wait_ready(TIMEOUT)
+        changes = tracker.changes(include_regressions=True)
+        assert (await anext(changes)).version == 57
+        await publish(bus, policy, 1, epoch=2)
+        assert (await asyncio.wait_for(anext(changes), TIMEOUT)).action is TrackerAction.HELD
+        bus.subscriptions[-1].fail(BusError("connection lost"))
+        async with asyncio.timeout(TIMEOUT):
+            while len(bus.subscriptions) < 2:
+                await asyncio.sleep(0.005)
+        # The replay after resubscribing is the held v1 again: recognised, not a second regression
+        # (which would be the next item here, before v58).
+        await publish(bus, policy, 58, epoch=2)
+        assert (await asyncio.wait_for(anext(changes), TIMEOUT)).version == 58
+        await changes.aclose()
+    assert len(bus.subscriptions) == 2
+    assert sample(registry, "weightbus_tracker_resubscribes_total", policy) == 1
+    assert sample(registry, "weightbus_version_regressions_total", policy) == 1

@@ -1,0 +1,119 @@
+"""The pure version rule: every branch of ``decide``, without a bus."""
+
+from __future__ import annotations
+
+import pytest
+
+from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerState, decide
+from weightbus.schemas import PublisherClaimed, WeightUpdated
+
+
+def upd(version: int, *, epoch: int = 1, trainer: str = "a", at: float = 100.0) -> WeightUpdated:
+    return WeightUpdated(policy="p", version=version, epoch=epoch, trainer_id=trainer, published_at=at)
+
+
+def claim(version: int | None, *, epoch: int = 2, trainer: str = "b") -> PublisherClaimed:
+    return PublisherClaimed(policy="p", epoch=epoch, trainer_id=trainer, published_at=200.0, version=version)
+
+
+HELD57 = TrackerState(version=57, epoch=1, publisher="a", updated_at=50.0)
+
+
+def test_first_update_is_adopted_even_at_version_zero() -> None:
+    d = decide(TrackerState(), upd(0, at=10.0))
+    assert d.action is TrackerAction.ADOPTED
+    assert d.state == TrackerState(version=0, epoch=1, publisher="a", updated_at=10.0)
+    assert d.changed and d.is_update and not d.is_regression
+
+
+def test_higher_version_advances_in_the_same_epoch() -> None:
+    d = decide(HELD57, upd(58, at=60.0))
+    assert d.action is TrackerAction.ADVANCED
+    assert (d.state.version, d.state.updated_at) == (58, 60.0)
+    assert d.previous is HELD57
+
+
+def test_takeover_with_higher_version_in_a_new_epoch_is_not_a_regression() -> None:
+    d = decide(HELD57, upd(58, epoch=3, trainer="b"))
+    assert d.action is TrackerAction.ADVANCED
+    assert (d.state.version, d.state.epoch, d.state.publisher) == (58, 3, "b")
+    assert not d.is_regression
+
+
+def test_equal_version_is_accepted_and_keeps_the_update_time() -> None:
+    d = decide(HELD57, upd(57, epoch=2, trainer="b", at=99.0))
+    assert d.action is TrackerAction.REPEATED
+    assert d.state == TrackerState(version=57, epoch=2, publisher="b", updated_at=50.0)
+    assert not d.changed and not d.is_update and not d.is_regression
+
+
+@pytest.mark.parametrize(
+    ("mode", "action", "version", "epoch"),
+    [
+        (RegressionMode.HOLD, TrackerAction.HELD, 57, 1),
+        (RegressionMode.FOLLOW, TrackerAction.FOLLOWED, 1, 2),
+        (RegressionMode.RAISE, TrackerAction.RAISED, 57, 1),
+    ],
+)
+def test_lower_version_is_a_regression_in_every_mode(
+    mode: RegressionMode, action: TrackerAction, version: int, epoch: int
+) -> None:
+    d = decide(HELD57, upd(1, epoch=2, trainer="b"), mode)
+    assert d.action is action
+    assert d.is_regression
+    assert d.incoming == 1
+    assert (d.state.version, d.state.epoch) == (version, epoch)
+    assert d.changed is (mode is RegressionMode.FOLLOW)
+    assert d.is_update is (mode is RegressionMode.FOLLOW)
+
+
+def test_default_mode_is_hold() -> None:
+    assert decide(HELD57, upd(3)).action is TrackerAction.HELD
+
+
+def test_claim_adopts_its_version_when_none_is_held_but_is_no_update() -> None:
+    d = decide(TrackerState(), claim(7))
+    assert d.action is TrackerAction.CLAIMED
+    assert d.state == TrackerState(version=7, epoch=2, publisher="b", updated_at=None)
+    assert d.changed and not d.is_update and not d.is_regression
+
+
+def test_claim_of_a_never_published_policy_keeps_version_unknown() -> None:
+    d = decide(TrackerState(), claim(None))
+    assert d.state.version is None and d.state.epoch == 2
+    assert not d.changed
+
+
+def test_claim_repeating_the_current_version_only_notes_epoch_and_publisher() -> None:
+    d = decide(HELD57, claim(57, epoch=5, trainer="c"))
+    assert d.state == TrackerState(version=57, epoch=5, publisher="c", updated_at=50.0)
+    assert not d.changed and not d.claim_behind
+
+
+def test_claim_with_a_lower_version_is_never_a_regression_on_its_own() -> None:
+    d = decide(HELD57, claim(3))
+    assert d.action is TrackerAction.CLAIMED
+    assert d.state.version == 57
+    assert not d.is_regression and d.claim_behind
+
+
+def test_claim_ahead_of_a_lagging_state_catches_up() -> None:
+    d = decide(HELD57, claim(60))
+    assert d.state.version == 60 and d.changed and not d.is_update
+
+
+def test_non_weight_event_is_refused() -> None:
+    with pytest.raises(TypeError):
+        decide(TrackerState(), "weight.updated")  # type: ignore[arg-type]
+
+
+def test_tracker_names_are_exported_from_the_consumers_package() -> None:
+    import weightbus.consumers as consumers
+    from weightbus.consumers.tracker import VersionChange, VersionTracker
+    from weightbus.consumers.tracker_metrics import TrackerMetrics
+
+    assert consumers.VersionTracker is VersionTracker
+    assert consumers.VersionChange is VersionChange
+    assert consumers.TrackerMetrics is TrackerMetrics
+    assert consumers.RegressionMode is RegressionMode
+    assert {"VersionTracker", "RegressionMode", "TrackerState"} <= set(consumers.__all__)
