@@ -274,3 +274,21 @@ async def test_failed_subscription_resubscribes_without_handling_the_last_event_
     assert len(bus.subscriptions) == 2
     assert sample(registry, "weightbus_tracker_resubscribes_total", policy) == 1
     assert sample(registry, "weightbus_version_regressions_total", policy) == 1
+
+
+async def test_tracker_started_after_a_rogue_lower_version_still_holds_and_alerts(
+    bus: Bus, policy: str, registry: CollectorRegistry
+) -> None:
+    # 57 is current, then a publisher that bypasses the counter stores 1 as the latest event. A tracker
+    # that was not running at the time must not adopt 1 from the stream.
+    for v in (55, 56, 57):
+        await publish(bus, policy, v, trainer="cell-0")
+    await publish(bus, policy, 1, epoch=0, trainer="cell-1")
+    alerts = bus.subscribe(subjects.alerts(policy), deliver=Deliver.ALL)
+    async with VersionTracker(bus, policy, registry=registry, observer="late") as tracker:
+        assert await tracker.wait_ready(TIMEOUT) == 57
+    assert sample(registry, "weightbus_version_regressions_total", policy) == 1
+    alert = await asyncio.wait_for(alerts.__anext__(), TIMEOUT)
+    await alerts.close()
+    assert isinstance(alert.event, VersionRegressed)
+    assert (alert.event.current, alert.event.incoming, alert.event.publisher) == (57, 1, "cell-1")

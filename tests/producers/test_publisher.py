@@ -46,6 +46,25 @@ async def test_restart_resumes_the_counter_57_to_58(bus: Bus, policy: str) -> No
         assert version == 59
 
 
+async def test_restart_after_a_rogue_lower_version_resumes_above_the_highest(bus: Bus, policy: str) -> None:
+    # A publisher that bypassed the counter stored 1 after 57: resuming from the last event would reissue 2.
+    w = subjects.weights(policy)
+    await bus.publish(
+        w,
+        WeightUpdated(policy=policy, version=57, epoch=4, trainer_id="cell-0", published_at=now()),
+        msg_id=f"{policy}:4:57",
+    )
+    await bus.publish(
+        w,
+        WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue", published_at=now()),
+        msg_id=f"{policy}:rogue:1",
+    )
+    pub = await VersionPublisher(bus, policy, trainer_id="cell-1").start()
+    assert (pub.epoch, pub.version) == (5, 57)
+    async with pub.update() as version:
+        assert version == 58
+
+
 async def test_same_trainer_restarting_continues(bus: Bus, policy: str) -> None:
     first = await VersionPublisher(bus, policy, trainer_id="t").start()
     for _ in range(3):

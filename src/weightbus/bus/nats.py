@@ -328,7 +328,7 @@ class _NatsSubscription(QueueSubscription):
                     cb=_on_msg,
                     stream=self._bus.stream,
                     ordered_consumer=True,
-                    idle_heartbeat=2.0,
+                    idle_heartbeat=1.0,
                     deliver_policy=_DELIVER[self._deliver],
                 )
             except (nats.errors.Error, nats.js.errors.Error) as exc:

@@ -1,8 +1,10 @@
 """``VersionTracker``: a rollout-side follower of one policy's current weight version, held in memory.
 
-The tracker subscribes to ``weightbus.<policy>.weights`` with ``LAST_PER_SUBJECT``, so a tracker that
-starts or restarts learns the current version from the stream's stored event at once, without
-waiting for the next update. Each event goes through the pure rule ``tracker_state.decide``.
+The tracker subscribes to ``weightbus.<policy>.weights`` replaying the subject's retained history
+(``Deliver.ALL``; the stream keeps the last 64 events per subject), so a tracker that starts or
+restarts learns the current version from the stream at once, without waiting for the next update,
+and a lower version stored after a higher one (a publisher that bypassed the counter) is caught as a
+regression even by a tracker that was not running when it was published. Each event goes through the pure rule ``tracker_state.decide``.
 
 Invariants:
 
@@ -15,9 +17,9 @@ Invariants:
   the waiters and the iterators raise ``VersionRegressionError``.
 * The follow loop survives its subscription: an invalid payload is skipped by the bus; a
   ``SlowConsumerError``, a lost connection or any other failure of the subscription is logged,
-  counted (``weightbus_tracker_resubscribes_total``) and followed by a new ``LAST_PER_SUBJECT``
-  subscription after a backoff, which re-learns the current version. The event already handled
-  before the failure is recognised by its stream sequence and payload and not handled twice.
+  counted (``weightbus_tracker_resubscribes_total``) and followed by a new subscription after a
+  backoff, which re-learns the current version. Events at or below the stream sequence already
+  handled before the failure are skipped, so a replayed history is never handled twice.
 * Propagation lag (``published_at`` → receipt) is observed for live updates only. The event replayed
   at (re)subscription was published before this subscription existed; its age measures how long the
   version has been current (or how long the tracker was away), not how fast updates propagate, and
@@ -259,7 +261,7 @@ class VersionTracker:
         try:
             while True:
                 try:
-                    async with self._bus.subscribe(self._subject, deliver=Deliver.LAST_PER_SUBJECT) as sub:
+                    async with self._bus.subscribe(self._subject, deliver=Deliver.ALL) as sub:
                         self._subscribed_at = time.time()
                         self._boundary = await self._stored_seq()
                         if self._boundary == 0:
@@ -421,8 +423,8 @@ class VersionTracker:
             )
             self._after(env)
             return
-        if env.seq is not None and self._last_handled == (env.seq, env.data):
-            self._after(env)  # the replay of the event handled just before a resubscribe
+        if env.seq is not None and self._last_handled is not None and env.seq <= self._last_handled[0]:
+            self._after(env)  # history already handled before a resubscribe
             return
         replayed = self._is_replay(env, event.published_at)
         decision = decide(self._state, event, self.mode)

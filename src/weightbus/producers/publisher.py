@@ -2,9 +2,10 @@
 
 Invariants:
 
-* The counter lives on the bus, not in the trainer: ``start()`` resumes from the last event on
-  ``weights(policy)``, so a restarted or failed-over trainer continues at 58 after 57. A new policy's
-  first version is 1.
+* The counter lives on the bus, not in the trainer: ``start()`` resumes from the highest version
+  retained on ``weights(policy)`` (normally the last event), so a restarted or failed-over trainer
+  continues at 58 after 57, even if a publisher that bypassed the counter stored a lower version
+  last. A new policy's first version is 1.
 * ``start()`` claims the counter: it publishes ``PublisherClaimed`` with ``epoch = last epoch + 1``
   (0 for a new policy), conditional on the subject's last sequence. Every later event is conditional
   on the sequence of this publisher's own previous event, so once another publisher has claimed,
@@ -29,7 +30,7 @@ from types import TracebackType
 from typing import Final
 
 from weightbus.bus import subjects
-from weightbus.bus.protocol import Bus, Envelope
+from weightbus.bus.protocol import Bus, Deliver, Envelope
 from weightbus.engines.sglang import PauseMode
 from weightbus.errors import EngineError, FencedError, PublishError, SequenceConflictError
 from weightbus.producers.stamping import EngineFleet, EngineStamp, stamp_and_verify
@@ -151,6 +152,14 @@ class VersionPublisher:
                 if not isinstance(event, WeightUpdated | PublisherClaimed):
                     raise PublishError(self._subject, f"unexpected {type(event).__name__} on the weights subject")
                 epoch, version, previous, seq = event.epoch + 1, event.version, event.trainer_id, last.seq or 0
+                high_version, high_epoch = await self._retained_high(last)
+                epoch = max(epoch, high_epoch + 1)
+                if high_version is not None and (version is None or high_version > version):
+                    log.warning(
+                        "the latest stored version is below the highest retained one; resuming above the highest",
+                        extra={"policy": self._policy, "latest": version, "highest": high_version, "by": previous},
+                    )
+                    version = high_version
             claim = PublisherClaimed(
                 policy=self._policy,
                 epoch=epoch,
@@ -190,6 +199,21 @@ class VersionPublisher:
             )
             return self
         raise PublishError(self._subject, f"could not claim the counter in {self._claim_attempts} attempts")
+
+    async def _retained_high(self, last: Envelope, timeout: float = 10.0) -> tuple[int | None, int]:
+        """The highest version and epoch among the retained events up to ``last`` on the weights subject."""
+        high_version: int | None = None
+        high_epoch = -1
+        async with asyncio.timeout(timeout), self._bus.subscribe(self._subject, deliver=Deliver.ALL) as sub:
+            async for env in sub:
+                event = env.event
+                if isinstance(event, WeightUpdated | PublisherClaimed) and event.policy == self._policy:
+                    if event.version is not None and (high_version is None or event.version > high_version):
+                        high_version = event.version
+                    high_epoch = max(high_epoch, event.epoch)
+                if env.seq is None or last.seq is None or env.seq >= last.seq:
+                    break
+        return high_version, high_epoch
 
     async def __aenter__(self) -> VersionPublisher:
         return await self.start()
