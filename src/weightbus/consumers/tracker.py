@@ -4,7 +4,8 @@ The tracker subscribes to ``weightbus.<policy>.weights`` replaying the subject's
 (``Deliver.ALL``; the stream keeps the last 64 events per subject), so a tracker that starts or
 restarts learns the current version from the stream at once, without waiting for the next update,
 and a lower version stored after a higher one (a publisher that bypassed the counter) is caught as a
-regression even by a tracker that was not running when it was published. Each event goes through the pure rule ``tracker_state.decide``.
+regression even by a tracker that was not running when it was published. Each event goes through
+the pure rule ``tracker_state.decide``.
 
 Invariants:
 

@@ -1,0 +1,143 @@
+"""Benchmark: how many groups per second the staleness stage judges, against miles' old per-group poll.
+
+The stage judges N groups of 8 samples against an in-memory current version (labels pre-parsed when
+the samples are built). The old approach (miles before #2244) asked the router for the version with
+one ``GET /model_info`` per drained group; here that is a sync ``httpx.Client`` with keep-alive
+against a local stdlib ``ThreadingHTTPServer`` answering ``{"weight_version": "10"}``, plus the same
+comparison. Results go to stdout and ``bench/results/drain.json``. Stdlib, weightbus and httpx only.
+
+Usage: python bench/drain.py [--groups N] [--http-groups M] [--repeat R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from weightbus.consumers import StalenessMetrics, StalenessStage
+from weightbus.schemas.rollouts import Group, Sample, SampleStatus
+
+SAMPLES_PER_GROUP = 8
+CURRENT = 10
+MAX_STALENESS = 2
+RESULTS = Path(__file__).parent / "results" / "drain.json"
+
+
+def build_groups(n: int) -> list[Group]:
+    """``n`` completed groups of 8 two-turn samples; group ``i`` started at ``CURRENT - i % 4``.
+
+    Staleness is 0 to 3, so a quarter of the groups exceed ``MAX_STALENESS`` and are dropped.
+    """
+    groups = []
+    for i in range(n):
+        base = CURRENT - i % 4
+        samples = [
+            Sample(
+                index=i * SAMPLES_PER_GROUP + j,
+                weight_versions=[str(base), str(min(CURRENT, base + j % 2))],
+                status=SampleStatus.COMPLETED,
+            )
+            for j in range(SAMPLES_PER_GROUP)
+        ]
+        groups.append(Group(prompt_index=i, samples=samples, status=SampleStatus.COMPLETED))
+    return groups
+
+
+def bench_stage(n: int, repeat: int) -> dict[str, float]:
+    groups = build_groups(n)
+    metrics = StalenessMetrics(CollectorRegistry()).for_policy("bench")
+    stage = StalenessStage(max_staleness=MAX_STALENESS, on_stale="drop", metrics=metrics)
+    best = float("inf")
+    kept = 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        judgement = stage.judge(groups, CURRENT)
+        best = min(best, time.perf_counter() - start)
+        kept = judgement.stats.kept
+    return {"groups": n, "seconds": best, "groups_per_s": n / best, "kept": kept}
+
+
+class _ModelInfo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the router serves it
+    # Headers and body go out in two writes; without TCP_NODELAY, Nagle plus delayed ACKs add
+    # ~40 ms per request, which would flatter the comparison.
+    disable_nagle_algorithm = True
+    body = json.dumps({"weight_version": str(CURRENT), "model_path": "bench"}).encode()
+
+    def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib signature)
+        return  # one line per request would dominate the measurement
+
+
+def bench_http_poll(n: int) -> dict[str, float]:
+    """miles' pre-#2244 drain: one GET /model_info per group, then the same staleness check."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelInfo)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/model_info"
+    groups = build_groups(n)
+    kept = 0
+    try:
+        with httpx.Client() as client:
+            client.get(url).raise_for_status()  # open the connection outside the timing
+            start = time.perf_counter()
+            for group in groups:
+                current = int(client.get(url).json()["weight_version"])
+                oldest = min(int(v) for s in group.samples for v in s.weight_versions if v.isdigit())
+                if current - oldest <= MAX_STALENESS:
+                    kept += 1
+            seconds = time.perf_counter() - start
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    return {"groups": n, "seconds": seconds, "groups_per_s": n / seconds, "kept": kept}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=200_000)
+    parser.add_argument("--http-groups", type=int, default=2_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    stage = bench_stage(args.groups, args.repeat)
+    http = bench_http_poll(args.http_groups)
+    ratio = stage["groups_per_s"] / http["groups_per_s"]
+    print(f"stage (in-memory version, pre-parsed labels): {stage['groups_per_s']:>12,.0f} groups/s")
+    print(f"old   (GET /model_info per group, keep-alive): {http['groups_per_s']:>12,.0f} groups/s")
+    print(f"ratio: {ratio:,.0f}x  (target for the stage: >= 300,000 groups/s)")
+    result = {
+        "samples_per_group": SAMPLES_PER_GROUP,
+        "stage": stage,
+        "http_poll": http,
+        "ratio": ratio,
+        "target_groups_per_s": 300_000,
+        "meets_target": stage["groups_per_s"] >= 300_000,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""The fully-async buffer: a bounded FIFO of generated groups, judged for staleness when drained.
+
+Invariants (miles fully-async, §9 items 3 to 11, with weightbus' stricter rule):
+
+* ``put`` filters aborted groups (and a host's dynamic-filter rejects) before they enter; a full
+  buffer blocks the producer and nothing is ever evicted;
+* ``drain(n, current)`` reads ``current`` once, takes groups from the head, judges each at take
+  time (a group fresh when put can be stale when taken), and returns exactly ``n`` kept groups
+  sorted by their first sample's index; it blocks while the buffer is empty;
+* groups not kept go to ``on_stale``: ``drop`` discards them, ``recycle`` resets the flat prompt
+  group and hands it out through ``recycled()`` (or an ``on_recycle`` callable); dynamic-filter
+  rejects are always dropped;
+* the statistics of a drain cover everything since the previous drain, put-side events included,
+  and reset with every drain (miles ``get_metrics``);
+* a cancelled drain puts the groups it had kept back at the head, in order;
+* after ``fail(exc)`` every drain and put raises ``exc`` at once, even with groups queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final
+
+from weightbus.consumers.stage import Action, DrainStats, StalenessStage, _Tally
+from weightbus.consumers.staleness import Reason, raw_scan
+from weightbus.schemas.rollouts import HAS_VERSION, Group
+
+if TYPE_CHECKING:
+    from weightbus.consumers.reports import DrainReporter
+
+__all__ = ["CurrentSource", "Drain", "FullyAsyncBuffer", "buffer_capacity", "resolve_current"]
+
+
+#: ``int | None``, a zero-argument callable returning one, or an object with a ``.current`` attribute
+#: (a ``VersionTracker``).
+CurrentSource = Any
+
+_MISSING: Final = object()
+
+
+def resolve_current(source: CurrentSource) -> int | None:
+    """Read a version once from ``source``.
+
+    Args:
+        source: an ``int`` or None, an object with a ``.current`` attribute (a tracker), or a
+            zero-argument callable returning ``int | None``.
+
+    Raises:
+        TypeError: the source yields something other than a non-bool ``int`` or None.
+        ValueError: the version is negative.
+    """
+    value = source
+    if value is not None and not isinstance(value, int):
+        attr = getattr(value, "current", _MISSING)  # a tracker's property: read it exactly once
+        if attr is not _MISSING:
+            value = attr
+        elif callable(value):
+            value = value()
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a current version must be an int or None, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"a current version must be >= 0, got {value}")
+    return value
+
+
+def buffer_capacity(rollout_batch_size: int, factor: float = 2.0) -> int:
+    """miles' capacity: ``floor(factor * rollout_batch_size)``, at least 1."""
+    return max(1, int(factor * rollout_batch_size))
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """One drain: ``groups`` (exactly ``n``, sorted by first sample index) and the window's ``stats``."""
+
+    groups: list[Group]
+    stats: DrainStats
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """``stats.metrics`` (miles' ``rollout/fully_async/*`` names plus ``weightbus/*``)."""
+        return self.stats.metrics
+
+
+class FullyAsyncBuffer:
+    """A bounded asyncio FIFO of groups with put-time abort filtering and take-time staleness judging.
+
+    Args:
+        capacity: the most groups held; ``put`` blocks beyond it (see ``buffer_capacity``).
+        stage: the staleness stage (bound, ``on_stale``, unknown-label policy, metrics); the default
+            measures without filtering and drops what it does not keep.
+        reporter: publishes a ``DrainReport`` after each drain; its failures never fail a drain.
+        on_recycle: called with each recycled (already reset) prompt group instead of queueing it for
+            ``recycled()``; must not block.
+        dynamic_filter: called on each put; a returned ``str`` rejects the group (always dropped,
+            counted as ``rollout/dynamic_filter/drop_<reason>`` when the reason is non-empty).
+        samples_per_group: when set, a drain raises ``ValueError`` on a kept group of another size.
+
+    Raises:
+        ValueError: ``capacity`` < 1.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        stage: StalenessStage | None = None,
+        reporter: DrainReporter | None = None,
+        on_recycle: Callable[[Group], None] | None = None,
+        dynamic_filter: Callable[[Group], str | None] | None = None,
+        samples_per_group: int | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.stage = stage if stage is not None else StalenessStage()
+        self.reporter = reporter
+        self._on_recycle = on_recycle
+        self._dynamic_filter = dynamic_filter
+        self._samples_per_group = samples_per_group
+        self._items: deque[Group] = deque()
+        self._changed = asyncio.Condition()
+        # Unbounded on purpose: recycling must never block a drain, whose caller may be the one
+        # that feeds the producer this queue would wait on.
+        self._recycled: asyncio.Queue[Group] = asyncio.Queue()
+        self._error: BaseException | None = None
+        self._wakers: set[asyncio.Task[None]] = set()
+        self._last_current: int | None = None
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._win_aborted = 0
+        self._win_filtered: dict[str, int] = {}
+        self._win_recycled = 0
+        self._win_dropped = 0
+        self._win_reasons: dict[str, int] = {}  # from cancelled drains
+        self._win_values: list[int] = []  # from cancelled drains
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def qsize(self) -> int:
+        """Groups waiting in the buffer."""
+        return len(self._items)
+
+    def fail(self, error: BaseException) -> None:
+        """Make every pending and later ``drain``/``put`` raise ``error`` (a dead producer)."""
+        self._error = error
+        self._notify()
+
+    async def put(self, group: Group) -> bool:
+        """Add a generated group, waiting while the buffer is full.
+
+        Aborted groups and dynamic-filter rejects never enter; they go to ``on_stale`` (aborted) or
+        are dropped (rejects), and count in the next drain's window.
+
+        Returns:
+            True if the group was buffered.
+
+        Raises:
+            BaseException: the error given to ``fail``.
+        """
+        self._raise_if_failed()
+        if group.is_aborted:
+            self._win_aborted += 1
+            self._route(group)
+            if self.stage.metrics is not None:
+                # Put-side: no drain's tally sees this group, so Prometheus is told here.
+                self.stage.metrics.count_groups(self.stage.unused_action, Reason.ABORTED)
+            return False
+        if self._dynamic_filter is not None:
+            reject = self._dynamic_filter(group)
+            if reject is not None:
+                self._win_filtered[reject] = self._win_filtered.get(reject, 0) + 1
+                self._win_dropped += 1
+                if self.stage.metrics is not None:
+                    self.stage.metrics.count_groups(Action.DROPPED, Reason.FILTERED)
+                return False
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self._items) < self.capacity or self._error is not None)
+            self._raise_if_failed()
+            self._items.append(group)
+            self._changed.notify_all()
+        if self.stage.metrics is not None:
+            self.stage.metrics.set_buffer(len(self._items))
+        return True
+
+    async def drain(self, n: int, current: CurrentSource) -> Drain:
+        """Take exactly ``n`` kept groups, judging each against one snapshot of ``current``.
+
+        Args:
+            n: how many kept groups to return (blocks until there are that many).
+            current: the version source, read once: ``int | None``, a tracker with ``.current``, or
+                a callable. None (never published) keeps every group, unmeasured.
+
+        Raises:
+            ValueError: ``n`` < 1, or a kept group has not ``samples_per_group`` samples.
+            BaseException: the error given to ``fail``.
+        """
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        self._raise_if_failed()
+        t = self.stage.tally(resolve_current(current))
+        items = self._items
+        popped = False
+        try:
+            while len(t.kept) < n:
+                if items and self._error is None:
+                    # No await between pops: blocked producers are woken once, below or before waiting.
+                    group = items.popleft()
+                    popped = True
+                else:
+                    if popped:
+                        self._notify()
+                        popped = False
+                    group = await self._take()
+                reason = t.add(group)
+                if reason is not Reason.FRESH and reason is not Reason.UNMEASURED:
+                    self._route(group)
+                if t.evicted:
+                    for evicted in t.evicted:
+                        self._route(evicted)
+                    t.evicted.clear()
+        except BaseException:
+            self._abandon(t)
+            raise
+        if popped:
+            self._notify()
+        kept = sorted(t.kept, key=_sort_key)
+        if self._samples_per_group is not None:
+            for group in kept:
+                size = sum(1 for _ in group.iter_samples()) if group.trajectories else len(group.samples)
+                if size != self._samples_per_group:
+                    raise ValueError(
+                        f"group {group.prompt_index} has {size} samples, expected {self._samples_per_group}"
+                    )
+        return await self._finish(t, kept)
+
+    async def _finish(self, t: _Tally, kept: list[Group]) -> Drain:
+        if t.current is not None:
+            self._last_current = t.current
+        buf_avg, buf_max = self._buffer_staleness()
+        stats = t.finish(
+            recycled=self._win_recycled,
+            dropped=self._win_dropped,
+            filtered=self._win_filtered,
+            queue_size=len(self._items),
+            buffer_avg_staleness=buf_avg,
+            buffer_max_staleness=buf_max,
+        )
+        self.stage.record(t, stats)
+        stats = _merge_window(stats, self._win_aborted, self._win_reasons, self._win_values)
+        self._reset_window()
+        if self.stage.metrics is not None:
+            self.stage.metrics.set_buffer(stats.queue_size, buf_avg, buf_max)
+        if self.reporter is not None:
+            await self.reporter.report(stats)
+        return Drain(groups=kept, stats=stats)
+
+    def recycled(self) -> AsyncIterator[Group]:
+        """Recycled prompt groups (already reset for a retry), as they come; never ends."""
+        return self._iter_recycled()
+
+    async def _iter_recycled(self) -> AsyncIterator[Group]:
+        while True:
+            yield await self._recycled.get()
+
+    def take_recycled(self) -> list[Group]:
+        """Every recycled prompt group queued so far, without waiting."""
+        out: list[Group] = []
+        while not self._recycled.empty():
+            out.append(self._recycled.get_nowait())
+        return out
+
+    async def _take(self) -> Group:
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._items) or self._error is not None)
+            self._raise_if_failed()
+            group = self._items.popleft()
+            self._changed.notify_all()
+            return group
+
+    def _route(self, group: Group) -> None:
+        """Send a group that was not kept to ``on_stale``, counting it in the window."""
+        if self.stage.unused_action is Action.RECYCLED:
+            self._win_recycled += 1
+            group.reset_for_retry()
+            if self._on_recycle is not None:
+                self._on_recycle(group)
+            else:
+                self._recycled.put_nowait(group)
+        else:
+            self._win_dropped += 1
+
+    def _abandon(self, t: _Tally) -> None:
+        """A drain was interrupted: its kept groups go back to the head, its filter counts stay."""
+        self._items.extendleft(reversed(t.kept))
+        for reason, n in ((Reason.STALE, t.n_stale), (Reason.UNKNOWN_VERSION, t.n_unknown)):
+            if n:
+                self._win_reasons[reason.value] = self._win_reasons.get(reason.value, 0) + n
+                if self.stage.metrics is not None:
+                    self.stage.metrics.count_groups(self.stage.unused_action, reason, n)
+        stale = [t.current - lo for lo in t.stale_oldest] if t.current is not None else []
+        self._win_values.extend(stale)
+        if self.stage.metrics is not None:
+            self.stage.metrics.observe_staleness(stale)
+        self._notify()
+
+    def _buffer_staleness(self) -> tuple[float | None, int | None]:
+        cur = self._last_current
+        if cur is None:
+            return None, None
+        values = []
+        for group in self._items:
+            lo, _, flags = raw_scan(group)
+            if flags & HAS_VERSION:
+                values.append(cur - int(lo))
+        if not values:
+            return None, None
+        return sum(values) / len(values), max(values)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _notify(self) -> None:
+        async def wake() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: nobody can be waiting
+        # Kept referenced until done: a bare create_task can be garbage-collected mid-flight.
+        task = loop.create_task(wake())
+        self._wakers.add(task)
+        task.add_done_callback(self._wakers.discard)
+
+
+def _sort_key(group: Group) -> int:
+    return group.sort_key
+
+
+def _merge_window(stats: DrainStats, aborted: int, reasons: dict[str, int], values: list[int]) -> DrainStats:
+    """Fold put-side aborts and a cancelled drain's filter counts into a drain's statistics."""
+    if not aborted and not reasons and not values:
+        return stats
+    merged = dict(stats.reasons)
+    if aborted:
+        merged[Reason.ABORTED.value] = merged.get(Reason.ABORTED.value, 0) + aborted
+    for reason, n in reasons.items():
+        merged[reason] = merged.get(reason, 0) + n
+    avg, mx, count = stats.staleness_avg, stats.staleness_max, stats.staleness_count
+    if values:
+        total = (avg or 0.0) * count + sum(values)
+        count += len(values)
+        avg = total / count
+        mx = max(values) if mx is None else max(mx, *values)
+    return replace(stats, reasons=merged, staleness_avg=avg, staleness_max=mx, staleness_count=count)

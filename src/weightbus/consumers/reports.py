@@ -1,0 +1,108 @@
+"""Drain reports: a drain's statistics as a ``DrainReport`` on ``weightbus.<policy>.drains``.
+
+Invariants: a report's ``msg_id`` is deterministic (``<policy>:drain:<consumer>:<seq>``), so a
+retried publish stores one event; ``seq`` counts a reporter's drains from ``start_seq + 1``; a
+publish that fails or times out is logged and counted, and never fails the drain it describes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from weightbus.bus import subjects
+from weightbus.bus.protocol import Bus
+from weightbus.consumers.metrics import DrainMetrics
+from weightbus.consumers.stage import DrainStats
+from weightbus.errors import BusError
+from weightbus.schemas.common import now
+from weightbus.schemas.drains import DrainReport
+
+__all__ = ["DrainReporter", "to_drain_report"]
+
+log = logging.getLogger(__name__)
+
+
+def to_drain_report(
+    stats: DrainStats, *, policy: str, consumer: str, seq: int, published_at: float | None = None
+) -> DrainReport:
+    """Convert one drain's statistics into its wire event.
+
+    Args:
+        stats: the drain's statistics (``Drain.stats`` or ``Judgement.stats``).
+        policy: the policy id.
+        consumer: who drained (a rollout manager's id).
+        seq: the consumer's drain counter.
+        published_at: Unix time; now when None.
+    """
+    return DrainReport(
+        policy=policy,
+        consumer=consumer,
+        seq=seq,
+        current=stats.current,
+        kept=stats.kept,
+        recycled=stats.recycled,
+        dropped=stats.dropped,
+        published_at=now() if published_at is None else published_at,
+        reasons=dict(stats.reasons),
+        staleness_avg=stats.staleness_avg,
+        staleness_max=stats.staleness_max,
+        tracker_behind=stats.tracker_behind,
+        queue_size=stats.queue_size,
+    )
+
+
+class DrainReporter:
+    """Publishes one ``DrainReport`` per drain through an injected ``Bus``.
+
+    Args:
+        bus: the bus (``NatsBus`` or ``MemoryBus``).
+        policy: the policy id (validated here).
+        consumer: this rollout manager's id; include something unique per process start (a boot id)
+            if ``start_seq`` is not restored, or the bus may drop a restarted consumer's reports as
+            duplicates of the previous run's.
+        metrics: counts failed publishes in ``weightbus_drain_report_failures_total``.
+        timeout: seconds a publish may take before it is given up (and counted as failed).
+        start_seq: the last ``seq`` already published (the first report gets ``start_seq + 1``).
+
+    Raises:
+        InvalidPolicyError: ``policy`` is not a valid policy id.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        policy: str,
+        consumer: str,
+        *,
+        metrics: DrainMetrics | None = None,
+        timeout: float = 2.0,
+        start_seq: int = 0,
+    ) -> None:
+        self.bus = bus
+        self.policy = policy
+        self.consumer = consumer
+        self.subject = subjects.drains(policy)
+        self.metrics = metrics
+        self.timeout = timeout
+        self.seq = start_seq
+        self.failures = 0
+
+    async def report(self, stats: DrainStats) -> bool:
+        """Publish the report of one drain; never raises for a bus failure.
+
+        Returns:
+            True if the bus confirmed the report (a duplicate counts as confirmed).
+        """
+        self.seq += 1
+        event = to_drain_report(stats, policy=self.policy, consumer=self.consumer, seq=self.seq)
+        msg_id = f"{self.policy}:drain:{self.consumer}:{self.seq}"
+        try:
+            await asyncio.wait_for(self.bus.publish(self.subject, event, msg_id=msg_id), self.timeout)
+        except (BusError, TimeoutError) as exc:
+            self.failures += 1
+            if self.metrics is not None:
+                self.metrics.report_failed()
+            log.warning("drain report %s on %s not published: %s", msg_id, self.subject, exc or type(exc).__name__)
+            return False
+        return True

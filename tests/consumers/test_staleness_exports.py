@@ -1,0 +1,30 @@
+"""The consumers package's staleness API: ``__all__`` lists exactly the public names, sorted."""
+
+import importlib
+
+import pytest
+
+MODULES = [
+    "weightbus.consumers.staleness",
+    "weightbus.consumers.stage",
+    "weightbus.consumers.buffer",
+    "weightbus.consumers.metrics",
+    "weightbus.consumers.reports",
+    "weightbus.schemas.rollouts",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_all_is_sorted_and_resolves(name):
+    module = importlib.import_module(name)
+    assert module.__doc__
+    assert list(module.__all__) == sorted(module.__all__, key=lambda n: (not n.isupper(), n))
+    for public in module.__all__:
+        assert hasattr(module, public), public
+
+
+def test_package_reexports_the_staleness_api():
+    package = importlib.import_module("weightbus.consumers")
+    for name in ["FullyAsyncBuffer", "StalenessStage", "judge_groups", "DrainReporter", "StalenessMetrics", "Reason"]:
+        assert name in package.__all__
+        assert getattr(package, name).__module__.startswith("weightbus.consumers.")
