@@ -12,7 +12,15 @@ from weightbus.bus.protocol import Deliver
 from weightbus.bus.trace import read_trace
 from weightbus.bus.trace import record as record_events
 from weightbus.bus.trace import replay as replay_events
-from weightbus.cli._common import NatsOption, VerboseOption, fail, run_async, setup_logging
+from weightbus.cli._common import (
+    MetricsPortOption,
+    NatsOption,
+    VerboseOption,
+    fail,
+    run_async,
+    setup_logging,
+    start_metrics,
+)
 from weightbus.errors import BusError
 
 __all__ = ["register"]
@@ -29,6 +37,7 @@ def record_command(
     count: Annotated[int | None, typer.Option("--count", help="Stop after this many events.")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds.")] = None,
     nats: NatsOption = _DEFAULT_NATS,
+    metrics_port: MetricsPortOption = None,
     verbose: VerboseOption = 0,
 ) -> None:
     """Record events (subject, headers, receive time, wire JSON) to a JSON Lines trace until Ctrl-C.
@@ -38,9 +47,14 @@ def record_command(
     setup_logging(verbose)
 
     async def _run() -> int:
+        from prometheus_client import CollectorRegistry
+
+        from weightbus.bus.metrics import BusMetrics
         from weightbus.bus.nats import connect
 
-        bus = await connect(nats, name="weightbus-record")
+        registry = CollectorRegistry()
+        start_metrics(metrics_port, registry)
+        bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry))
         try:
             if str(out) == "-":
                 return await record_events(

@@ -1,0 +1,35 @@
+"""Every command explains itself with --help, and the console script is wired."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from weightbus.cli import app
+
+COMMANDS = ["server", "schema", "record", "replay", "publish", "status", "watch", "follow", "engine", "demo"]
+
+
+def test_top_level_help_lists_every_command() -> None:
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in COMMANDS:
+        assert command in result.output
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_help(command: str) -> None:
+    result = CliRunner().invoke(app, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+    assert len(result.output.splitlines()) > 5
+
+
+def test_schema_command_prints_every_family() -> None:
+    import json
+
+    result = CliRunner().invoke(app, ["schema"])
+    assert result.exit_code == 0
+    assert set(json.loads(result.output)) == {"weights", "applied", "alerts", "drains"}
+    bad = CliRunner().invoke(app, ["schema", "nope"])
+    assert bad.exit_code != 0
