@@ -2,13 +2,14 @@
 
 Families and their subjects: ``weights`` (``WeightUpdated``, ``PublisherClaimed``), ``applied``
 (``WeightApplied``), ``alerts`` (``VersionRegressed``, ``EngineOutOfSync``), ``drains``
-(``DrainReport``). Rollout data (``Sample``, ``Group``) lives in ``weightbus.schemas.rollouts``.
+(``DrainReport``). Rollout data: ``Sample``, ``Group``, ``TokenSpan`` (module ``rollouts``).
 """
 
 from weightbus.schemas.alerts import AlertMessage, EngineOutOfSync, VersionRegressed
 from weightbus.schemas.codec import FAMILIES, MAX_EVENT_BYTES, Event, decode, encode, family_of, json_schemas
 from weightbus.schemas.common import Epoch, PolicyId, Timestamp, Version, now
 from weightbus.schemas.drains import DrainMessage, DrainReport
+from weightbus.schemas.rollouts import Group, Sample, SampleStatus, TokenSpan, parse_version
 from weightbus.schemas.weights import (
     AppliedMessage,
     LoraAdapter,
@@ -28,10 +29,14 @@ __all__ = [
     "EngineOutOfSync",
     "Epoch",
     "Event",
+    "Group",
     "LoraAdapter",
     "PolicyId",
     "PublisherClaimed",
+    "Sample",
+    "SampleStatus",
     "Timestamp",
+    "TokenSpan",
     "Version",
     "VersionRegressed",
     "WeightApplied",
@@ -42,4 +47,5 @@ __all__ = [
     "family_of",
     "json_schemas",
     "now",
+    "parse_version",
 ]
