@@ -34,7 +34,7 @@ NatsOption = Annotated[
 ]
 MetricsPortOption = Annotated[
     int | None,
-    typer.Option("--metrics-port", help="Serve Prometheus metrics on this port (127.0.0.1 unless --metrics-addr)."),
+    typer.Option("--metrics-port", help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics."),
 ]
 VerboseOption = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More logs: -v info, -vv debug.")]
 
