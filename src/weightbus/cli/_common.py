@@ -17,8 +17,12 @@ import typer
 from prometheus_client import CollectorRegistry, start_http_server
 
 __all__ = [
+    "DEFAULT_NATS",
+    "ConnectTimeoutOption",
     "MetricsPortOption",
     "NatsOption",
+    "PolicyOption",
+    "RouterOption",
     "VerboseOption",
     "fail",
     "run_async",
@@ -36,6 +40,13 @@ MetricsPortOption = Annotated[
     int | None,
     typer.Option("--metrics-port", help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics."),
 ]
+#: The client default; weightbus never starts a server on 4222 itself.
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+PolicyOption = Annotated[str, typer.Option("--policy", help="Policy id (letters, digits, '_' and '-').")]
+RouterOption = Annotated[
+    str | None, typer.Option("--router", help="Router whose GET /workers lists the engines (instead of --engine).")
+]
+ConnectTimeoutOption = Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for NATS.")]
 VerboseOption = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More logs: -v info, -vv debug.")]
 
 _STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}

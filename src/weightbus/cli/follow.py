@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus.metrics import BusMetrics
 from weightbus.cli._common import (
+    DEFAULT_NATS,
     MetricsPortOption,
     NatsOption,
     VerboseOption,
@@ -33,7 +34,6 @@ from weightbus.errors import BusError, InvalidPolicyError, VersionRegressionErro
 
 __all__ = ["EXIT_REGRESSION", "format_change", "register"]
 
-_DEFAULT_NATS: Final = "nats://127.0.0.1:4222"
 EXIT_REGRESSION: Final = 3
 _encoder = msgspec.json.Encoder()
 
@@ -69,7 +69,7 @@ def follow_command(
         str | None, typer.Option("--observer", help="Name in regression alerts (default host:pid).")
     ] = None,
     metrics_port: MetricsPortOption = None,
-    nats: NatsOption = _DEFAULT_NATS,
+    nats: NatsOption = DEFAULT_NATS,
     verbose: VerboseOption = 0,
 ) -> None:
     """Follow POLICY's weight version and print each change (the current one first)."""

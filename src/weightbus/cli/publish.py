@@ -13,7 +13,17 @@ import typer
 
 from weightbus.bus.nats import connect
 from weightbus.bus.subjects import validate_policy
-from weightbus.cli._common import NatsOption, VerboseOption, fail, run_async, setup_logging
+from weightbus.cli._common import (
+    DEFAULT_NATS,
+    ConnectTimeoutOption,
+    NatsOption,
+    PolicyOption,
+    RouterOption,
+    VerboseOption,
+    fail,
+    run_async,
+    setup_logging,
+)
 from weightbus.errors import BusError, EngineError, FencedError, InvalidPolicyError
 from weightbus.producers import EngineFleet, VersionPublisher, default_trainer_id
 from weightbus.schemas import LoraAdapter
@@ -62,14 +72,12 @@ async def _publish(
 
 
 def publish_command(
-    policy: Annotated[str, typer.Option("--policy", help="Policy id.")],
-    nats: NatsOption = "nats://127.0.0.1:4222",
+    policy: PolicyOption,
+    nats: NatsOption = DEFAULT_NATS,
     engine: Annotated[
         list[str] | None, typer.Option("--engine", help="SGLang worker URL to stamp and verify (repeatable).")
     ] = None,
-    router: Annotated[
-        str | None, typer.Option("--router", help="Router whose GET /workers lists the engines (instead of --engine).")
-    ] = None,
+    router: RouterOption = None,
     lora: Annotated[str | None, typer.Option("--lora", help="Name of the LoRA adapter this push carries.")] = None,
     lora_path: Annotated[
         str | None,
@@ -81,7 +89,7 @@ def publish_command(
     pause: Annotated[
         str | None, typer.Option("--pause", help="Pause the engines around the stamp: retract, in_place or abort.")
     ] = None,
-    connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for NATS.")] = 5.0,
+    connect_timeout: ConnectTimeoutOption = 5.0,
     verbose: VerboseOption = 0,
 ) -> None:
     """Bump POLICY's weight version once: claim the counter, stamp and verify the engines, publish, print it.

@@ -13,7 +13,17 @@ import typer
 
 from weightbus.bus.nats import connect
 from weightbus.bus.subjects import validate_policy
-from weightbus.cli._common import NatsOption, VerboseOption, fail, run_async, setup_logging
+from weightbus.cli._common import (
+    DEFAULT_NATS,
+    ConnectTimeoutOption,
+    NatsOption,
+    PolicyOption,
+    RouterOption,
+    VerboseOption,
+    fail,
+    run_async,
+    setup_logging,
+)
 from weightbus.errors import BusError, EngineError, InvalidPolicyError
 from weightbus.producers import EngineFleet, PolicyStatus, read_status
 
@@ -75,16 +85,14 @@ def _render(status: PolicyStatus) -> str:
 
 
 def status_command(
-    policy: Annotated[str, typer.Option("--policy", help="Policy id.")],
-    nats: NatsOption = "nats://127.0.0.1:4222",
+    policy: PolicyOption,
+    nats: NatsOption = DEFAULT_NATS,
     engine: Annotated[
         list[str] | None, typer.Option("--engine", help="SGLang worker URL to read back (repeatable).")
     ] = None,
-    router: Annotated[
-        str | None, typer.Option("--router", help="Router whose GET /workers lists the engines (instead of --engine).")
-    ] = None,
+    router: RouterOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for NATS.")] = 5.0,
+    connect_timeout: ConnectTimeoutOption = 5.0,
     verbose: VerboseOption = 0,
 ) -> None:
     """Show POLICY's current version, epoch, publisher and time since the last event; read-only (never claims)."""

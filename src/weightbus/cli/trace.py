@@ -13,6 +13,7 @@ from weightbus.bus.trace import read_trace
 from weightbus.bus.trace import record as record_events
 from weightbus.bus.trace import replay as replay_events
 from weightbus.cli._common import (
+    DEFAULT_NATS,
     MetricsPortOption,
     NatsOption,
     VerboseOption,
@@ -25,8 +26,6 @@ from weightbus.errors import BusError
 
 __all__ = ["register"]
 
-_DEFAULT_NATS = "nats://127.0.0.1:4222"
-
 
 def record_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Trace file to write (JSON Lines; '-' for stdout).")],
@@ -36,7 +35,7 @@ def record_command(
     ] = Deliver.NEW,
     count: Annotated[int | None, typer.Option("--count", help="Stop after this many events.")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds.")] = None,
-    nats: NatsOption = _DEFAULT_NATS,
+    nats: NatsOption = DEFAULT_NATS,
     metrics_port: MetricsPortOption = None,
     verbose: VerboseOption = 0,
 ) -> None:
@@ -80,7 +79,7 @@ def replay_command(
     new_ids: Annotated[
         bool, typer.Option("--new-ids", help="Suffix message ids, to replay into the stream the trace came from.")
     ] = False,
-    nats: NatsOption = _DEFAULT_NATS,
+    nats: NatsOption = DEFAULT_NATS,
     verbose: VerboseOption = 0,
 ) -> None:
     """Republish a recorded trace, in order, into a NATS (keeping each event's Nats-Msg-Id unless --new-ids)."""

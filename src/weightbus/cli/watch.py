@@ -29,6 +29,7 @@ from weightbus.bus import subjects
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.protocol import Bus, Deliver, Envelope
 from weightbus.cli._common import (
+    DEFAULT_NATS,
     MetricsPortOption,
     NatsOption,
     VerboseOption,
@@ -47,7 +48,6 @@ __all__ = ["register", "render", "watch"]
 
 log = logging.getLogger("weightbus.consumers")
 
-_DEFAULT_NATS: Final = "nats://127.0.0.1:4222"
 _LIVE_UPDATES: Final = frozenset({TrackerAction.ADOPTED, TrackerAction.ADVANCED, TrackerAction.FOLLOWED})
 _json_encoder = msgspec.json.Encoder()
 
@@ -249,7 +249,7 @@ def watch_command(
     duration: Annotated[float | None, typer.Option("--duration", help="Exit after this many seconds.")] = None,
     count: Annotated[int | None, typer.Option("--count", help="Exit after this many events.")] = None,
     metrics_port: MetricsPortOption = None,
-    nats: NatsOption = _DEFAULT_NATS,
+    nats: NatsOption = DEFAULT_NATS,
     verbose: VerboseOption = 0,
 ) -> None:
     """Watch versions, epochs, publishers, lag, drains and alerts of every policy (or one), live.
