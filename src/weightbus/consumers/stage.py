@@ -12,23 +12,23 @@ Invariants:
   semantics); a recycled group is reset after it was measured;
 * Prometheus is touched once per judgement, never per group.
 
-``judge_groups`` is the one-call helper for host frameworks (miles, slime): no bus, no buffer.
+``judge_groups`` is the one-call helper for host frameworks (miles, slime): no bus, no buffer. The
+result types (``Action``, ``Decision``, ``DrainStats``, ``Judgement``) live in ``decisions`` and are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Final, Literal
 
+from weightbus.consumers.decisions import Action, Decision, DrainStats, Judgement
 from weightbus.consumers.metrics import DrainMetrics
 from weightbus.consumers.staleness import (
     UNKNOWN_POLICIES,
     Reason,
     UnknownPolicy,
-    Verdict,
     group_versions,
     judge,
     raw_scan,
@@ -47,109 +47,6 @@ __all__ = [
 
 OnStale = Literal["drop", "recycle"]
 _ABORTED: Final = SampleStatus.ABORTED
-_M: Final = "rollout/fully_async/"
-
-
-class Action(StrEnum):
-    """What happened to a group."""
-
-    KEPT = "kept"
-    RECYCLED = "recycled"
-    DROPPED = "dropped"
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """One group's fate: ``action``, ``reason`` and the rule's ``verdict`` (staleness, current used)."""
-
-    action: Action
-    reason: Reason
-    verdict: Verdict | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DrainStats:
-    """The statistics of one drain (or one ``judge_groups`` call).
-
-    Attributes:
-        current: the version groups were judged against (raised to the newest seen when the tracker
-            was behind), or None when staleness was unknown (filter off).
-        tracker_current: the tracker's version as snapshotted at the start.
-        kept, recycled, dropped: groups by action.
-        reasons: groups not kept, by reason.
-        staleness_avg, staleness_max: over every group judged with a known staleness, filtered ones
-            too; None when there was none.
-        staleness_count: how many groups had a known staleness.
-        tracker_behind: groups holding a version newer than ``tracker_current``.
-        unknown_label_groups: groups with a non-version label or no label at all (in either mode).
-        queue_size: groups left in the buffer after the drain (0 outside a buffer).
-        buffer_avg_staleness, buffer_max_staleness: of the groups left, against the last known version.
-        dynamic_filter: dynamic-filter drops by the host's reason.
-    """
-
-    current: int | None
-    tracker_current: int | None
-    kept: int
-    recycled: int
-    dropped: int
-    reasons: dict[str, int] = field(default_factory=dict)
-    staleness_avg: float | None = None
-    staleness_max: int | None = None
-    staleness_count: int = 0
-    tracker_behind: int = 0
-    unknown_label_groups: int = 0
-    queue_size: int = 0
-    buffer_avg_staleness: float | None = None
-    buffer_max_staleness: int | None = None
-    dynamic_filter: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """Flat metrics: miles' exact ``rollout/fully_async/*`` names plus ``weightbus/*``.
-
-        ``avg_staleness``/``max_staleness`` and ``buffer_*`` are omitted when unknown, as in miles.
-        """
-        out: dict[str, float] = {
-            f"{_M}queue_size": self.queue_size,
-            f"{_M}aborted_groups_filtered": self.reasons.get(Reason.ABORTED, 0),
-            f"{_M}stale_groups_filtered": self.reasons.get(Reason.STALE, 0),
-            "weightbus/kept": self.kept,
-            "weightbus/recycled": self.recycled,
-            "weightbus/dropped": self.dropped,
-            "weightbus/unknown_version": self.reasons.get(Reason.UNKNOWN_VERSION, 0),
-            "weightbus/unknown_label_groups": self.unknown_label_groups,
-            "weightbus/tracker_behind": self.tracker_behind,
-        }
-        if self.staleness_avg is not None and self.staleness_max is not None:
-            out[f"{_M}avg_staleness"] = self.staleness_avg
-            out[f"{_M}max_staleness"] = self.staleness_max
-        if self.buffer_avg_staleness is not None and self.buffer_max_staleness is not None:
-            out[f"{_M}buffer_avg_staleness"] = self.buffer_avg_staleness
-            out[f"{_M}buffer_max_staleness"] = self.buffer_max_staleness
-        if self.current is not None:
-            out["weightbus/current_version"] = self.current
-        for reason, n in self.dynamic_filter.items():
-            if reason:
-                out[f"rollout/dynamic_filter/drop_{reason}"] = n
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class Judgement:
-    """The groups of one judgement by action, and its statistics.
-
-    ``recycled`` holds the flat prompt groups, already reset for a retry.
-    """
-
-    kept: list[Group]
-    recycled: list[Group]
-    dropped: list[Group]
-    stats: DrainStats
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """``stats.metrics``."""
-        return self.stats.metrics
 
 
 class _Tally:

@@ -27,6 +27,9 @@ Invariants:
   would swamp the histogram with minutes or hours. Replayed means: stream sequence at or below the
   subject's last sequence read right after subscribing. Lag uses two clocks (the trainer's and
   ours); a negative value from clock skew is recorded as 0.
+
+``VersionChange`` and the bounded queues behind ``changes()`` live in ``tracker_changes``;
+``VersionChange`` is re-exported here.
 """
 
 from __future__ import annotations
@@ -36,16 +39,14 @@ import logging
 import os
 import socket
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Final
 
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import subjects
 from weightbus.bus.protocol import Bus, Deliver, Envelope
+from weightbus.consumers.tracker_changes import _END, VersionChange, _Listener
 from weightbus.consumers.tracker_metrics import TrackerMetrics
 from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerDecision, TrackerState, decide
 from weightbus.errors import BusError, InvalidEventError, SlowConsumerError, VersionRegressionError
@@ -57,61 +58,10 @@ __all__ = ["VersionChange", "VersionTracker", "default_observer"]
 
 log = logging.getLogger("weightbus.consumers")
 
-_END: Final = object()
-
 
 def default_observer() -> str:
     """``<hostname>:<pid>``: names this process in the alerts it publishes."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass(frozen=True, slots=True)
-class VersionChange:
-    """One change of a tracker's version (or, when asked for, one held regression).
-
-    Attributes:
-        policy: the policy id.
-        action: what the tracker did (``adopted``, ``advanced``, ``claimed``, ``followed``, ``held``).
-        previous: the version held before.
-        version: the version held after (equal to ``previous`` for ``held``).
-        incoming: the version the event carried.
-        epoch: the epoch of the event.
-        publisher: the trainer id of the event.
-        published_at: the event's publish time (the publisher's clock).
-        received_at: local receive time.
-        lag: publish-to-observe delay in seconds, for live updates only (None when replayed or a claim).
-        replayed: whether the event was the stream's stored one, delivered at (re)subscription.
-    """
-
-    policy: str
-    action: TrackerAction
-    previous: int | None
-    version: int | None
-    incoming: int | None
-    epoch: int
-    publisher: str
-    published_at: float
-    received_at: float
-    lag: float | None
-    replayed: bool
-
-
-class _Listener:
-    """The bounded queue of one ``changes()`` iterator; overflow ends it with ``SlowConsumerError``."""
-
-    def __init__(self, include_regressions: bool, limit: int) -> None:
-        self.include_regressions = include_regressions
-        self.limit = limit
-        self.items: deque[object] = deque()
-        self.overflowed = False
-        self.signal = asyncio.Event()
-
-    def push(self, item: object) -> None:
-        if len(self.items) >= self.limit and item is not _END and not isinstance(item, BaseException):
-            self.overflowed = True
-        else:
-            self.items.append(item)
-        self.signal.set()
 
 
 class VersionTracker:
@@ -368,19 +318,8 @@ class VersionTracker:
             listener.push(_END)
         self._listeners.append(listener)
         try:
-            while True:
-                while not listener.items:
-                    if listener.overflowed:
-                        raise SlowConsumerError(self._subject, listener.limit)
-                    listener.signal.clear()
-                    await listener.signal.wait()
-                item = listener.items.popleft()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                assert isinstance(item, VersionChange)
-                yield item
+            while (change := await listener.next(self._subject)) is not None:
+                yield change
         finally:
             self._listeners.remove(listener)
 
