@@ -26,6 +26,7 @@ demo: venv
 
 bench: venv
 	$(BIN)/python bench/drain.py
+	$(BIN)/python bench/propagation.py
 
 lint: venv
 	$(BIN)/ruff check src tests bench
