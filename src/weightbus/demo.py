@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 from prometheus_client import CollectorRegistry, start_http_server
@@ -43,6 +43,9 @@ from weightbus.errors import EngineError, FencedError
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.schemas import LoraAdapter, WeightUpdated, now
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
+
+if TYPE_CHECKING:
+    from weightbus.engines.serve import ServedEngine
 
 __all__ = ["DemoConfig", "DemoResult", "StepRow", "run_demo"]
 
@@ -117,13 +120,14 @@ async def run_demo(config: DemoConfig = DemoConfig(), *, emit: Callable[[str], N
         else:
             url = config.nats_url
         result.nats_url = url
-        engine_urls = [stack.enter_context(_serve_engine(config)) for _ in range(config.engines)]
+        engine_urls = [stack.enter_context(_engine(config)).url for _ in range(config.engines)]
         emit(f"{config.engines} reference engines ({config.model} model): {', '.join(engine_urls)}")
         await _run(config, url, engine_urls, result, emit)
     return result
 
 
-def _serve_engine(config: DemoConfig) -> contextlib.AbstractContextManager[str]:
+def _engine(config: DemoConfig) -> ServedEngine:
+    """A reference engine, not started yet (the caller's ExitStack starts and stops it)."""
     from weightbus.engines.reference import EngineState, create_app
     from weightbus.engines.serve import ServedEngine
 
@@ -132,14 +136,7 @@ def _serve_engine(config: DemoConfig) -> contextlib.AbstractContextManager[str]:
         from weightbus.engines.tiny_model import TinyTorchModel
 
         model = TinyTorchModel()
-    served = ServedEngine(create_app(EngineState(model=model, token_delay=config.token_delay)))
-
-    @contextlib.contextmanager
-    def _ctx():  # type: ignore[no-untyped-def]
-        with served:
-            yield served.url
-
-    return _ctx()
+    return ServedEngine(create_app(EngineState(model=model, token_delay=config.token_delay)))
 
 
 async def _run(

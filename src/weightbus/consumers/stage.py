@@ -105,6 +105,10 @@ class _Tally:
         else:
             if group.trajectories or group.status == _ABORTED:
                 lo, hi, flags = raw_scan(group)
+        return self._judge(group, lo, hi, flags)
+
+    def _judge(self, group: Group, lo: float, hi: int, flags: int) -> Reason:
+        """The full rule on a group whose labels were already scanned into ``(lo, hi, flags)``."""
         if flags & ABORTED:
             self.n_aborted += 1
             return Reason.ABORTED
@@ -165,6 +169,7 @@ class _Tally:
         """
         unused: list[Group] = []
         add = self.add
+        judge = self._judge
         snap = self.snapshot
         if snap is None:
             for group in groups:
@@ -193,7 +198,11 @@ class _Tally:
             except AttributeError:
                 flags = -1
             if flags != HAS_VERSION or hi > snap or group.trajectories or group.status == _ABORTED:
-                reason = add(group)
+                # Reuse this scan unless the group needs the full one (unscanned, nested or aborted).
+                if flags == -1 or group.trajectories or group.status == _ABORTED:
+                    reason = add(group)
+                else:
+                    reason = judge(group, lo, hi, flags)
                 if reason is not Reason.FRESH and reason is not Reason.UNMEASURED:
                     unused_append(group)
                 continue
