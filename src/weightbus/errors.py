@@ -11,6 +11,7 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     │   │   └── SequenceConflictError         a conditional publish lost: the subject moved on
     │   └── SlowConsumerError                 a subscriber fell behind its bounded queue
     ├── FencedError                           another publisher owns the policy's counter
+    ├── TrackerNotReadyError                  a tracker does not know the current state (starting, deaf)
     ├── EngineError                           an SGLang engine answered with an error or not at all
     │   └── EngineOutOfSyncError              an engine does not serve the version it was stamped with
     └── VersionRegressionError                a tracker in ``raise`` mode saw a lower version
@@ -32,6 +33,7 @@ __all__ = [
     "PublishError",
     "SequenceConflictError",
     "SlowConsumerError",
+    "TrackerNotReadyError",
     "VersionRegressionError",
     "WeightbusError",
 ]
@@ -124,6 +126,22 @@ class FencedError(WeightbusError):
         self.version = version
         at = "no version yet" if version is None else f"version {version}"
         super().__init__(f"policy {policy!r} was taken over by {owner!r} (epoch {epoch}, {at}); nothing was published")
+
+
+class TrackerNotReadyError(WeightbusError):
+    """A tracker cannot say what the current version is: it has not replayed the stream yet, the
+    stream holds no valid event, or its subscription is lost. Nothing may be judged against it.
+
+    Attributes:
+        policy: the policy id.
+        status: the tracker's status (``starting``, ``no_valid_version``, ``deaf``).
+    """
+
+    def __init__(self, policy: str, status: str, detail: str = "") -> None:
+        self.policy = policy
+        self.status = status
+        suffix = f": {detail}" if detail else ""
+        super().__init__(f"the version tracker of {policy!r} is not ready ({status}){suffix}")
 
 
 class EngineError(WeightbusError):

@@ -44,13 +44,18 @@ def run(*items: tuple[str, Event, float, bool], max_recent: int = 8) -> MonitorS
 
 
 def test_weights_events_set_version_epoch_publisher_and_live_lag() -> None:
-    state = run((W, upd(3, at=100.0), 500.0, False), (W, upd(4, epoch=2, trainer="b", at=600.0), 600.25, True))
+    claim = PublisherClaimed(policy="p", epoch=2, trainer_id="b", published_at=599.0, version=3)
+    state = run(
+        (W, upd(3, at=100.0), 500.0, False),
+        (W, claim, 599.5, True),
+        (W, upd(4, epoch=2, trainer="b", at=600.0), 600.25, True),
+    )
     view = state.policies["p"]
     assert (view.weights.version, view.weights.epoch, view.weights.publisher) == (4, 2, "b")
     assert view.weights.updated_at == 600.0
     assert view.lag == 0.25
     assert view.last_action is TrackerAction.ADVANCED
-    assert (view.events, state.events) == (2, 2)
+    assert (view.events, state.events) == (3, 3)
 
 
 def test_replayed_update_has_no_lag() -> None:
@@ -72,9 +77,10 @@ def test_claim_notes_the_takeover_without_changing_the_version() -> None:
     assert view.weights.updated_at == 100.0 and view.last_action is TrackerAction.CLAIMED
 
 
-def test_lower_version_is_shown_and_recorded_as_an_alert() -> None:
+def test_lower_version_is_flagged_and_the_held_version_shown() -> None:
+    # One truth for operators: the monitor shows what trackers hold (57), the rogue v1 flagged.
     view = run((W, upd(57), 101.0, True), (W, upd(1, epoch=2, trainer="cell-1"), 102.0, True)).policies["p"]
-    assert view.weights.version == 1
+    assert view.weights.version == 57
     assert view.regressions == 1 and view.alert_count == 1
     assert view.alerts[0].kind == "regression_seen"
     assert "v57 → v1" in view.alerts[0].summary and "cell-1" in view.alerts[0].summary

@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus._subscription import QueueSubscription
 from weightbus.bus.protocol import Bus, Deliver
-from weightbus.consumers.tracker import VersionTracker
+from weightbus.consumers.tracker import TrackerStatus, VersionTracker
 from weightbus.consumers.tracker_metrics import TrackerMetrics
 from weightbus.consumers.tracker_state import TrackerAction
-from weightbus.errors import BusError, VersionRegressionError
+from weightbus.errors import BusError, TrackerNotReadyError, VersionRegressionError
 from weightbus.schemas import PublisherClaimed, VersionRegressed, WeightUpdated
 
 TIMEOUT = 5.0
@@ -110,9 +110,12 @@ async def test_regression_is_logged_counted_alerted_and_handled(
             assert change.incoming == 1 and change.previous == 57
             assert tracker.current == (57 if mode == "hold" else 1)
             assert change.action is (TrackerAction.HELD if mode == "hold" else TrackerAction.FOLLOWED)
-            # The tracker keeps following after a regression.
-            await publish(bus, policy, 60, epoch=2, trainer="cell-1")
-            assert await tracker.wait_for(60, TIMEOUT) == 60
+            # The tracker keeps following its owner after a regression (hold: trainer-a; follow: cell-1).
+            if mode == "hold":
+                await publish(bus, policy, 58)
+            else:
+                await publish(bus, policy, 2, epoch=2, trainer="cell-1")
+            assert await tracker.wait_for(58 if mode == "hold" else 2, TIMEOUT) == (58 if mode == "hold" else 2)
         await changes.aclose()
     assert sample(registry, "weightbus_version_regressions_total", policy) == 1
     stored = await bus.last(subjects.alerts(policy))
@@ -171,14 +174,35 @@ async def test_malformed_payloads_do_not_stop_the_tracker(bus: Bus, policy: str,
     assert invalid == 1
 
 
-async def test_invalid_latest_stored_event_does_not_block_readiness(
+async def test_an_invalid_latest_stored_event_leaves_the_last_valid_version(
+    bus: Bus, policy: str, registry: CollectorRegistry
+) -> None:
+    await publish(bus, policy, 24)
+    await bus.publish_raw(subjects.weights(policy), b"hello", msg_id=f"{policy}:garbage")
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        assert tracker.status is TrackerStatus.CURRENT and tracker.current == 24
+
+
+async def test_a_history_of_garbage_only_is_not_never_published(
     bus: Bus, policy: str, registry: CollectorRegistry
 ) -> None:
     await bus.publish_raw(subjects.weights(policy), b"\x00garbage", msg_id=f"{policy}:garbage")
-    async with VersionTracker(bus, policy, registry=registry) as tracker:
-        assert await tracker.wait_ready(TIMEOUT) is None
+    metrics = TrackerMetrics(registry)
+    with pytest.raises(TrackerNotReadyError, match="no_valid_version"):
+        async with VersionTracker(bus, policy, metrics=metrics, ready_timeout=0.5):
+            pass
+    tracker = await VersionTracker(bus, policy, metrics=metrics).start()
+    try:
+        await asyncio.sleep(0.2)
+        assert tracker.status is TrackerStatus.NO_VALID_VERSION and not tracker.ready
+        with pytest.raises(TrackerNotReadyError):
+            tracker.current  # noqa: B018  # never "no version" by accident: the filter must not switch off
+        assert sample(registry, "weightbus_tracker_ready", policy) == 0
         await publish(bus, policy, 3)
         assert await tracker.wait_for(3, TIMEOUT) == 3
+        assert tracker.ready and sample(registry, "weightbus_tracker_ready", policy) == 1
+    finally:
+        await tracker.stop()
 
 
 async def test_iterator_starts_at_the_current_version_and_ends_on_stop(
@@ -245,8 +269,10 @@ class _RecordingBus(MemoryBus):
         super().__init__()
         self.subscriptions: list[QueueSubscription] = []
 
-    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT) -> QueueSubscription:
-        sub = super().subscribe(pattern, deliver=deliver)
+    def subscribe(
+        self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False
+    ) -> QueueSubscription:
+        sub = super().subscribe(pattern, deliver=deliver, include_invalid=include_invalid)
         self.subscriptions.append(sub)
         return sub
 
@@ -268,7 +294,7 @@ async def test_failed_subscription_resubscribes_without_handling_the_last_event_
                 await asyncio.sleep(0.005)
         # The replay after resubscribing is the held v1 again: recognised, not a second regression
         # (which would be the next item here, before v58).
-        await publish(bus, policy, 58, epoch=2)
+        await publish(bus, policy, 58)
         assert (await asyncio.wait_for(anext(changes), TIMEOUT)).version == 58
         await changes.aclose()
     assert len(bus.subscriptions) == 2

@@ -5,24 +5,49 @@ from __future__ import annotations
 import pytest
 
 from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerState, decide
-from weightbus.schemas import PublisherClaimed, WeightUpdated
+from weightbus.schemas import PublisherClaimed, VersionReserved, WeightUpdated
 
 
-def upd(version: int, *, epoch: int = 1, trainer: str = "a", at: float = 100.0) -> WeightUpdated:
-    return WeightUpdated(policy="p", version=version, epoch=epoch, trainer_id=trainer, published_at=at)
+def upd(version: int, *, epoch: int = 1, trainer: str = "a", at: float = 100.0, inc: str = "") -> WeightUpdated:
+    return WeightUpdated(
+        policy="p", version=version, epoch=epoch, trainer_id=trainer, published_at=at, incarnation=inc
+    )
 
 
-def claim(version: int | None, *, epoch: int = 2, trainer: str = "b") -> PublisherClaimed:
-    return PublisherClaimed(policy="p", epoch=epoch, trainer_id=trainer, published_at=200.0, version=version)
+def claim(
+    version: int | None,
+    *,
+    epoch: int = 2,
+    trainer: str = "b",
+    inc: str = "",
+    previous: str | None = "a",
+    reserved: int | None = None,
+) -> PublisherClaimed:
+    return PublisherClaimed(
+        policy="p",
+        epoch=epoch,
+        trainer_id=trainer,
+        published_at=200.0,
+        version=version,
+        incarnation=inc,
+        previous_trainer_id=previous,
+        reserved=reserved,
+    )
 
 
-HELD57 = TrackerState(version=57, epoch=1, publisher="a", updated_at=50.0)
+def reserve(version: int, *, epoch: int = 1, trainer: str = "a", inc: str = "") -> VersionReserved:
+    return VersionReserved(
+        policy="p", version=version, epoch=epoch, trainer_id=trainer, published_at=1.0, incarnation=inc
+    )
+
+
+HELD57 = TrackerState(version=57, epoch=1, publisher="a", updated_at=50.0, incarnation="", reserved=57)
 
 
 def test_first_update_is_adopted_even_at_version_zero() -> None:
     d = decide(TrackerState(), upd(0, at=10.0))
     assert d.action is TrackerAction.ADOPTED
-    assert d.state == TrackerState(version=0, epoch=1, publisher="a", updated_at=10.0)
+    assert d.state == TrackerState(version=0, epoch=1, publisher="a", updated_at=10.0, incarnation="", reserved=0)
     assert d.changed and d.is_update and not d.is_regression
 
 
@@ -33,18 +58,57 @@ def test_higher_version_advances_in_the_same_epoch() -> None:
     assert d.previous is HELD57
 
 
-def test_takeover_with_higher_version_in_a_new_epoch_is_not_a_regression() -> None:
-    d = decide(HELD57, upd(58, epoch=3, trainer="b"))
+def test_takeover_with_higher_version_after_its_claim_is_not_a_regression() -> None:
+    claimed = decide(HELD57, claim(57, epoch=3, trainer="b", inc="x")).state
+    d = decide(claimed, upd(58, epoch=3, trainer="b", inc="x"))
     assert d.action is TrackerAction.ADVANCED
     assert (d.state.version, d.state.epoch, d.state.publisher) == (58, 3, "b")
-    assert not d.is_regression
+    assert not d.is_regression and d.reason is None
 
 
-def test_equal_version_is_accepted_and_keeps_the_update_time() -> None:
-    d = decide(HELD57, upd(57, epoch=2, trainer="b", at=99.0))
+def test_an_update_from_anyone_but_the_owner_is_rejected() -> None:
+    # A new epoch that never claimed, a zombie of an older epoch, and a twin with the same trainer id.
+    for event in (upd(58, epoch=3, trainer="b"), upd(58, epoch=0), upd(58, inc="twin")):
+        d = decide(HELD57, event)
+        assert (d.action, d.reason, d.state) == (TrackerAction.REJECTED, "not_owner", HELD57)
+        assert d.alert and not d.changed
+
+
+def test_equal_version_from_the_owner_changes_nothing() -> None:
+    d = decide(HELD57, upd(57, at=99.0))
     assert d.action is TrackerAction.REPEATED
-    assert d.state == TrackerState(version=57, epoch=2, publisher="b", updated_at=50.0)
+    assert d.state == HELD57
     assert not d.changed and not d.is_update and not d.is_regression
+
+
+def test_a_jump_that_nothing_explains_is_held() -> None:
+    d = decide(HELD57, upd(2**52))
+    assert (d.action, d.reason, d.state.version) == (TrackerAction.REJECTED, "unexplained_jump", 57)
+    # A reservation far ahead is refused too; one reserved number explains the update that follows it.
+    assert decide(HELD57, reserve(10**6)).reason == "unexplained_jump"
+    r1 = decide(HELD57, reserve(58)).state
+    r2 = decide(r1, reserve(59)).state
+    d = decide(r2, upd(59))
+    assert (d.action, d.state.version) == (TrackerAction.ADVANCED, 59)
+
+
+def test_reservations_never_move_the_version_and_must_come_from_the_owner() -> None:
+    d = decide(HELD57, reserve(58))
+    assert (d.action, d.state.version, d.state.reserved) == (TrackerAction.RESERVED, 57, 58)
+    assert decide(HELD57, reserve(58, epoch=0, trainer="zombie")).reason == "not_owner"
+
+
+def test_claims_must_supersede_the_owner() -> None:
+    stale = decide(HELD57, claim(57, epoch=1, trainer="z", inc="z"))
+    assert (stale.action, stale.reason) == (TrackerAction.REJECTED, "stale_claim")
+    # A claimant that found no history at all (lost stream) is accepted, and its lower counter is a reset.
+    lost = decide(HELD57, claim(3, epoch=0, trainer="n", previous=None))
+    assert (lost.action, lost.reason, lost.state.version, lost.state.publisher) == (
+        TrackerAction.CLAIMED,
+        "counter_reset",
+        57,
+        "n",
+    )
 
 
 @pytest.mark.parametrize(
@@ -74,7 +138,7 @@ def test_default_mode_is_hold() -> None:
 def test_claim_adopts_its_version_when_none_is_held_but_is_no_update() -> None:
     d = decide(TrackerState(), claim(7))
     assert d.action is TrackerAction.CLAIMED
-    assert d.state == TrackerState(version=7, epoch=2, publisher="b", updated_at=None)
+    assert d.state == TrackerState(version=7, epoch=2, publisher="b", updated_at=None, incarnation="", reserved=7)
     assert d.changed and not d.is_update and not d.is_regression
 
 
@@ -86,7 +150,7 @@ def test_claim_of_a_never_published_policy_keeps_version_unknown() -> None:
 
 def test_claim_repeating_the_current_version_only_notes_epoch_and_publisher() -> None:
     d = decide(HELD57, claim(57, epoch=5, trainer="c"))
-    assert d.state == TrackerState(version=57, epoch=5, publisher="c", updated_at=50.0)
+    assert d.state == TrackerState(version=57, epoch=5, publisher="c", updated_at=50.0, incarnation="", reserved=57)
     assert not d.changed and not d.claim_behind
 
 

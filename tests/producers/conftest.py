@@ -90,8 +90,11 @@ class HookBus:
     async def publish_raw(self, subject: str, data: bytes, *, msg_id: str, headers=None) -> PublishAck:  # noqa: ANN001
         return await self.inner.publish_raw(subject, data, msg_id=msg_id, headers=headers)
 
-    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT):  # noqa: ANN201
-        return self.inner.subscribe(pattern, deliver=deliver)
+    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False):  # noqa: ANN201
+        return self.inner.subscribe(pattern, deliver=deliver, include_invalid=include_invalid)
+
+    async def last_seq(self, subject: str) -> int:
+        return await self.inner.last_seq(subject)
 
     async def last(self, subject: str) -> Envelope | None:
         return await self.inner.last(subject)

@@ -89,7 +89,7 @@ def test_publish_refuses_an_engine_out_of_sync(nats_url: str, policy: str) -> No
     assert result.exit_code == 4
     assert "stamped weight_version '1' but /model_info reports 'default'" in result.stderr
     doc = json.loads(invoke("status", "--policy", policy, "--nats", nats_url, "--json").stdout)
-    assert doc["last_event"] == "claimed" and doc["version"] is None
+    assert doc["last_event"] == "reserved" and doc["version"] is None
 
 
 def test_publish_reports_being_fenced(nats_url: str, policy: str) -> None:

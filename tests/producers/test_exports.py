@@ -12,5 +12,6 @@ def test_all_is_sorted_and_complete() -> None:
         "stamping",
         "status",
         "sync",
+        "update",
     }
     assert public == set(producers.__all__)

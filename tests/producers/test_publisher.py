@@ -10,24 +10,26 @@ from weightbus.bus import MemoryBus, subjects
 from weightbus.bus.protocol import Bus
 from weightbus.errors import FencedError, PublishError
 from weightbus.producers import VersionPublisher
-from weightbus.schemas import Event, LoraAdapter, PublisherClaimed, WeightUpdated, now
+from weightbus.schemas import Event, LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated, now
 
 from .conftest import HookBus, history
 
 
 async def test_new_policy_claims_epoch_0_and_starts_at_1(bus: Bus, policy: str) -> None:
-    pub = await VersionPublisher(bus, policy, trainer_id="t1").start()
+    pub = await VersionPublisher(bus, policy, trainer_id="t1", incarnation="i1").start()
     assert (pub.epoch, pub.version, pub.next_version) == (0, None, 1)
     claim = (await bus.last(subjects.weights(policy))).event
     assert claim == PublisherClaimed(
-        policy=policy, epoch=0, trainer_id="t1", published_at=claim.published_at, version=None
+        policy=policy, epoch=0, trainer_id="t1", published_at=claim.published_at, version=None, incarnation="i1"
     )
     async with pub.update() as version:
         assert version == 1
     last = await bus.last(subjects.weights(policy))
     assert isinstance(last.event, WeightUpdated)
     assert (last.event.version, last.event.epoch, last.event.trainer_id, last.event.lora) == (1, 0, "t1", None)
-    assert last.headers["Nats-Msg-Id"] == f"{policy}:0:1"
+    assert last.headers["Nats-Msg-Id"] == f"{policy}:0:1:i1"
+    kinds = [type(e.event).__name__ for e in await history(bus, subjects.weights(policy))]
+    assert kinds == ["PublisherClaimed", "VersionReserved", "WeightUpdated"]
     assert pub.version == 1 and pub.last_event == last.event
 
 
@@ -107,8 +109,10 @@ async def test_takeover_during_an_update_refuses_its_publish(bus: Bus, policy: s
             await VersionPublisher(bus, policy, trainer_id="usurper").start()
     assert info.value.owner == "usurper" and info.value.epoch == 1
     events = [e.event for e in await history(bus, subjects.weights(policy))]
-    assert [type(e).__name__ for e in events] == ["PublisherClaimed", "PublisherClaimed"]
+    assert [type(e).__name__ for e in events] == ["PublisherClaimed", "VersionReserved", "PublisherClaimed"]
     assert old.version is None
+    # The usurper saw the old owner's reservation: number 1 names the old owner's attempt, never anything else.
+    assert events[-1].reserved == 1
 
 
 async def test_two_publishers_racing_exactly_one_wins(bus: Bus, policy: str) -> None:
@@ -132,19 +136,19 @@ async def test_two_publishers_racing_exactly_one_wins(bus: Bus, policy: str) -> 
     assert [(u.version, u.trainer_id) for u in updates] == [(1, winner.trainer_id)]
 
 
-async def test_exception_inside_update_publishes_nothing_and_keeps_the_version(bus: Bus, policy: str) -> None:
+async def test_exception_inside_update_announces_nothing_and_never_reuses_the_number(bus: Bus, policy: str) -> None:
     pub = await VersionPublisher(bus, policy, trainer_id="t").start()
     async with pub.update():
         pass
-    before = await bus.last(subjects.weights(policy))
     with pytest.raises(ValueError, match="push failed"):
         async with pub.update() as version:
             assert version == 2
             raise ValueError("push failed")
-    assert (await bus.last(subjects.weights(policy))).seq == before.seq
+    last = await bus.last(subjects.weights(policy))
+    assert isinstance(last.event, VersionReserved) and last.event.version == 2
     assert pub.version == 1
     async with pub.update(lora=LoraAdapter(name="a", path="/p")) as version:
-        assert version == 2
+        assert version == 3
     assert (await bus.last(subjects.weights(policy))).event.lora == LoraAdapter(name="a", path="/p")
 
 
@@ -161,7 +165,7 @@ async def test_update_needs_start_and_is_sequential(bus: Bus, policy: str) -> No
     assert pub.version == 1
 
 
-async def test_a_failed_publish_that_landed_uses_up_its_version_once(policy: str) -> None:
+async def test_a_failed_publish_that_landed_is_resolved_not_fenced(policy: str) -> None:
     mem = MemoryBus()
     lost_ack = True
 
@@ -169,24 +173,24 @@ async def test_a_failed_publish_that_landed_uses_up_its_version_once(policy: str
         nonlocal lost_ack
         if isinstance(event, WeightUpdated) and lost_ack:
             lost_ack = False
-            await mem.publish(subject, event, msg_id=f"{policy}:0:{event.version}", expected_last_seq=1)
+            await mem.publish(subject, event, msg_id=f"{policy}:0:{event.version}:inc")
             raise PublishError(subject, "no acknowledgement after 5 attempts")
 
-    pub = await VersionPublisher(HookBus(mem, drop_first_ack), policy, trainer_id="t").start()
+    pub = await VersionPublisher(HookBus(mem, drop_first_ack), policy, trainer_id="t", incarnation="inc").start()
     with pytest.raises(PublishError):
         async with pub.update():
             pass
     assert pub.version is None
     async with pub.update() as version:
         assert version == 2
-    assert pub.version == 2
+    assert pub.version == 2 and pub.fenced is None
     updates = [
         e.event.version for e in await history(mem, subjects.weights(policy)) if isinstance(e.event, WeightUpdated)
     ]
     assert updates == [1, 2]
 
 
-async def test_a_failed_publish_that_did_not_land_is_retried_with_the_same_version(policy: str) -> None:
+async def test_a_failed_publish_that_did_not_land_skips_its_number(policy: str) -> None:
     mem = MemoryBus()
     fail = True
 
@@ -201,6 +205,6 @@ async def test_a_failed_publish_that_did_not_land_is_retried_with_the_same_versi
         async with pub.update():
             pass
     async with pub.update() as version:
-        assert version == 1
+        assert version == 2
     updates = [e.event for e in await history(mem, subjects.weights(policy)) if isinstance(e.event, WeightUpdated)]
-    assert [u.version for u in updates] == [1]
+    assert [u.version for u in updates] == [2]

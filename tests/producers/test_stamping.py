@@ -9,7 +9,7 @@ from weightbus.bus import MemoryBus, subjects
 from weightbus.bus.protocol import Bus
 from weightbus.errors import EngineError, EngineOutOfSyncError
 from weightbus.producers import EngineFleet, VersionPublisher, stamp_and_verify
-from weightbus.schemas import EngineOutOfSync, Event, LoraAdapter, PublisherClaimed, WeightUpdated
+from weightbus.schemas import EngineOutOfSync, Event, FleetQuarantined, LoraAdapter, VersionReserved, WeightUpdated
 
 from .conftest import Engines, HookBus, history
 
@@ -21,9 +21,14 @@ async def test_stamp_sends_the_exact_body_and_reads_back(engines: Engines) -> No
     for url in fleet.urls:
         reqs = engines.states[url].requests
         assert [(r.method, r.path, r.body) for r in reqs] == [
+            ("GET", "/model_info", None),
             ("POST", "/update_weight_version", {"new_version": "7", "abort_all_requests": False}),
             ("GET", "/model_info", None),
         ]
+    # Engines that already carry the label are read, not stamped again.
+    again = await stamp_and_verify(fleet, 7)
+    assert [(s.ok, s.stamped) for s in again] == [(True, False), (True, False)]
+    assert engines.paths("http://a")[-1:] == ["/model_info"] and len(engines.paths("http://a")) == 4
 
 
 async def test_pause_and_resume_bodies(engines: Engines) -> None:
@@ -55,54 +60,88 @@ async def test_update_order_is_pause_push_stamp_verify_publish_resume(engines: E
     async with pub.update() as version:
         assert state.pause_mode == "in_place"
         await a.update_weights_from_disk("/ckpt/step-1")
-    assert seen == [("publish", ("1", "in_place", 4))]
+    assert seen == [("publish", ("1", "in_place", 6))]
     assert engines.paths("http://a") == [
+        "/model_info",  # start(): the counter resumes above any label an engine carries
         "/pause_generation",
         "/update_weights_from_disk",
+        "/model_info",
         "/update_weight_version",
         "/model_info",
         "/continue_generation",
     ]
-    assert state.requests[0].body == {"mode": "in_place"}
+    assert state.requests[1].body == {"mode": "in_place"}
     assert state.pause_mode is None and version == 1
     event = (await mem.last(subjects.weights(policy))).event
     assert event.engines == ("http://a",) and event.version == 1
+    # A push that carries weight_version folds the stamp into the load: one read, no relabel.
+    async with pub.update() as version:
+        await a.update_weights_from_disk("/ckpt/step-2", weight_version=version)
+    assert engines.paths("http://a")[-4:] == [
+        "/pause_generation",
+        "/update_weights_from_disk",
+        "/model_info",
+        "/continue_generation",
+    ]
+    assert state.weight_version == "2"
 
 
-async def test_exception_inside_update_resumes_and_publishes_nothing(engines: Engines, bus: Bus, policy: str) -> None:
+async def test_exception_inside_update_quarantines_resumes_and_announces_nothing(
+    engines: Engines, bus: Bus, policy: str
+) -> None:
     a = engines.add("a")
-    pub = await VersionPublisher(bus, policy, fleet=EngineFleet([a]), pause="retract").start()
+    pub = await VersionPublisher(bus, policy, trainer_id="t", fleet=EngineFleet([a]), pause="retract").start()
     with pytest.raises(RuntimeError, match="nccl"):
         async with pub.update():
             raise RuntimeError("nccl broadcast failed")
-    assert engines.paths("http://a") == ["/pause_generation", "/continue_generation"]
-    assert isinstance((await bus.last(subjects.weights(policy))).event, PublisherClaimed)
-    assert pub.version is None and pub.next_version == 1
+    # The push may have half-happened: the engine never serves again under a number.
+    assert engines.paths("http://a") == [
+        "/model_info",
+        "/pause_generation",
+        "/update_weight_version",
+        "/continue_generation",
+    ]
+    assert engines.states["http://a"].requests[2].body == {"new_version": "quarantine:1", "abort_all_requests": False}
+    assert engines.states["http://a"].weight_version == "quarantine:1"
+    assert isinstance((await bus.last(subjects.weights(policy))).event, VersionReserved)
+    assert pub.version is None and pub.next_version == 2
+    (alert,) = [e.event for e in await history(bus, subjects.alerts(policy))]
+    assert isinstance(alert, FleetQuarantined)
+    assert (alert.label, alert.reason, alert.version, alert.engines, alert.resumed) == (
+        "quarantine:1",
+        "update_failed",
+        1,
+        ("http://a",),
+        True,
+    )
+    # The owner's next successful update restores a number.
+    async with pub.update() as version:
+        assert version == 2
+    assert engines.states["http://a"].weight_version == "2"
 
 
 async def test_an_engine_that_ignores_the_stamp_is_caught(engines: Engines, bus: Bus, policy: str) -> None:
     good, bad = engines.add("good"), engines.add("bad", ignore_version_updates=True)
     pub = await VersionPublisher(bus, policy, trainer_id="t", fleet=EngineFleet([good, bad]), pause="retract").start()
-    claim_seq = (await bus.last(subjects.weights(policy))).seq
     with pytest.raises(EngineOutOfSyncError) as info:
         async with pub.update() as version:
             assert version == 1
     assert (info.value.url, info.value.expected, info.value.actual) == ("http://bad", "1", "default")
-    # Nothing announced, the version is not used up, and both engines generate again.
-    assert (await bus.last(subjects.weights(policy))).seq == claim_seq
-    assert pub.next_version == 1
+    # Nothing announced, the number is used up, the good engine is quarantined, both generate again.
+    assert not any(isinstance(e.event, WeightUpdated) for e in await history(bus, subjects.weights(policy)))
+    assert pub.next_version == 2
+    assert engines.states["http://good"].weight_version == "quarantine:1"
     assert engines.states["http://good"].pause_mode is None and engines.states["http://bad"].pause_mode is None
     alerts = [e.event for e in await history(bus, subjects.alerts(policy))]
-    assert alerts == [
-        EngineOutOfSync(
-            policy=policy,
-            engine="http://bad",
-            expected="1",
-            actual="default",
-            trainer_id="t",
-            published_at=alerts[0].published_at,
-        )
-    ]
+    assert alerts[0] == EngineOutOfSync(
+        policy=policy,
+        engine="http://bad",
+        expected="1",
+        actual="default",
+        trainer_id="t",
+        published_at=alerts[0].published_at,
+    )
+    assert isinstance(alerts[1], FleetQuarantined) and alerts[1].reason == "update_failed"
     applied = sorted(
         (e.event.engine, e.event.read_back, e.event.ok) for e in await history(bus, subjects.applied(policy))
     )
@@ -117,8 +156,9 @@ async def test_an_engine_that_does_not_answer_is_caught(engines: Engines, policy
         async with pub.update():
             pass
     assert info.value.url == "http://gone" and info.value.status is None
-    (alert,) = [e.event for e in await history(mem, subjects.alerts(policy))]
+    alert, quarantined = [e.event for e in await history(mem, subjects.alerts(policy))]
     assert alert.engine == "http://gone" and alert.actual is None and "no response" in alert.error
+    assert quarantined.engines == ("http://a",) and quarantined.failed == ("http://gone",)
     assert not any(isinstance(e.event, WeightUpdated) for e in await history(mem, subjects.weights(policy)))
 
 
@@ -133,9 +173,10 @@ async def test_lora_push_loads_stamps_reads_back_and_names_the_adapter(engines: 
         state = engines.states[url]
         assert state.weight_version == "2"
         assert state.lora_adapters["math"].path == "/adapters/math-1"
-        assert engines.paths(url)[-5:] == [
+        assert engines.paths(url)[-6:] == [
             "/pause_generation",
             "/load_lora_adapter",
+            "/model_info",
             "/update_weight_version",
             "/model_info",
             "/continue_generation",
@@ -167,7 +208,11 @@ async def test_lora_update_written_by_hand_and_a_refused_load(engines: Engines, 
     assert version == 1 and engines.states["http://a"].weight_version == "1"
     with pytest.raises(EngineError, match="already exists"):
         await pub.publish_lora(adapter)
-    assert pub.version == 1 and engines.states["http://a"].weight_version == "1"
+    assert pub.version == 1 and engines.states["http://a"].weight_version == "quarantine:2"
+    # Re-pushing new adapter weights under the same name: unload first.
+    assert await pub.publish_lora(LoraAdapter(name="x", path="/p2"), replace=True) == 3
+    assert engines.states["http://a"].lora_adapters["x"].path == "/p2"
+    assert engines.states["http://a"].weight_version == "3"
     with pytest.raises(ValueError, match="no path"):
         await pub.publish_lora(LoraAdapter(name="y"))
 

@@ -4,10 +4,11 @@ scheme, an embedded nats-server, and record/replay of event traces.
 ``weightbus.bus.nats`` imports nats-py; everything here is light enough to import anywhere.
 """
 
+from weightbus.bus.history import History, read_history
 from weightbus.bus.memory import MemoryBus
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.nats import NatsBus, connect
-from weightbus.bus.protocol import Bus, Deliver, Envelope, PublishAck, Subscription
+from weightbus.bus.protocol import Bus, Deliver, Envelope, PublishAck, Skipped, Subscription
 from weightbus.bus.server import EmbeddedNats, NatsServerNotFound, find_nats_server, free_port
 
 __all__ = [
@@ -16,12 +17,15 @@ __all__ = [
     "Deliver",
     "EmbeddedNats",
     "Envelope",
+    "History",
     "MemoryBus",
     "NatsBus",
     "NatsServerNotFound",
     "PublishAck",
+    "Skipped",
     "Subscription",
     "connect",
     "find_nats_server",
     "free_port",
+    "read_history",
 ]

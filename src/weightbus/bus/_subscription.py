@@ -1,9 +1,9 @@
 """The bounded queue behind every subscription: decoding at the boundary, counting invalid payloads.
 
 A transport pushes raw messages in with ``offer``; the iterator decodes each one exactly once. An
-invalid payload is logged and counted under ``weightbus_invalid_events_total`` and skipped; it never
-ends the subscription. A full queue does not drop silently: the next ``__anext__`` raises
-``SlowConsumerError``.
+invalid payload is logged and counted under ``weightbus_invalid_events_total`` and skipped (or
+yielded as a ``Skipped`` when the subscriber asked for them); it never ends the subscription. A
+full queue does not drop silently: the next ``__anext__`` raises ``SlowConsumerError``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from weightbus.bus.metrics import BusMetrics
-from weightbus.bus.protocol import Envelope
+from weightbus.bus.protocol import Envelope, Skipped
 from weightbus.errors import InvalidEventError, SlowConsumerError
 from weightbus.schemas.codec import decode
 
@@ -36,8 +36,10 @@ class QueueSubscription:
         *,
         max_pending: int = 10_000,
         on_close: Callable[[], Awaitable[None]] | None = None,
+        include_invalid: bool = False,
     ) -> None:
         self.pattern = pattern
+        self.include_invalid = include_invalid
         self._metrics = metrics
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._max_pending = max_pending
@@ -63,7 +65,7 @@ class QueueSubscription:
     def __aiter__(self) -> QueueSubscription:
         return self
 
-    async def __anext__(self) -> Envelope:
+    async def __anext__(self) -> Envelope:  # or Skipped, with include_invalid
         while True:
             if self._overflowed:
                 self._overflowed = False
@@ -83,6 +85,8 @@ class QueueSubscription:
                     "invalid event skipped",
                     extra={"subject": subject, "family": exc.family, "reason": exc.reason, "detail": exc.detail},
                 )
+                if self.include_invalid:
+                    return Skipped(subject, data, exc, headers, seq, received_at)  # type: ignore[return-value]
                 continue
             return Envelope(subject, event, data, headers, seq, received_at)
 

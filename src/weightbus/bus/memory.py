@@ -89,7 +89,9 @@ class MemoryBus:
                 sub.offer(subject, data, hdrs, self._seq)
         return PublishAck(self._seq)
 
-    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT) -> QueueSubscription:
+    def subscribe(
+        self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False
+    ) -> QueueSubscription:
         """Subscribe to ``pattern``; stored events are queued first according to ``deliver``."""
         sub: QueueSubscription
 
@@ -97,7 +99,7 @@ class MemoryBus:
             if sub in self._subs:
                 self._subs.remove(sub)
 
-        sub = QueueSubscription(pattern, self.metrics, on_close=_remove)
+        sub = QueueSubscription(pattern, self.metrics, on_close=_remove, include_invalid=include_invalid)
         stored: list[tuple[int, str, bytes, dict[str, str]]] = []
         if deliver is not Deliver.NEW:
             for subject, ring in self._by_subject.items():
@@ -117,6 +119,16 @@ class MemoryBus:
             return None
         seq, data, hdrs = ring[-1]
         return Envelope(subject, decode(subject, data), data, hdrs, seq, time.time())
+
+    async def last_seq(self, subject: str) -> int:
+        """The last stored sequence on ``subject``; see ``Bus.last_seq``."""
+        ring = self._by_subject.get(subject)
+        return ring[-1][0] if ring else 0
+
+    def purge(self, subject: str) -> None:
+        """Remove every stored event of ``subject`` (as an operator's stream purge would); for tests."""
+        self._by_subject.pop(subject, None)
+        self._last_seq.pop(subject, None)
 
     async def close(self) -> None:
         """End every open subscription."""

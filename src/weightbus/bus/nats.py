@@ -270,12 +270,26 @@ class NatsBus:
             return int(raw.seq) if raw.seq is not None else None
         return None
 
-    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT) -> _NatsSubscription:
+    def subscribe(
+        self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False
+    ) -> _NatsSubscription:
         """Subscribe to ``pattern`` with an ordered consumer; see ``Bus.subscribe``.
 
         The consumer is created lazily on the first ``__anext__`` (or ``await sub.start()``).
         """
-        return _NatsSubscription(self, pattern, deliver)
+        return _NatsSubscription(self, pattern, deliver, include_invalid)
+
+    async def last_seq(self, subject: str) -> int:
+        """The last stored sequence on ``subject``, whatever its payload; see ``Bus.last_seq``."""
+        try:
+            raw = await self.js.get_last_msg(self.stream, subject)
+        except nats.js.errors.NotFoundError:
+            return 0
+        except nats.errors.TimeoutError:
+            raise BusError(f"JetStream did not answer a read of the last sequence on {subject!r}") from None
+        except nats.js.errors.APIError as exc:
+            raise BusError(f"cannot read the last sequence on {subject!r}: {exc.description or exc}") from None
+        return int(raw.seq or 0)
 
     async def last(self, subject: str) -> Envelope | None:
         """The latest stored event on ``subject``; see ``Bus.last``."""
@@ -301,8 +315,8 @@ class NatsBus:
 class _NatsSubscription(QueueSubscription):
     """A ``QueueSubscription`` fed by a JetStream ordered push consumer."""
 
-    def __init__(self, bus: NatsBus, pattern: str, deliver: Deliver) -> None:
-        super().__init__(pattern, bus.metrics, on_close=self._unsubscribe)
+    def __init__(self, bus: NatsBus, pattern: str, deliver: Deliver, include_invalid: bool = False) -> None:
+        super().__init__(pattern, bus.metrics, on_close=self._unsubscribe, include_invalid=include_invalid)
         self._bus = bus
         self._deliver = deliver
         self._js_sub: Any = None

@@ -8,7 +8,11 @@ process). Invariants every implementation keeps:
 * ``expected_last_seq`` makes a publish conditional on the subject's last stored sequence
   (0 = the subject must be empty); a lost race raises ``SequenceConflictError`` and stores nothing;
 * a subscription is a typed async iterator of ``Envelope``; payloads are decoded once, here; an
-  invalid payload is logged, counted and skipped, and never ends the subscription;
+  invalid payload is logged, counted and skipped, and never ends the subscription (a subscription
+  made with ``include_invalid=True`` also yields it, as a ``Skipped``, so that a reader of the
+  retained history knows where the history ends even when its last payload is garbage);
+* ``last_seq`` is the subject's last stored sequence whatever its payload (0 when empty): the one
+  number every conditional publish is made against;
 * ``Deliver.LAST_PER_SUBJECT`` first yields the latest stored event of each matching subject, then
   live events, so a subscriber that starts or restarts learns the current version at once.
 """
@@ -20,9 +24,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from weightbus.errors import InvalidEventError
 from weightbus.schemas.codec import Event
 
-__all__ = ["Bus", "Deliver", "Envelope", "PublishAck", "Subscription"]
+__all__ = ["Bus", "Deliver", "Envelope", "PublishAck", "Skipped", "Subscription"]
 
 
 class Deliver(StrEnum):
@@ -60,6 +65,27 @@ class Envelope:
     subject: str
     event: Event
     data: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    seq: int | None = None
+    received_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A stored or live payload that failed the typed decode (yielded only with ``include_invalid=True``).
+
+    Attributes:
+        subject: the subject it arrived on.
+        data: the raw payload.
+        error: why it failed (``reason`` ``malformed``, ``invalid``, ``oversized``, ...).
+        headers: its headers.
+        seq: its stream sequence (None when the transport has none).
+        received_at: local Unix time of receipt.
+    """
+
+    subject: str
+    data: bytes
+    error: InvalidEventError
     headers: Mapping[str, str] = field(default_factory=dict)
     seq: int | None = None
     received_at: float = 0.0
@@ -107,8 +133,23 @@ class Bus(Protocol):
         """Store an already-encoded payload (replay); it is not validated here, subscribers decode it."""
         ...
 
-    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT) -> Subscription:
-        """Subscribe to ``pattern`` (NATS wildcards ``*`` and ``>`` allowed)."""
+    def subscribe(
+        self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False
+    ) -> Subscription:
+        """Subscribe to ``pattern`` (NATS wildcards ``*`` and ``>`` allowed).
+
+        The subscription is live (every later publish reaches it) once ``async with`` has entered it
+        or its first ``__anext__`` has begun. With ``include_invalid`` it also yields ``Skipped`` for
+        payloads that fail the decode (they are counted either way).
+        """
+        ...
+
+    async def last_seq(self, subject: str) -> int:
+        """The last stored sequence on ``subject`` (no wildcards), whatever its payload; 0 when none.
+
+        Raises:
+            BusError: the bus did not answer.
+        """
         ...
 
     async def last(self, subject: str) -> Envelope | None:

@@ -70,8 +70,9 @@ def _num(value: float | int | None, fmt: str = "{}") -> str:
 def _policy_row(view: PolicyView, now: float) -> list[str]:
     w = view.weights
     version = _num(w.version)
-    if view.last_action is TrackerAction.FOLLOWED:
-        version = f"[bold red]{version} ↓[/]"
+    if view.last_action in (TrackerAction.HELD, TrackerAction.FOLLOWED, TrackerAction.REJECTED):
+        # The held version, flagged: the newest weights event was not accepted.
+        version = f"[bold red]{version} ⚑[/]"
     last = view.last_drain
     engines = "—"
     if view.applied_version is not None:

@@ -6,9 +6,10 @@ be tested and replayed from a trace. ``weightbus watch`` renders it.
 
 Invariants:
 
-* Versions go through the same rule as ``VersionTracker`` (``tracker_state.decide``) in ``follow``
-  mode: the monitor shows what the bus says, and a lower version is also recorded as a
-  ``regression_seen`` alert, next to any ``VersionRegressed`` a tracker published.
+* Versions go through the same rule as ``VersionTracker`` (``tracker_state.decide``, ``hold`` mode):
+  the monitor shows the version trackers hold, never a rogue's; a lower version or a rejected event
+  (not from the owner, a jump nothing explains) is shown flagged as a ``regression_seen`` or
+  ``rejected_seen`` alert, next to the alerts trackers published.
 * Lag is measured only for events the caller marks ``live``; the stored events a subscription
   replays at start are ages, not lags.
 * Recent drains and alerts are bounded (``max_recent`` per policy); totals are kept separately.
@@ -23,10 +24,10 @@ from typing import TypeVar
 
 from weightbus.bus.subjects import policy_of
 from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerState, decide
-from weightbus.schemas.alerts import EngineOutOfSync, VersionRegressed
+from weightbus.schemas.alerts import EngineOutOfSync, FleetQuarantined, VersionRegressed, VersionRejected
 from weightbus.schemas.codec import Event
 from weightbus.schemas.drains import DrainReport
-from weightbus.schemas.weights import PublisherClaimed, WeightApplied, WeightUpdated
+from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightApplied, WeightUpdated
 
 __all__ = ["AlertView", "DrainView", "MonitorState", "PolicyView", "reduce"]
 
@@ -141,8 +142,8 @@ def _push(items: tuple[_T, ...], item: _T, limit: int) -> tuple[_T, ...]:
 
 def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit: int) -> PolicyView:
     match event:
-        case WeightUpdated() | PublisherClaimed():
-            d = decide(view.weights, event, RegressionMode.FOLLOW)
+        case WeightUpdated() | PublisherClaimed() | VersionReserved():
+            d = decide(view.weights, event, RegressionMode.HOLD)
             lag = view.lag
             if d.is_update and live:
                 lag = max(0.0, received_at - event.published_at)
@@ -159,6 +160,12 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
                     alerts=_push(view.alerts, alert, limit),
                     alert_count=view.alert_count + 1,
                 )
+            elif d.reason is not None:
+                summary = (
+                    f"{type(event).__name__} v{d.incoming} (epoch {event.epoch}, by {event.trainer_id}) "
+                    f"{'not accepted' if d.reason != 'counter_reset' else 'names a lower counter'}: {d.reason}"
+                )
+                out = _alert(out, AlertView("rejected_seen", summary, event.published_at), limit)
             return out
         case WeightApplied():
             if view.applied_version is None or event.version > view.applied_version:
@@ -193,6 +200,18 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
                 f"{event.action} at {event.observer}"
             )
             return _alert(view, AlertView("version_regressed", summary, event.published_at), limit)
+        case VersionRejected():
+            summary = (
+                f"{event.event_type} v{event.incoming} (epoch {event.incoming_epoch}, by {event.publisher}) "
+                f"not accepted at {event.observer}: {event.reason}"
+            )
+            return _alert(view, AlertView("version_rejected", summary, event.published_at), limit)
+        case FleetQuarantined():
+            summary = (
+                f"engines relabelled {event.label} after v{event.version} failed ({event.reason}); "
+                f"{len(event.engines)} relabelled, {len(event.failed)} failed, resumed={event.resumed}"
+            )
+            return _alert(view, AlertView("fleet_quarantined", summary, event.published_at), limit)
         case EngineOutOfSync():
             got = event.actual if event.actual is not None else "nothing"
             summary = f"engine {event.engine}: stamped {event.expected}, reports {got}"

@@ -1,35 +1,34 @@
 """``VersionTracker``: a rollout-side follower of one policy's current weight version, held in memory.
 
 The tracker subscribes to ``weightbus.<policy>.weights`` replaying the subject's retained history
-(``Deliver.ALL``; the stream keeps the last 64 events per subject), so a tracker that starts or
-restarts learns the current version from the stream at once, without waiting for the next update,
-and a lower version stored after a higher one (a publisher that bypassed the counter) is caught as a
-regression even by a tracker that was not running when it was published. Each event goes through
-the pure rule ``tracker_state.decide``.
+(``Deliver.ALL``), so a tracker that starts or restarts learns the current version from the stream at
+once, and validates the whole chain of claims, reservations and updates with the pure rule
+``tracker_state.decide``.
 
 Invariants:
 
-* ``current`` is None only while the policy has never published a version (staleness unknown, so the
-  filter is off); it never becomes None again once known.
-* A lower version is never taken silently: it is logged, counted
-  (``weightbus_version_regressions_total``), published as ``VersionRegressed`` on the policy's alerts
-  subject (msg id derived from the facts, so a retry stores one alert) and handled by the mode:
-  ``hold``, ``follow`` or ``raise``. ``raise`` is terminal: the follow loop stops, and ``current``,
-  the waiters and the iterators raise ``VersionRegressionError``.
-* The follow loop survives its subscription: an invalid payload is skipped by the bus; a
-  ``SlowConsumerError``, a lost connection or any other failure of the subscription is logged,
-  counted (``weightbus_tracker_resubscribes_total``) and followed by a new subscription after a
-  backoff, which re-learns the current version. Events at or below the stream sequence already
-  handled before the failure are skipped, so a replayed history is never handled twice.
-* Propagation lag (``published_at`` → receipt) is observed for live updates only. The event replayed
-  at (re)subscription was published before this subscription existed; its age measures how long the
-  version has been current (or how long the tracker was away), not how fast updates propagate, and
-  would swamp the histogram with minutes or hours. Replayed means: stream sequence at or below the
-  subject's last sequence read right after subscribing. Lag uses two clocks (the trainer's and
-  ours); a negative value from clock skew is recorded as 0.
-
-``VersionChange`` and the bounded queues behind ``changes()`` live in ``tracker_changes``;
-``VersionChange`` is re-exported here.
+* **Explicit states** (``TrackerStatus``): ``starting`` until the history is replayed up to the
+  subject's last sequence (read when subscribing, whatever that last payload is), then
+  ``current`` (a version is known) or ``never_published`` (the subject holds no version: staleness
+  is unknown and a drain turns the filter off, miles' behaviour); ``no_valid_version`` when the
+  subject holds only payloads that fail the decode; ``deaf`` while the subscription is lost. Only
+  ``current`` and ``never_published`` are ready: ``current`` raises ``TrackerNotReadyError`` in any
+  other state, so nothing is ever judged against "no version" by accident. Entering the tracker
+  (``async with``) waits until it is ready, bounded by ``ready_timeout``.
+* **Never deaf in silence.** A subscription that fails, stalls (the subject moved on and nothing
+  arrived) or whose stream was reset (purged, deleted and recreated: its sequence went back) is
+  logged at ERROR, counted (``weightbus_tracker_resubscribes_total``), flips the readiness gauge
+  (``weightbus_tracker_ready``) to 0, and is recreated after a backoff; the history is replayed
+  again and events already handled are skipped by stream sequence unless the stream was reset.
+* **Nothing taken silently.** A regression or a rejected event (``decide``) is logged, counted and
+  alerted once per offending event: the alert's message id derives from the event's stream
+  sequence and id, and an event replayed from history is alerted only if no alert for it is
+  retained. ``raise`` mode raises ``VersionRegressionError`` for a live regression only; a replayed
+  one is held, so a restarted consumer does not crash-loop on history.
+* Propagation lag (``published_at`` → receipt) is observed for live updates only; a negative value
+  from clock skew is recorded as 0.
+* The per-event path does no logging work for disabled levels; ``on_change`` is called
+  synchronously with each change for hosts that want a callback instead of an iterator.
 """
 
 from __future__ import annotations
@@ -40,23 +39,41 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from enum import StrEnum
 from types import TracebackType
 
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import subjects
-from weightbus.bus.protocol import Bus, Deliver, Envelope
+from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped
+from weightbus.consumers.tracker_alerts import TrackerAlerts
 from weightbus.consumers.tracker_changes import _END, VersionChange, _Listener
 from weightbus.consumers.tracker_metrics import TrackerMetrics
-from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerDecision, TrackerState, decide
-from weightbus.errors import BusError, InvalidEventError, SlowConsumerError, VersionRegressionError
-from weightbus.schemas.alerts import VersionRegressed
-from weightbus.schemas.common import now
-from weightbus.schemas.weights import PublisherClaimed, WeightUpdated
+from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerState, decide
+from weightbus.errors import SlowConsumerError, TrackerNotReadyError, VersionRegressionError
+from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightUpdated
 
-__all__ = ["VersionChange", "VersionTracker", "default_observer"]
+__all__ = ["TrackerStatus", "VersionChange", "VersionTracker", "default_observer"]
 
 log = logging.getLogger("weightbus.consumers")
+
+
+class TrackerStatus(StrEnum):
+    """What a tracker knows; see the module docstring."""
+
+    STARTING = "starting"
+    CURRENT = "current"
+    NEVER_PUBLISHED = "never_published"
+    NO_VALID_VERSION = "no_valid_version"
+    DEAF = "deaf"
+    STOPPED = "stopped"
+
+
+_READY = frozenset({TrackerStatus.CURRENT, TrackerStatus.NEVER_PUBLISHED})
+
+
+class _SubscriptionLost(Exception):
+    """The subscription stalled or its stream was reset; raised inside the follow loop only."""
 
 
 def default_observer() -> str:
@@ -67,8 +84,9 @@ def default_observer() -> str:
 class VersionTracker:
     """Follows the current weight version of one policy.
 
-    Use it as ``async with VersionTracker(bus, policy) as tracker:`` (the follow loop runs as a task),
-    or call ``start()``/``stop()``, or await ``run()`` in a task of your own.
+    Use it as ``async with VersionTracker(bus, policy) as tracker:`` (the follow loop runs as a task
+    and entering waits until the tracker is ready), or call ``start()``/``wait_ready()``/``stop()``,
+    or await ``run()`` in a task of your own.
 
     Args:
         bus: the bus to follow.
@@ -76,11 +94,15 @@ class VersionTracker:
         regression: ``hold`` (default), ``follow`` or ``raise``; see ``RegressionMode``.
         metrics: shared metric families (one per registry); built on ``registry`` when None.
         registry: where to register the metrics when ``metrics`` is None (a private one when both are None).
-        observer: names this tracker in ``VersionRegressed`` alerts (``<hostname>:<pid>`` by default).
+        observer: names this tracker in the alerts it publishes (``<hostname>:<pid>`` by default).
         retry_delay: first backoff before resubscribing after a failure, in seconds (doubles up to
             ``max_retry_delay``).
         max_retry_delay: the longest backoff, in seconds.
         max_pending_changes: bound of each ``changes()`` iterator's queue.
+        ready_timeout: seconds ``async with`` waits for readiness before raising ``TrackerNotReadyError``.
+        check_interval: seconds of silence after which the subscription's health is checked against
+            the subject's last sequence (a stalled or reset subscription is recreated).
+        on_change: called synchronously with every ``VersionChange`` (must not block).
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
@@ -99,6 +121,9 @@ class VersionTracker:
         retry_delay: float = 0.5,
         max_retry_delay: float = 5.0,
         max_pending_changes: int = 1024,
+        ready_timeout: float = 10.0,
+        check_interval: float = 2.0,
+        on_change: Callable[[VersionChange], None] | None = None,
     ) -> None:
         if metrics is not None and registry is not None:
             raise ValueError("pass metrics or registry, not both (metrics already has a registry)")
@@ -106,14 +131,20 @@ class VersionTracker:
         self.mode = RegressionMode(regression)
         self.metrics = metrics if metrics is not None else TrackerMetrics(registry)
         self.observer = observer or default_observer()
+        self.ready_timeout = ready_timeout
         self._bus = bus
         self._subject = subjects.weights(policy)
         self._m = self.metrics.for_policy(self.policy)
+        self._alerts = TrackerAlerts(bus, self.policy, self.observer, self.mode)
         self._retry_delay = retry_delay
         self._max_retry_delay = max_retry_delay
+        self._check_interval = check_interval
         self._max_pending = max_pending_changes
+        self._on_change = on_change
         self._state = TrackerState()
-        self._ready = False
+        self._status = TrackerStatus.STARTING
+        self._was_ready = False
+        self._seen_valid = False
         self._error: VersionRegressionError | None = None
         self._running = False
         self._stopped = False
@@ -121,42 +152,54 @@ class VersionTracker:
         self._waker = asyncio.Event()
         self._listeners: list[_Listener] = []
         self._last_change: VersionChange | None = None
-        self._last_handled: tuple[int, bytes] | None = None
+        self._last_handled: int | None = None
+        self._position = 0
         self._boundary: int | None = None
         self._subscribed_at = 0.0
+        self.deaf_reason: str | None = None
+        """Why the tracker is deaf (the last subscription failure), else None."""
 
     # -- state -----------------------------------------------------------------------------------
 
     @property
     def current(self) -> int | None:
-        """The current version, or None while the policy has never published one.
+        """The current version; None only for a policy that never published one (filter off).
 
         Raises:
-            VersionRegressionError: the tracker is in ``raise`` mode and saw a regression.
+            TrackerNotReadyError: the tracker is starting, deaf, or the subject holds no valid event.
+            VersionRegressionError: the tracker is in ``raise`` mode and saw a live regression.
         """
         if self._error is not None:
             raise self._error
-        return self._state.version
+        status = self._status
+        if status in _READY or (status is TrackerStatus.STOPPED and self._was_ready):
+            return self._state.version
+        raise TrackerNotReadyError(self.policy, status.value, self.deaf_reason or "")
+
+    @property
+    def status(self) -> TrackerStatus:
+        """What the tracker knows now (no raising)."""
+        return self._status
 
     @property
     def state(self) -> TrackerState:
-        """Everything known: version, epoch, publisher, time of the last update (no raising)."""
+        """Everything known: version, owner, time of the last update (no raising)."""
         return self._state
 
     @property
     def epoch(self) -> int | None:
-        """The epoch of the latest accepted event."""
+        """The owner's epoch."""
         return self._state.epoch
 
     @property
     def publisher(self) -> str | None:
-        """The trainer id of the latest accepted event."""
+        """The owner's trainer id."""
         return self._state.publisher
 
     @property
     def ready(self) -> bool:
-        """Whether the stored state was replayed (``current`` is then the bus's current version)."""
-        return self._ready
+        """Whether ``current`` is the bus's current state (``current`` or ``never_published``)."""
+        return self._status in _READY
 
     @property
     def error(self) -> VersionRegressionError | None:
@@ -165,14 +208,27 @@ class VersionTracker:
 
     @property
     def seconds_since_update(self) -> float | None:
-        """Seconds since the last accepted update was published (None before one); two clocks, see module doc."""
+        """Seconds since the last accepted update was published (None before one); two clocks."""
         updated_at = self._state.updated_at
         return None if updated_at is None else max(0.0, time.time() - updated_at)
+
+    def _set_status(self, status: TrackerStatus) -> None:
+        if status is self._status:
+            return
+        self._status = status
+        ready = status in _READY
+        self._was_ready = self._was_ready or ready
+        self._m.set_ready(ready)
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "tracker status", extra={"policy": self.policy, "status": status.value, "version": self._state.version}
+            )
+        self._wake()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> VersionTracker:
-        """Run the follow loop as a task (idempotent)."""
+        """Run the follow loop as a task (idempotent); see ``wait_ready``."""
         if self._stopped:
             raise RuntimeError(f"the tracker of {self.policy!r} was stopped; create a new one")
         if self._task is None and not self._running:
@@ -194,7 +250,19 @@ class VersionTracker:
         self._finish()
 
     async def __aenter__(self) -> VersionTracker:
-        return await self.start()
+        await self.start()
+        try:
+            await self.wait_ready(self.ready_timeout)
+        except TimeoutError:
+            status, reason = self._status.value, self.deaf_reason
+            await self.stop()
+            raise TrackerNotReadyError(
+                self.policy, status, f"not ready within {self.ready_timeout:g}s" + (f" ({reason})" if reason else "")
+            ) from None
+        except BaseException:
+            await self.stop()
+            raise
+        return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -205,21 +273,14 @@ class VersionTracker:
         """Follow the policy until cancelled or the bus closes.
 
         Raises:
-            VersionRegressionError: ``raise`` mode saw a lower version (also delivered to waiters).
+            VersionRegressionError: ``raise`` mode saw a live lower version (also delivered to waiters).
         """
         self._running = True
         delay = self._retry_delay
         try:
             while True:
                 try:
-                    async with self._bus.subscribe(self._subject, deliver=Deliver.ALL) as sub:
-                        self._subscribed_at = time.time()
-                        self._boundary = await self._stored_seq()
-                        if self._boundary == 0:
-                            self._set_ready()
-                        async for env in sub:
-                            await self._handle(env)
-                            delay = self._retry_delay
+                    await self._follow()
                     log.info("weights subscription ended", extra={"policy": self.policy})
                     return
                 except VersionRegressionError:
@@ -227,9 +288,11 @@ class VersionTracker:
                 except Exception as exc:
                     # Deliberate fault tolerance: a dead follower would freeze ``current`` silently, which is
                     # the failure this class exists to prevent; a fresh subscription re-learns the version.
+                    self.deaf_reason = repr(exc)
+                    self._set_status(TrackerStatus.DEAF)
                     self._m.count_resubscribe()
-                    log.warning(
-                        "weights subscription failed; resubscribing",
+                    log.error(
+                        "weights subscription lost; the tracker is not ready until it is back",
                         extra={
                             "policy": self.policy,
                             "error": repr(exc),
@@ -248,10 +311,54 @@ class VersionTracker:
             self._running = False
             self._finish()
 
+    async def _follow(self) -> None:
+        async with self._bus.subscribe(self._subject, deliver=Deliver.ALL, include_invalid=True) as sub:
+            self._subscribed_at = time.time()
+            stored = await self._bus.last_seq(self._subject)
+            if self._last_handled is not None and stored < self._last_handled:
+                log.error(
+                    "the weights stream was reset (purged or recreated); replaying it from its start",
+                    extra={"policy": self.policy, "stored": stored, "handled": self._last_handled},
+                )
+                self._last_handled = None
+            self._boundary = stored
+            self._position = 0
+            if stored == 0:
+                self._replayed()
+            stalled = 0
+            iterator = sub.__aiter__()
+            while True:
+                try:
+                    item = await asyncio.wait_for(iterator.__anext__(), self._check_interval)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    stalled = await self._check_health(stalled)
+                    continue
+                stalled = 0
+                if isinstance(item, Skipped):
+                    self._advance(item.seq)
+                else:
+                    await self._handle(item)
+
+    async def _check_health(self, stalled: int) -> int:
+        """After ``check_interval`` of silence: is the subject where the subscription is?"""
+        stored = await self._bus.last_seq(self._subject)  # a BusError here (stream gone) makes us deaf
+        if stored < self._position:
+            raise _SubscriptionLost(f"the stream was reset (last sequence {stored} < {self._position})")
+        if stored > self._position:
+            if stalled >= 1:
+                raise _SubscriptionLost(f"no delivery while the subject moved to sequence {stored}")
+            return stalled + 1
+        if self._status is TrackerStatus.DEAF:
+            self._replayed()
+        return 0
+
     def _finish(self) -> None:
         if self._stopped:
             return
         self._stopped = True
+        self._set_status(TrackerStatus.STOPPED)
         for listener in self._listeners:
             listener.push(_END)
         self._wake()
@@ -259,14 +366,14 @@ class VersionTracker:
     # -- waiting and iterating -------------------------------------------------------------------
 
     async def wait_ready(self, timeout: float | None = None) -> int | None:
-        """Wait until the stored state was replayed; return ``current`` (None: never published).
+        """Wait until the tracker is ready; return ``current`` (None: never published).
 
         Raises:
             TimeoutError: not ready within ``timeout`` seconds.
             VersionRegressionError: ``raise`` mode saw a regression.
             RuntimeError: the tracker was stopped.
         """
-        await self._wait_until(lambda: self._ready, timeout)
+        await self._wait_until(lambda: self._status in _READY, timeout)
         return self._state.version
 
     async def wait_for(self, version: int, timeout: float | None = None) -> int:
@@ -303,7 +410,7 @@ class VersionTracker:
         """Iterate over version changes: the change that set the current version first (if known), then each one.
 
         Args:
-            include_regressions: also yield regressions the tracker held (``action == "held"``, version unchanged).
+            include_regressions: also yield events the tracker held or rejected (version unchanged).
 
         Raises:
             VersionRegressionError: ``raise`` mode saw a regression.
@@ -325,135 +432,91 @@ class VersionTracker:
 
     # -- the follow loop -------------------------------------------------------------------------
 
-    async def _stored_seq(self) -> int | None:
-        """The subject's last stream sequence: 0 if nothing is stored, None if the bus has no sequences."""
-        try:
-            env = await self._bus.last(self._subject)
-        except InvalidEventError as exc:
-            # The stored payload is skipped by the subscription too: nothing valid will be replayed.
-            log.warning(
-                "the latest stored weights event is invalid; the version is learned at the next update",
-                extra={"policy": self.policy, "reason": exc.reason, "detail": exc.detail},
-            )
-            return 0
-        if env is None:
-            return 0
-        return env.seq
+    def _replayed(self) -> None:
+        """The history is replayed up to the boundary: settle the status from what was seen."""
+        if self._state.version is not None:
+            self._set_status(TrackerStatus.CURRENT)
+        elif self._seen_valid or self._boundary == 0:
+            self._set_status(TrackerStatus.NEVER_PUBLISHED)
+        else:
+            self._set_status(TrackerStatus.NO_VALID_VERSION)
+        self.deaf_reason = None if self.ready else self.deaf_reason
 
-    def _set_ready(self) -> None:
-        if not self._ready:
-            self._ready = True
-            log.info("tracker ready", extra={"policy": self.policy, "version": self._state.version})
+    def _advance(self, seq: int | None) -> None:
+        if seq is not None and seq > self._position:
+            self._position = seq
+        boundary = self._boundary
+        if self._status not in _READY and (boundary is None or seq is None or self._position >= boundary):
+            self._replayed()
+        else:
             self._wake()
-
-    def _is_replay(self, env: Envelope, published_at: float) -> bool:
-        if env.seq is not None and self._boundary is not None:
-            return env.seq <= self._boundary
-        return published_at < self._subscribed_at
 
     async def _handle(self, env: Envelope) -> None:
         event = env.event
-        if not isinstance(event, WeightUpdated | PublisherClaimed):
-            log.warning("unexpected event on the weights subject", extra={"subject": env.subject, "type": type(event)})
-            return
-        if event.policy != self.policy:
+        seq = env.seq
+        if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved) or event.policy != self.policy:
             log.warning(
-                "weights event names another policy; skipped",
-                extra={"subject": env.subject, "policy": self.policy, "event_policy": event.policy},
+                "unexpected event on the weights subject; skipped",
+                extra={"subject": env.subject, "policy": self.policy, "type": type(event).__name__},
             )
-            self._after(env)
+            self._advance(seq)
             return
-        if env.seq is not None and self._last_handled is not None and env.seq <= self._last_handled[0]:
-            self._after(env)  # history already handled before a resubscribe
+        if seq is not None and self._last_handled is not None and seq <= self._last_handled:
+            self._advance(seq)  # history already handled before a resubscribe
             return
-        replayed = self._is_replay(env, event.published_at)
+        replayed = seq <= self._boundary if seq is not None and self._boundary is not None else (
+            event.published_at < self._subscribed_at
+        )
+        self._seen_valid = True
         decision = decide(self._state, event, self.mode)
-        if env.seq is not None:
-            self._last_handled = (env.seq, env.data)
-        self._state = decision.state
+        if seq is not None:
+            self._last_handled = seq
+        self._state = state = decision.state
         lag: float | None = None
         if decision.is_update and not replayed:
-            lag = max(0.0, env.received_at - event.published_at)
+            lag = env.received_at - event.published_at
+            if lag < 0:
+                lag = 0.0
             self._m.observe_lag(lag)
-        self._m.set_state(self._state.version, self._state.epoch, self._state.updated_at)
-        change = VersionChange(
-            policy=self.policy,
-            action=decision.action,
-            previous=decision.previous.version,
-            version=decision.state.version,
-            incoming=decision.incoming,
-            epoch=event.epoch,
-            publisher=event.trainer_id,
-            published_at=event.published_at,
-            received_at=env.received_at,
-            lag=lag,
-            replayed=replayed,
-        )
-        if decision.is_regression:
-            await self._on_regression(decision, event)
-        elif decision.claim_behind:
-            log.warning(
-                "takeover claim names a lower version than the one held; the next update may regress",
-                extra={"policy": self.policy, "current": decision.previous.version, "claimed": decision.incoming},
+        self._m.set_state(state.version, state.epoch, state.updated_at)
+        if decision.alert:
+            await self._alerts.raise_alert(decision, event, env, replayed, self._m)
+        changed = decision.changed
+        if changed or decision.action in (TrackerAction.HELD, TrackerAction.REJECTED):
+            change = VersionChange(
+                policy=self.policy,
+                action=decision.action,
+                previous=decision.previous.version,
+                version=state.version,
+                incoming=decision.incoming,
+                epoch=event.epoch,
+                publisher=event.trainer_id,
+                published_at=event.published_at,
+                received_at=env.received_at,
+                lag=lag,
+                replayed=replayed,
+                reason=decision.reason,
             )
-        if decision.changed:
-            self._last_change = change
-            log.info(
-                "weight version changed",
-                extra={
-                    "policy": self.policy,
-                    "action": str(decision.action),
-                    "previous": decision.previous.version,
-                    "version": decision.state.version,
-                    "epoch": event.epoch,
-                    "publisher": event.trainer_id,
-                    "lag": lag,
-                    "replayed": replayed,
-                },
-            )
-        if decision.changed or decision.action is TrackerAction.HELD:
+            if changed:
+                self._last_change = change
+                if self._on_change is not None:
+                    self._on_change(change)
+                if log.isEnabledFor(logging.INFO):
+                    log.info(
+                        "weight version changed",
+                        extra={"policy": self.policy, "action": decision.action.value, "version": state.version},
+                    )
             for listener in self._listeners:
-                if decision.changed or listener.include_regressions:
+                if changed or listener.include_regressions:
                     listener.push(change)
-        self._after(env)
-        if decision.action is TrackerAction.RAISED:
+        self._advance(seq)
+        if self._status is TrackerStatus.NEVER_PUBLISHED and state.version is not None:
+            self._set_status(TrackerStatus.CURRENT)
+        elif self._status is TrackerStatus.NO_VALID_VERSION:
+            self._replayed()
+        if decision.action is TrackerAction.RAISED and not replayed:
             assert decision.previous.version is not None and decision.incoming is not None
             raise VersionRegressionError(self.policy, decision.previous.version, decision.incoming, event.trainer_id)
-
-    def _after(self, env: Envelope) -> None:
-        if not self._ready and (self._boundary is None or env.seq is None or env.seq >= self._boundary):
-            self._set_ready()
-        self._wake()
-
-    async def _on_regression(self, decision: TrackerDecision, event: WeightUpdated | PublisherClaimed) -> None:
-        assert isinstance(event, WeightUpdated) and decision.previous.version is not None
-        current, incoming = decision.previous.version, event.version
-        self._m.count_regression()
-        facts = {
-            "policy": self.policy,
-            "current": current,
-            "incoming": incoming,
-            "incoming_epoch": event.epoch,
-            "publisher": event.trainer_id,
-            "mode": str(self.mode),
-            "observer": self.observer,
-        }
-        log.error("weight version went backwards", extra=facts)
-        alert = VersionRegressed(
-            policy=self.policy,
-            current=current,
-            incoming=incoming,
-            incoming_epoch=event.epoch,
-            publisher=event.trainer_id,
-            action=self.mode.value,
-            observer=self.observer,
-            published_at=now(),
-        )
-        msg_id = f"{self.policy}:regressed:{current}:{incoming}:{event.epoch}:{self.observer}"
-        try:
-            await self._bus.publish(subjects.alerts(self.policy), alert, msg_id=msg_id)
-        except BusError as exc:
-            log.error("could not publish the regression alert", extra={**facts, "error": repr(exc)})
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

@@ -46,6 +46,7 @@ class VersionChange:
         received_at: local receive time.
         lag: publish-to-observe delay in seconds, for live updates only (None when replayed or a claim).
         replayed: whether the event was the stream's stored one, delivered at (re)subscription.
+        reason: why an event was rejected (``not_owner``, ``unexplained_jump``, ...), else None.
     """
 
     policy: str
@@ -59,6 +60,7 @@ class VersionChange:
     received_at: float
     lag: float | None
     replayed: bool
+    reason: str | None = None
 
 
 class _Listener:

@@ -74,6 +74,18 @@ class TrackerMetrics:
             ["policy"],
             registry=self.registry,
         )
+        self.rejected = Counter(
+            "weightbus_events_rejected",
+            "Weights events the tracker refused (not from the owner, unexplained jump, stale claim, counter reset).",
+            ["policy", "reason"],
+            registry=self.registry,
+        )
+        self.ready = Gauge(
+            "weightbus_tracker_ready",
+            "1 while the tracker knows the current state of the policy (replayed, subscribed); 0 otherwise.",
+            ["policy"],
+            registry=self.registry,
+        )
         self._bound: dict[str, PolicyTrackerMetrics] = {}
 
     def for_policy(self, policy: str) -> PolicyTrackerMetrics:
@@ -95,6 +107,9 @@ class PolicyTrackerMetrics:
         self._lag = families.lag.labels(policy)
         self._regressions = families.regressions.labels(policy)
         self._resubscribes = families.resubscribes.labels(policy)
+        self._rejected = families.rejected
+        self._ready = families.ready.labels(policy)
+        self._ready.set(0)
 
     def set_state(self, version: int | None, epoch: int | None, updated_at: float | None) -> None:
         """Mirror the tracker's state; a None leaves its gauge as it was."""
@@ -116,3 +131,11 @@ class PolicyTrackerMetrics:
     def count_resubscribe(self) -> None:
         """Count one subscription re-established after a failure."""
         self._resubscribes.inc()
+
+    def count_rejected(self, reason: str) -> None:
+        """Count one refused weights event by ``reason``."""
+        self._rejected.labels(self.policy, reason).inc()
+
+    def set_ready(self, ready: bool) -> None:
+        """Mirror the tracker's readiness."""
+        self._ready.set(1 if ready else 0)

@@ -1,27 +1,36 @@
-"""The version follower's rule, as a pure function: state + incoming weight event → new state + action.
+"""The version follower's rule, as a pure function: state + incoming weights event → new state + action.
 
-Invariants ``decide`` keeps (no I/O, no clock; ``VersionTracker`` and the monitor both use it):
+``decide`` validates the chain of events on a policy's weights subject (no I/O, no clock;
+``VersionTracker``, ``status`` and the monitor all use it). Invariants:
 
-* A version never moves down silently: a ``WeightUpdated`` below the held version is a regression,
-  handled by the mode: ``hold`` keeps the held state, ``follow`` takes the incoming one, ``raise``
-  keeps the held state and tells the caller to raise.
-* A higher version is accepted whatever its epoch: a new epoch with a higher version is an ordinary
-  takeover. The same version again is accepted without change (re-delivery after a resubscribe, or a
-  new owner repeating the current version); only its epoch and publisher are noted.
-* A ``PublisherClaimed`` repeats the current version: it notes the new epoch and publisher, and sets
-  the version only when none is held or the held one is behind (the claim is the counter's truth).
-  It is never an update (no lag, no ``updated_at``) and never a regression on its own.
+* **The owner.** The owner is the publisher instance (epoch, incarnation, trainer id) of the latest
+  accepted ``PublisherClaimed``; before any claim was seen, the first event's publisher. A claim is
+  accepted when its epoch is above the owner's, or when its claimant found no history at all
+  (``previous_trainer_id`` None: a new policy, or a lost history); any other claim is
+  ``stale_claim``. A ``VersionReserved`` or a ``WeightUpdated`` from anyone but the owner is
+  ``not_owner``. Rejected events change nothing.
+* **No version from nowhere.** The owner's ``WeightUpdated`` may move the version up by one, or to
+  a number it reserved (``VersionReserved``, or a claim's ``reserved``); a reservation may be at
+  most one above everything seen. Anything else is ``unexplained_jump``. A claim may raise the
+  version (the claimant resumed above the engines' labels); a claim below the held version is a
+  ``counter_reset``: the ownership passes, the held version stays.
+* **Never down silently.** A ``WeightUpdated`` below the held version is a regression, handled by
+  the mode: ``hold`` keeps the held state, ``follow`` takes the incoming version, ``raise`` keeps
+  the held state and tells the caller to raise. The same version again changes nothing.
 * ``updated_at`` is the ``published_at`` of the last accepted ``WeightUpdated`` that set the version.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from weightbus.schemas.weights import PublisherClaimed, WeightUpdated
+from weightbus.schemas.alerts import RejectReason
+from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightUpdated
 
-__all__ = ["RegressionMode", "TrackerAction", "TrackerDecision", "TrackerState", "decide"]
+__all__ = ["RegressionMode", "TrackerAction", "TrackerDecision", "TrackerState", "WeightsEvent", "decide"]
+
+WeightsEvent = WeightUpdated | PublisherClaimed | VersionReserved
 
 
 class RegressionMode(StrEnum):
@@ -41,17 +50,21 @@ class TrackerAction(StrEnum):
     ADOPTED = "adopted"
     """The first version this state learned, from a ``WeightUpdated``."""
     ADVANCED = "advanced"
-    """A higher version."""
+    """A higher version from the owner."""
     REPEATED = "repeated"
-    """The held version again; nothing but epoch and publisher may change."""
+    """The held version again; nothing changes."""
     CLAIMED = "claimed"
-    """A takeover claim: epoch and publisher noted; the version set only if none was held or it was behind."""
+    """A takeover claim: the owner changes; the version rises if the claim names a higher one."""
+    RESERVED = "reserved"
+    """The owner reserved a number; the version does not change."""
     HELD = "held"
     """A lower version, ignored (``hold``)."""
     FOLLOWED = "followed"
     """A lower version, taken (``follow``)."""
     RAISED = "raised"
     """A lower version in ``raise`` mode: state unchanged, the caller raises."""
+    REJECTED = "rejected"
+    """An event the chain does not explain (see ``TrackerDecision.reason``): state unchanged."""
 
 
 _REGRESSIONS = frozenset({TrackerAction.HELD, TrackerAction.FOLLOWED, TrackerAction.RAISED})
@@ -68,26 +81,46 @@ class TrackerState:
     """What a follower knows about a policy's current weights.
 
     Attributes:
-        version: the current version, or None while the policy has never published one.
-        epoch: the publisher epoch of the latest accepted event (update or claim).
-        publisher: the trainer id of the latest accepted event.
+        version: the current version, or None while the policy has never announced one.
+        epoch: the owner's epoch.
+        publisher: the owner's trainer id.
         updated_at: ``published_at`` of the last ``WeightUpdated`` that set the version.
+        incarnation: the owner's incarnation ("" for publishers that predate incarnations).
+        reserved: the highest number the owner reserved or a claim said was issued.
     """
 
     version: int | None = None
     epoch: int | None = None
     publisher: str | None = None
     updated_at: float | None = None
+    incarnation: str | None = None
+    reserved: int | None = None
+
+    @property
+    def has_owner(self) -> bool:
+        """Whether an owner is known (any valid weights event was accepted)."""
+        return self.epoch is not None
+
+    def owns(self, event: WeightsEvent) -> bool:
+        """Whether ``event`` comes from the owner (epoch, incarnation and trainer id all match)."""
+        return (
+            event.epoch == self.epoch and event.incarnation == self.incarnation and event.trainer_id == self.publisher
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class TrackerDecision:
-    """The outcome of one event: the action, the state before and after, and the incoming version."""
+    """The outcome of one event: the action, the state before and after, the incoming version, and why.
+
+    ``reason`` names a rejection (``not_owner``, ``stale_claim``, ``unexplained_jump``) or a
+    ``counter_reset`` claim; it is None otherwise.
+    """
 
     action: TrackerAction
     state: TrackerState
     previous: TrackerState
     incoming: int | None
+    reason: RejectReason | None = None
 
     @property
     def changed(self) -> bool:
@@ -105,24 +138,34 @@ class TrackerDecision:
         return self.action in _UPDATES
 
     @property
+    def alert(self) -> bool:
+        """Whether the event deserves an alert (a regression, a rejection or a counter reset)."""
+        return self.is_regression or self.reason is not None
+
+    @property
     def claim_behind(self) -> bool:
-        """Whether a claim named a lower version than the held one (a hint that a regression may follow)."""
-        return (
-            self.action is TrackerAction.CLAIMED
-            and self.incoming is not None
-            and self.previous.version is not None
-            and self.incoming < self.previous.version
-        )
+        """Whether a claim named a lower version than the held one (a counter reset)."""
+        return self.reason == "counter_reset"
 
 
-def decide(
-    state: TrackerState, event: WeightUpdated | PublisherClaimed, mode: RegressionMode = RegressionMode.HOLD
-) -> TrackerDecision:
+def _owner_of(state: TrackerState, event: WeightsEvent) -> TrackerState:
+    return replace(state, epoch=event.epoch, publisher=event.trainer_id, incarnation=event.incarnation)
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+def decide(state: TrackerState, event: WeightsEvent, mode: RegressionMode = RegressionMode.HOLD) -> TrackerDecision:
     """Apply one weights-family event to ``state``.
 
     Args:
         state: what is known before the event.
-        event: a ``WeightUpdated`` or ``PublisherClaimed`` of the same policy.
+        event: a ``WeightUpdated``, ``PublisherClaimed`` or ``VersionReserved`` of the same policy.
         mode: how a lower version is handled.
 
     Raises:
@@ -130,21 +173,58 @@ def decide(
     """
     match event:
         case WeightUpdated(version=incoming):
-            current = state.version
-            taken = TrackerState(incoming, event.epoch, event.trainer_id, event.published_at)
-            if current is None:
-                return TrackerDecision(TrackerAction.ADOPTED, taken, state, incoming)
-            if incoming > current:
-                return TrackerDecision(TrackerAction.ADVANCED, taken, state, incoming)
-            if incoming == current:
-                noted = TrackerState(current, event.epoch, event.trainer_id, state.updated_at)
-                return TrackerDecision(TrackerAction.REPEATED, noted, state, incoming)
-            action = _MODE_ACTION[mode]
-            return TrackerDecision(action, taken if action is TrackerAction.FOLLOWED else state, state, incoming)
+            return _updated(state, event, incoming, mode)
+        case VersionReserved(version=incoming):
+            if not state.has_owner:
+                first = replace(_owner_of(state, event), reserved=incoming)
+                return TrackerDecision(TrackerAction.RESERVED, first, state, incoming)
+            if not state.owns(event):
+                return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "not_owner")
+            ceiling = max(state.reserved or 0, state.version or 0) + 1
+            if incoming > ceiling:
+                return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_jump")
+            noted = replace(state, reserved=_max(state.reserved, incoming))
+            return TrackerDecision(TrackerAction.RESERVED, noted, state, incoming)
         case PublisherClaimed(version=claimed):
-            version = state.version
-            if claimed is not None and (version is None or claimed > version):
-                version = claimed
-            noted = TrackerState(version, event.epoch, event.trainer_id, state.updated_at)
-            return TrackerDecision(TrackerAction.CLAIMED, noted, state, claimed)
+            supersedes = (
+                not state.has_owner
+                or event.epoch > state.epoch  # type: ignore[operator]  # has_owner: epoch is an int
+                or event.previous_trainer_id is None
+            )
+            if not supersedes:
+                return TrackerDecision(TrackerAction.REJECTED, state, state, claimed, "stale_claim")
+            held = state.version
+            version = held if claimed is None or (held is not None and claimed <= held) else claimed
+            noted = replace(
+                _owner_of(state, event), version=version, reserved=_max(_max(state.reserved, event.reserved), claimed)
+            )
+            behind = held is not None and (claimed is None or claimed < held)
+            return TrackerDecision(TrackerAction.CLAIMED, noted, state, claimed, "counter_reset" if behind else None)
     raise TypeError(f"not a weights-family event: {type(event).__name__}")
+
+
+def _updated(state: TrackerState, event: WeightUpdated, incoming: int, mode: RegressionMode) -> TrackerDecision:
+    current = state.version
+    taken = replace(
+        state,
+        version=incoming,
+        epoch=event.epoch,
+        publisher=event.trainer_id,
+        incarnation=event.incarnation,
+        updated_at=event.published_at,
+        reserved=_max(state.reserved, incoming),
+    )
+    if current is not None and incoming < current:
+        action = _MODE_ACTION[mode]
+        return TrackerDecision(action, taken if action is TrackerAction.FOLLOWED else state, state, incoming)
+    if not state.has_owner:
+        return TrackerDecision(TrackerAction.ADOPTED, taken, state, incoming)
+    if not state.owns(event):
+        return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "not_owner")
+    if incoming == current:
+        return TrackerDecision(TrackerAction.REPEATED, state, state, incoming)
+    explained = incoming == (current or 0) + 1 or (state.reserved is not None and incoming <= state.reserved)
+    if not explained:
+        return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_jump")
+    action = TrackerAction.ADOPTED if current is None else TrackerAction.ADVANCED
+    return TrackerDecision(action, taken, state, incoming)

@@ -5,10 +5,11 @@ workers that serve the policy; ``stamp_and_verify`` is the check that keeps a tr
 version its engines do not serve. ``SyncVersionPublisher`` is the blocking facade for sync trainers.
 """
 
-from weightbus.producers.publisher import VersionPublisher, VersionUpdate, default_trainer_id
+from weightbus.producers.publisher import VersionPublisher, default_trainer_id
 from weightbus.producers.stamping import EngineFleet, EngineStamp, stamp_and_verify
 from weightbus.producers.status import EngineReadBack, PolicyStatus, read_status
 from weightbus.producers.sync import SyncVersionPublisher
+from weightbus.producers.update import VersionUpdate, quarantine_label
 
 __all__ = [
     "EngineFleet",
@@ -19,6 +20,7 @@ __all__ = [
     "VersionPublisher",
     "VersionUpdate",
     "default_trainer_id",
+    "quarantine_label",
     "read_status",
     "stamp_and_verify",
 ]

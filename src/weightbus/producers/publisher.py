@@ -1,50 +1,65 @@
 """``VersionPublisher``: the one owner of a policy's weight-version counter, fenced over JetStream.
 
-Invariants:
+Every event of the counter (claim, reservation, announcement) goes on ``weights(policy)`` as a
+conditional publish on the sequence of this publisher's own previous event there, so the bus, not a
+read before it, decides who owns the counter. Invariants:
 
-* The counter lives on the bus, not in the trainer: ``start()`` resumes from the highest version
-  retained on ``weights(policy)`` (normally the last event), so a restarted or failed-over trainer
-  continues at 58 after 57, even if a publisher that bypassed the counter stored a lower version
-  last. A new policy's first version is 1.
-* ``start()`` claims the counter: it publishes ``PublisherClaimed`` with ``epoch = last epoch + 1``
-  (0 for a new policy), conditional on the subject's last sequence. Every later event is conditional
-  on the sequence of this publisher's own previous event, so once another publisher has claimed,
-  this one's next publish is refused with ``FencedError`` naming the new owner, and nothing is stored.
-* Message ids are deterministic (``{policy}:{epoch}:{version}``), so the bus's retries after a
-  timeout never store a second event; a publish whose outcome is unknown is resolved against the
-  bus before the next update, never guessed.
-* A version is used up only when its ``WeightUpdated`` is acknowledged. An exception inside
-  ``update()`` publishes nothing, and the next update gets the same number.
-* With an engine fleet, ``update()`` runs: pause, (the trainer pushes), stamp, verify, publish,
-  resume. Engines emit samples stamped ``v`` only after resuming, which happens after the publish
-  of ``v`` is acknowledged, so no sample stamped ``v`` can reach a drain before ``v`` is on the bus.
+* **A number names at most one set of weights.** An update first stores ``VersionReserved(v)``;
+  only then may any engine carry ``v``. A reserved number is never issued again, whatever happens
+  to its update (exception, failed stamp, lost or refused announcement, cancellation): the next
+  update takes ``v + 1``. ``start()`` resumes above the highest number ever issued that the
+  retained history shows, and, with a fleet, above the highest numeric label any engine carries,
+  so a lost history (purge, recreated stream, evicted events) never reissues a number.
+* **One owner, per instance.** ``start()`` claims with epoch + 1 and a random ``incarnation``; two
+  processes with the same ``trainer_id`` are two claimants, and the bus lets exactly one own the
+  counter. Once another publisher has claimed, this one's next conditional publish is refused and
+  it raises ``FencedError``; from then on it touches neither the counter nor the fleet's numbers.
+* **Doubt is resolved, never guessed, and never taken for a fence.** A conditional publish that
+  conflicts is resolved by reading the subject's history: if its newest valid event is this
+  instance's own (a publish that landed although its caller was cancelled or timed out, or
+  garbage stored after it), the publisher adopts that position and retries; if the history is gone
+  (purge, recreated stream), it re-claims with the counter it holds; only an event of another
+  owner is a fence. Stray payloads are skipped and counted, never raised.
+
+``VersionUpdate`` (the ``update()`` context manager, module ``update``) runs the fleet side:
+reserve, pause, push, stamp, verify, announce, resume, and quarantine on failure.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
-from types import TracebackType
+import uuid
 from typing import Final
 
 from weightbus.bus import subjects
-from weightbus.bus.protocol import Bus, Deliver, Envelope
+from weightbus.bus.history import History, read_history
+from weightbus.bus.protocol import Bus, Envelope, PublishAck
 from weightbus.engines.sglang import PauseMode
 from weightbus.errors import EngineError, FencedError, PublishError, SequenceConflictError
-from weightbus.producers.stamping import EngineFleet, EngineStamp, stamp_and_verify
-from weightbus.schemas import LoraAdapter, PublisherClaimed, WeightUpdated, now
+from weightbus.producers.stamping import EngineFleet
+from weightbus.producers.update import VersionUpdate
+from weightbus.schemas import (
+    EngineOutOfSync,
+    LoraAdapter,
+    PublisherClaimed,
+    VersionReserved,
+    WeightUpdated,
+    now,
+    parse_version,
+)
 
-__all__ = ["VersionPublisher", "VersionUpdate", "default_trainer_id"]
+__all__ = ["VersionPublisher", "default_trainer_id"]
 
 log = logging.getLogger("weightbus.producers")
 
 _CLAIM_ATTEMPTS: Final = 5
+_RESOLVE_ATTEMPTS: Final = 3
 
 
 def default_trainer_id() -> str:
-    """``<hostname>:<pid>``: unique among live processes, readable in a ``FencedError``."""
+    """``<hostname>:<pid>``: readable in a ``FencedError``; uniqueness comes from the incarnation."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -54,13 +69,15 @@ class VersionPublisher:
     Args:
         bus: the bus (borrowed; not closed here).
         policy: the policy id.
-        trainer_id: this publisher's identity on the bus (default ``<hostname>:<pid>``).
-        fleet: engines to pause, stamp, verify and resume around each update (borrowed); without a
-            fleet the trainer stamps its engines itself and ``update()`` only publishes.
+        trainer_id: this publisher's readable identity on the bus (default ``<hostname>:<pid>``).
+        fleet: engines to pause, stamp, verify, quarantine and resume around each update (borrowed);
+            without a fleet the trainer stamps its engines itself and ``update()`` reserves and
+            announces only.
         pause: pause mode for the fleet on entering ``update()`` (``retract``, ``in_place``, ``abort``),
             or None to stamp without pausing.
         claim_attempts: how often ``start()`` re-reads and retries when another publisher claims at
             the same moment.
+        incarnation: this instance's unique id on the bus (random by default; tests may fix it).
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
@@ -76,25 +93,29 @@ class VersionPublisher:
         fleet: EngineFleet | None = None,
         pause: PauseMode | None = None,
         claim_attempts: int = _CLAIM_ATTEMPTS,
+        incarnation: str | None = None,
     ) -> None:
-        self._subject = subjects.weights(policy)
+        self.subject = subjects.weights(policy)
         if pause is not None and fleet is None:
             raise ValueError("pause needs an engine fleet")
-        self._bus = bus
+        self.bus = bus
         self._policy = policy
         self._trainer_id = trainer_id or default_trainer_id()
+        self.incarnation = incarnation or uuid.uuid4().hex[:16]
         self.fleet = fleet
-        self._pause: PauseMode | None = pause
+        self.pause_mode: PauseMode | None = pause
         self._claim_attempts = max(1, claim_attempts)
         self._epoch: int | None = None
         self._version: int | None = None
+        self._issued = 0
         self._seq: int | None = None
         self._fenced: FencedError | None = None
-        # msg_id and version of a publish whose outcome is unknown (PublishError after the bus's retries).
-        self._in_doubt: tuple[str, int] | None = None
-        self._active = False
+        self.active = False
+        """Whether an ``update()`` of this publisher is in progress (updates are sequential)."""
         self.last_event: WeightUpdated | None = None
         """The last ``WeightUpdated`` this publisher had acknowledged."""
+
+    # -- identity and state ------------------------------------------------------------------------
 
     @property
     def policy(self) -> str:
@@ -103,7 +124,7 @@ class VersionPublisher:
 
     @property
     def trainer_id(self) -> str:
-        """This publisher's identity on the bus."""
+        """This publisher's readable identity on the bus."""
         return self._trainer_id
 
     @property
@@ -113,13 +134,18 @@ class VersionPublisher:
 
     @property
     def version(self) -> int | None:
-        """The current published version (None for a policy that never published one)."""
+        """The current announced version (None for a policy that never announced one)."""
         return self._version
 
     @property
+    def issued(self) -> int:
+        """The highest number this counter ever issued (reserved or announced); 0 for none."""
+        return self._issued
+
+    @property
     def next_version(self) -> int:
-        """The version the next ``update()`` will publish."""
-        return (self._version or 0) + 1
+        """The number the next ``update()`` will reserve."""
+        return self._issued + 1
 
     @property
     def started(self) -> bool:
@@ -131,8 +157,10 @@ class VersionPublisher:
         """The ``FencedError`` once another publisher took over (every later update raises it)."""
         return self._fenced
 
+    # -- claiming ----------------------------------------------------------------------------------
+
     async def start(self) -> VersionPublisher:
-        """Resume the counter from the bus and claim it, fencing any previous publisher.
+        """Resume the counter from the bus (and the engines' labels) and claim it, fencing any previous owner.
 
         Returns:
             ``self``.
@@ -140,80 +168,95 @@ class VersionPublisher:
         Raises:
             PublishError: the claim could not be stored, or other publishers kept claiming
                 ``claim_attempts`` times in a row.
-            InvalidEventError: the last stored event on the weights subject is not a valid event.
+            BusError: the history could not be read.
         """
         if self.started:
             return self
+        engine_high = await self._engine_high()
         for attempt in range(1, self._claim_attempts + 1):
-            last = await self._bus.last(self._subject)
-            epoch, version, previous, seq = 0, None, None, 0
-            if last is not None:
-                event = last.event
-                if not isinstance(event, WeightUpdated | PublisherClaimed):
-                    raise PublishError(self._subject, f"unexpected {type(event).__name__} on the weights subject")
-                epoch, version, previous, seq = event.epoch + 1, event.version, event.trainer_id, last.seq or 0
-                high_version, high_epoch = await self._retained_high(last)
-                epoch = max(epoch, high_epoch + 1)
-                if high_version is not None and (version is None or high_version > version):
-                    log.warning(
-                        "the latest stored version is below the highest retained one; resuming above the highest",
-                        extra={"policy": self._policy, "latest": version, "highest": high_version, "by": previous},
-                    )
-                    version = high_version
-            claim = PublisherClaimed(
-                policy=self._policy,
-                epoch=epoch,
-                trainer_id=self._trainer_id,
-                published_at=now(),
-                version=version,
-                previous_trainer_id=previous,
-            )
-            try:
-                ack = await self._bus.publish(
-                    self._subject,
-                    claim,
-                    msg_id=f"{self._policy}:claim:{epoch}:{self._trainer_id}",
-                    expected_last_seq=seq,
-                )
-            except SequenceConflictError:
-                log.info(
-                    "another publisher claimed at the same time; re-reading",
-                    extra={"policy": self._policy, "epoch": epoch, "attempt": attempt},
-                )
-                continue
-            if ack.duplicate:
-                # A retried claim of ours that landed; anything else holding the id is not ours.
-                mine = await self._bus.last(self._subject)
-                if mine is None or mine.seq != ack.seq or not self._is_mine(mine, epoch):
-                    continue
-            self._epoch, self._version, self._seq = epoch, version, ack.seq
+            history = await read_history(self.bus, self.subject)
+            version, issued, high_epoch = _fold(history, self._policy)
+            last = history.last_valid
+            previous = last.event.trainer_id if last is not None else None  # type: ignore[union-attr]
+            if engine_high is not None and engine_high > issued:
+                await self._counter_behind_engines(issued, engine_high, history)
+                issued = engine_high
+                if version is None or engine_high > version:
+                    version = engine_high
+            if await self._claim(high_epoch + 1, version, issued, previous, history.last_seq):
+                return self
             log.info(
-                "claimed the version counter",
-                extra={
-                    "policy": self._policy,
-                    "trainer_id": self._trainer_id,
-                    "epoch": epoch,
-                    "version": version,
-                    "previous_trainer_id": previous,
-                },
+                "another publisher claimed at the same time; re-reading",
+                extra={"policy": self._policy, "attempt": attempt},
             )
-            return self
-        raise PublishError(self._subject, f"could not claim the counter in {self._claim_attempts} attempts")
+        raise PublishError(self.subject, f"could not claim the counter in {self._claim_attempts} attempts")
 
-    async def _retained_high(self, last: Envelope, timeout: float = 10.0) -> tuple[int | None, int]:
-        """The highest version and epoch among the retained events up to ``last`` on the weights subject."""
-        high_version: int | None = None
-        high_epoch = -1
-        async with asyncio.timeout(timeout), self._bus.subscribe(self._subject, deliver=Deliver.ALL) as sub:
-            async for env in sub:
-                event = env.event
-                if isinstance(event, WeightUpdated | PublisherClaimed) and event.policy == self._policy:
-                    if event.version is not None and (high_version is None or event.version > high_version):
-                        high_version = event.version
-                    high_epoch = max(high_epoch, event.epoch)
-                if env.seq is None or last.seq is None or env.seq >= last.seq:
-                    break
-        return high_version, high_epoch
+    async def _claim(self, epoch: int, version: int | None, issued: int, previous: str | None, seq: int) -> bool:
+        claim = PublisherClaimed(
+            policy=self._policy,
+            epoch=epoch,
+            trainer_id=self._trainer_id,
+            published_at=now(),
+            version=version,
+            previous_trainer_id=previous,
+            incarnation=self.incarnation,
+            reserved=issued or None,
+        )
+        try:
+            ack = await self.bus.publish(
+                self.subject, claim, msg_id=f"{self._policy}:claim:{epoch}:{self.incarnation}", expected_last_seq=seq
+            )
+        except SequenceConflictError:
+            return False
+        self._epoch, self._version, self._issued, self._seq = epoch, version, issued, ack.seq
+        log.info(
+            "claimed the version counter",
+            extra={
+                "policy": self._policy,
+                "trainer_id": self._trainer_id,
+                "incarnation": self.incarnation,
+                "epoch": epoch,
+                "version": version,
+                "issued": issued,
+                "previous_trainer_id": previous,
+            },
+        )
+        return True
+
+    async def _engine_high(self) -> int | None:
+        if self.fleet is None:
+            return None
+        high: int | None = None
+        for url, label in (await self.fleet.read_versions()).items():
+            if isinstance(label, EngineError):
+                log.warning("could not read an engine's label at start", extra={"engine": url, "error": str(label)})
+                continue
+            value = parse_version(label)
+            if value is not None and (high is None or value > high):
+                high = value
+        return high
+
+    async def _counter_behind_engines(self, issued: int, engine_high: int, history: History) -> None:
+        """The engines carry a number the bus never issued: the history was lost; say so, loudly."""
+        log.error(
+            "the engines carry a higher version than the bus's history: the history was lost; resuming above it",
+            extra={"policy": self._policy, "bus_issued": issued, "engine_high": engine_high, "seq": history.last_seq},
+        )
+        assert self.fleet is not None
+        alert = EngineOutOfSync(
+            policy=self._policy,
+            engine=",".join(self.fleet.urls),
+            expected=str(issued or "none"),
+            actual=str(engine_high),
+            trainer_id=self._trainer_id,
+            published_at=now(),
+            reason="counter_behind_engines",
+        )
+        msg_id = f"{self._policy}:counter_behind:{issued}:{engine_high}:{self.incarnation}"
+        try:
+            await self.bus.publish(subjects.alerts(self._policy), alert, msg_id=msg_id)
+        except PublishError as exc:
+            log.error("could not publish the counter alert", extra={"policy": self._policy, "error": str(exc)})
 
     async def __aenter__(self) -> VersionPublisher:
         return await self.start()
@@ -221,31 +264,41 @@ class VersionPublisher:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    def update(self, *, lora: LoraAdapter | None = None) -> VersionUpdate:
-        """One weight update, as an async context manager yielding the version to stamp (``int``).
+    # -- updates -----------------------------------------------------------------------------------
 
-        Inside the block the trainer pushes weights (and, without a fleet, stamps its engines with
-        the version). On normal exit the fleet (if any) is stamped and verified, ``WeightUpdated`` is
-        published and acknowledged, then the fleet is resumed. On an exception nothing is published,
-        a paused fleet is resumed, and the version is not used up.
+    def update(self, *, lora: LoraAdapter | None = None) -> VersionUpdate:
+        """One weight update, as an async context manager yielding the version to push (``int``).
+
+        On entering, the number is reserved on the bus (then the fleet, if any, is paused). Inside
+        the block the trainer pushes weights (and, without a fleet, stamps its engines). On normal
+        exit the fleet is stamped and verified, ``WeightUpdated`` is announced, then the fleet is
+        resumed. On any failure nothing is announced, the number stays used up, and the fleet is
+        relabelled with a quarantine label before it serves again (see ``VersionUpdate``).
 
         Args:
-            lora: the LoRA adapter this push loads (recorded on the event); None for a full-weight push.
+            lora: the LoRA adapter this push loads (recorded on the events); None for a full push.
         """
         return VersionUpdate(self, lora)
 
-    async def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False) -> int:
-        """Load ``adapter`` on every engine of the fleet, stamp the next version, and publish it.
+    async def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False, replace: bool = False) -> int:
+        """Load ``adapter`` on every engine of the fleet, stamp the next version, and announce it.
 
         SGLang's adapter load carries no version; this is the stamp that makes LoRA samples
-        comparable with full-weight ones (both share this counter).
+        comparable with full-weight ones (both share this counter). A load refused by some engine
+        is undone on the others, and the fleet is quarantined like any failed update.
+
+        Args:
+            adapter: name and path of the adapter.
+            pinned: SGLang's ``pinned`` flag.
+            replace: unload an adapter of the same name first (re-pushing new adapter weights under
+                one name; SGLang refuses to load a name twice).
 
         Returns:
-            The published version.
+            The announced version.
 
         Raises:
             ValueError: no fleet, or ``adapter.path`` is None.
-            EngineError: an engine refused the load (nothing stamped or published).
+            EngineError: an engine refused the load (nothing announced).
             EngineOutOfSyncError, FencedError, PublishError: as ``update()``.
         """
         if self.fleet is None:
@@ -253,58 +306,128 @@ class VersionPublisher:
         if adapter.path is None:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no path to load")
         async with self.update(lora=adapter) as version:
+            if replace:
+                await self.fleet.unload_lora_adapter(adapter.name, missing_ok=True)
             await self.fleet.load_lora_adapter(adapter.name, adapter.path, pinned=pinned)
         return version
 
-    def _is_mine(self, env: Envelope, epoch: int) -> bool:
-        event = env.event
-        return (
-            isinstance(event, WeightUpdated | PublisherClaimed)
-            and event.epoch == epoch
-            and event.trainer_id == self._trainer_id
-        )
+    # -- the conditional publish and its resolution --------------------------------------------------
 
-    def _fence(self, last: Envelope | None) -> FencedError:
-        if last is not None and isinstance(last.event, WeightUpdated | PublisherClaimed):
-            err = FencedError(self._policy, last.event.trainer_id, last.event.epoch, last.event.version)
-        else:
-            err = FencedError(self._policy, "<nobody: the weights subject was emptied>", -1, None)
+    def is_mine(self, env: Envelope) -> bool:
+        """Whether ``env`` is an event of this publisher instance."""
+        event = env.event
+        if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved):
+            return False
+        return event.incarnation == self.incarnation and event.epoch == self._epoch
+
+    async def conditional(self, event: WeightUpdated | VersionReserved, msg_id: str) -> PublishAck:
+        """Publish ``event`` conditional on this publisher's last event; resolve a conflict or fence.
+
+        Raises:
+            FencedError: another owner's event is the newest on the subject.
+            PublishError: the bus could not confirm (in doubt; resolved by the next call).
+        """
+        if self._fenced is not None:
+            raise self._fenced
+        for _ in range(_RESOLVE_ATTEMPTS):
+            assert self._seq is not None
+            try:
+                ack = await self.bus.publish(self.subject, event, msg_id=msg_id, expected_last_seq=self._seq)
+            except SequenceConflictError:
+                await self.resolve()
+                continue
+            self._seq = ack.seq
+            return ack
+        raise PublishError(self.subject, f"the subject kept moving under {_RESOLVE_ATTEMPTS} resolutions")
+
+    async def check_owner(self) -> None:
+        """One read: raise ``FencedError`` if another owner has written since our last event (resolving doubt)."""
+        if self._fenced is not None:
+            raise self._fenced
+        if await self.bus.last_seq(self.subject) != self._seq:
+            await self.resolve()
+
+    async def resolve(self) -> None:
+        """The subject moved past our last known event: adopt our own later event, re-claim a lost history, or fence.
+
+        Raises:
+            FencedError: the newest valid event belongs to another owner.
+        """
+        history = await read_history(self.bus, self.subject)
+        last = history.last_valid
+        if last is not None and self.is_mine(last):
+            event = last.event
+            if isinstance(event, WeightUpdated):
+                self._adopt_announced(event)
+            elif isinstance(event, VersionReserved):
+                self._issued = max(self._issued, event.version)
+            log.warning(
+                "resolved a publish in doubt: the subject's newest valid event is ours",
+                extra={"policy": self._policy, "seq": last.seq, "stored": history.last_seq, "skipped": history.invalid},
+            )
+            self._seq = history.last_seq
+            return
+        if last is None:
+            log.error(
+                "the weights history is gone (purged or the stream was recreated); re-claiming with the counter held",
+                extra={"policy": self._policy, "version": self._version, "issued": self._issued},
+            )
+            assert self._epoch is not None
+            if await self._claim(self._epoch + 1, self._version, self._issued, None, history.last_seq):
+                return
+            return await self.resolve()
+        raise self._fence(last)
+
+    def _adopt_announced(self, event: WeightUpdated) -> None:
+        self._version = event.version if self._version is None else max(self._version, event.version)
+        self._issued = max(self._issued, event.version)
+        self.last_event = event
+
+    def _fence(self, last: Envelope) -> FencedError:
+        event = last.event
+        assert isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved)
+        version = event.version if not isinstance(event, VersionReserved) else self._version
+        err = FencedError(self._policy, event.trainer_id, event.epoch, version)
         self._fenced = err
         log.error(
             "fenced: another publisher owns the counter",
-            extra={"policy": self._policy, "trainer_id": self._trainer_id, "owner": err.owner, "epoch": err.epoch},
+            extra={
+                "policy": self._policy,
+                "trainer_id": self._trainer_id,
+                "owner": err.owner,
+                "epoch": err.epoch,
+                "incarnation": self.incarnation,
+            },
         )
         return err
 
-    async def _ensure_owner(self) -> None:
-        """Check that the subject still ends with our event; resolve a publish left in doubt."""
-        if self._fenced is not None:
-            raise self._fenced
-        last = await self._bus.last(self._subject)
-        if last is not None and last.seq == self._seq:
-            self._in_doubt = None
-            return
-        if self._in_doubt is not None and last is not None and self._epoch is not None:
-            msg_id, version = self._in_doubt
-            if last.headers.get("Nats-Msg-Id") == msg_id and self._is_mine(last, self._epoch):
-                # The publish whose ack was lost did land: the version is used up.
-                self._in_doubt = None
-                self._adopt(last, version)
-                log.warning(
-                    "a publish reported as failed had landed",
-                    extra={"policy": self._policy, "version": version, "seq": last.seq},
-                )
-                return
-        raise self._fence(last)
+    async def reserve(self, version: int, lora: LoraAdapter | None) -> None:
+        """Store ``VersionReserved(version)``; the number is used up from here on, whatever follows.
 
-    def _adopt(self, env: Envelope, version: int) -> None:
-        self._seq = env.seq
-        self._version = version
-        if isinstance(env.event, WeightUpdated):
-            self.last_event = env.event
+        Raises:
+            FencedError, PublishError: as ``conditional``.
+        """
+        assert self._epoch is not None
+        event = VersionReserved(
+            policy=self._policy,
+            version=version,
+            epoch=self._epoch,
+            trainer_id=self._trainer_id,
+            published_at=now(),
+            incarnation=self.incarnation,
+            lora=lora,
+        )
+        # Used up before the publish: a reservation in doubt may have landed, and skipping a number is harmless.
+        self._issued = max(self._issued, version)
+        await self.conditional(event, f"{self._policy}:reserve:{self.incarnation}:{version}")
 
-    async def _publish(self, version: int, lora: LoraAdapter | None) -> WeightUpdated:
-        assert self._epoch is not None and self._seq is not None
+    async def announce(self, version: int, lora: LoraAdapter | None) -> WeightUpdated:
+        """Store ``WeightUpdated(version)``: the engines serve it and trackers may take it.
+
+        Raises:
+            FencedError, PublishError: as ``conditional``.
+        """
+        assert self._epoch is not None
         event = WeightUpdated(
             policy=self._policy,
             version=version,
@@ -313,16 +436,10 @@ class VersionPublisher:
             published_at=now(),
             lora=lora,
             engines=self.fleet.urls if self.fleet is not None else (),
+            incarnation=self.incarnation,
         )
-        msg_id = f"{self._policy}:{self._epoch}:{version}"
-        try:
-            ack = await self._bus.publish(self._subject, event, msg_id=msg_id, expected_last_seq=self._seq)
-        except SequenceConflictError:
-            raise self._fence(await self._bus.last(self._subject)) from None
-        except PublishError:
-            self._in_doubt = (msg_id, version)
-            raise
-        self._seq, self._version, self.last_event = ack.seq, version, event
+        ack = await self.conditional(event, f"{self._policy}:{self._epoch}:{version}:{self.incarnation}")
+        self._adopt_announced(event)
         log.info(
             "published weight version",
             extra={"policy": self._policy, "version": version, "epoch": self._epoch, "seq": ack.seq},
@@ -330,89 +447,25 @@ class VersionPublisher:
         return event
 
 
-class VersionUpdate:
-    """The async context manager returned by ``VersionPublisher.update()``; see there.
-
-    Attributes:
-        version: the version this update stamps and publishes (set on entering).
-        stamps: the engines' read-backs after a successful exit with a fleet.
-        event: the acknowledged ``WeightUpdated`` after a successful exit.
-    """
-
-    def __init__(self, publisher: VersionPublisher, lora: LoraAdapter | None) -> None:
-        self._pub = publisher
-        self.lora = lora
-        self.version: int | None = None
-        self.stamps: list[EngineStamp] = []
-        self.event: WeightUpdated | None = None
-        self._paused = False
-
-    async def __aenter__(self) -> int:
-        pub = self._pub
-        if not pub.started:
-            raise RuntimeError("call VersionPublisher.start() before update()")
-        if pub._active:
-            raise RuntimeError("another update of this publisher is in progress; updates are sequential")
-        pub._active = True
-        try:
-            # A fenced trainer learns it before touching any engine.
-            await pub._ensure_owner()
-            self.version = pub.next_version
-            if pub.fleet is not None and pub._pause is not None:
-                await pub.fleet.pause(pub._pause)
-                self._paused = True
-        except BaseException:
-            pub._active = False
-            raise
-        log.info("update started", extra={"policy": pub.policy, "version": self.version, "paused": self._paused})
-        return self.version
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        pub = self._pub
-        try:
-            if exc is not None:
-                log.warning(
-                    "update aborted; nothing published",
-                    extra={"policy": pub.policy, "version": self.version, "error": repr(exc)},
-                )
-                await self._resume_after_failure(exc)
-                return
-            assert self.version is not None
-            try:
-                if pub.fleet is not None:
-                    self.stamps = await stamp_and_verify(
-                        pub.fleet,
-                        self.version,
-                        bus=pub._bus,
-                        policy=pub.policy,
-                        trainer_id=pub.trainer_id,
-                        lora=self.lora,
-                    )
-                self.event = await pub._publish(self.version, self.lora)
-            except BaseException as failure:
-                await self._resume_after_failure(failure)
-                raise
-            if self._paused:
-                assert pub.fleet is not None
-                self._paused = False
-                # Runs only after the publish was acknowledged: see the module docstring.
-                await pub.fleet.resume()
-        finally:
-            pub._active = False
-
-    async def _resume_after_failure(self, failure: BaseException) -> None:
-        if not self._paused:
-            return
-        assert self._pub.fleet is not None
-        self._paused = False
-        try:
-            # A stalled fleet stops the whole run; resuming lets the new owner (or a retry) take over.
-            await self._pub.fleet.resume()
-        except EngineError as exc:
-            log.error("resume after a failed update failed", extra={"policy": self._pub.policy, "error": str(exc)})
-            failure.add_note(f"resuming the engines afterwards failed too: {exc}")
-        except asyncio.CancelledError:
-            failure.add_note("resuming the engines afterwards was cancelled")
-            raise
+def _fold(history: History, policy: str) -> tuple[int | None, int, int]:
+    """``(current version, highest number issued, highest epoch)`` over a weights history."""
+    version: int | None = None
+    issued = 0
+    epoch = -1
+    for env in history.events:
+        event = env.event
+        if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved) or event.policy != policy:
+            continue
+        epoch = max(epoch, event.epoch)
+        if isinstance(event, WeightUpdated):
+            version = event.version if version is None else max(version, event.version)
+            issued = max(issued, event.version)
+        elif isinstance(event, VersionReserved):
+            issued = max(issued, event.version)
+        else:
+            if event.version is not None:
+                version = event.version if version is None else max(version, event.version)
+                issued = max(issued, event.version)
+            if event.reserved is not None:
+                issued = max(issued, event.reserved)
+    return version, issued, epoch

@@ -3,9 +3,13 @@
 A fleet is the set of SGLang workers (not routers: routers do not forward weight, version, pause or
 LoRA routes) that serve one policy. Invariants:
 
-* A stamp sends ``update_weight_version(str(v), abort_all_requests=False)`` to every engine
-  concurrently, then reads ``/model_info`` ``weight_version`` back from each. An engine counts as
-  stamped only when its read-back equals ``str(v)``.
+* A stamp first reads each engine's label. An engine already at ``str(v)`` (its push carried
+  ``weight_version``, as SGLang's weight loads allow) is not stamped again; the others get
+  ``update_weight_version(str(v), abort_all_requests=False)`` and are read back. Engines are
+  addressed concurrently. An engine counts as stamped only when its read-back equals ``str(v)``.
+* A label read before stamping that is neither the previously announced version, ``str(v)`` nor a
+  quarantine label (``"default"`` after a restart) is published as an ``EngineOutOfSync`` alert
+  (``reason="unexpected_label"``) before the engine is stamped: never silently re-stamped.
 * With a bus, every engine that answered gets a ``WeightApplied`` on ``applied(policy)``, and every
   engine that did not take the version gets an ``EngineOutOfSync`` alert on ``alerts(policy)``;
   then ``EngineOutOfSyncError`` (or the engine's ``EngineError`` when it did not answer) is raised.
@@ -29,7 +33,7 @@ from weightbus.bus.protocol import Bus
 from weightbus.engines.router import discover_workers
 from weightbus.engines.sglang import PauseMode, SGLangClient
 from weightbus.errors import EngineError, EngineOutOfSyncError, PublishError
-from weightbus.schemas import EngineOutOfSync, LoraAdapter, WeightApplied, now
+from weightbus.schemas import QUARANTINE_PREFIX, EngineOutOfSync, LoraAdapter, WeightApplied, now
 
 __all__ = ["EngineFleet", "EngineStamp", "stamp_and_verify"]
 
@@ -47,12 +51,16 @@ class EngineStamp:
         expected: the label it was stamped with (``str(version)``).
         read_back: its ``/model_info`` ``weight_version`` after the stamp, or None if it did not answer.
         error: the engine error when the stamp or the read-back failed.
+        before: its label before the stamp (None if it did not answer).
+        stamped: whether ``update_weight_version`` was sent (False when it already carried the label).
     """
 
     engine: str
     expected: str
     read_back: str | None
     error: EngineError | None = None
+    before: str | None = None
+    stamped: bool = True
 
     @property
     def ok(self) -> bool:
@@ -181,18 +189,54 @@ class EngineFleet:
     async def load_lora_adapter(self, name: str, path: str, *, pinned: bool = False) -> None:
         """Load LoRA adapter ``name`` from ``path`` on every engine. Loading never changes a version: stamp next.
 
+        A load refused by some engines is undone on the others (unloaded), so the fleet never serves
+        an adapter on only part of its engines.
+
         Raises:
             EngineError: an engine refused (e.g. the name is already loaded) or did not answer.
         """
-        await self._all("load_lora_adapter", lambda c: c.load_lora_adapter(name, path, pinned=pinned))
+        results = await self._each("load_lora_adapter", lambda c: c.load_lora_adapter(name, path, pinned=pinned))
+        errors = [r for r in results if isinstance(r, EngineError)]
+        if not errors:
+            return
+        first = _first_with_notes(errors, "load_lora_adapter")
+        loaded = [c for c, r in zip(self.clients, results, strict=True) if not isinstance(r, EngineError)]
+        undo = await asyncio.gather(*(c.unload_lora_adapter(name) for c in loaded), return_exceptions=True)
+        for client, result in zip(loaded, undo, strict=True):
+            if isinstance(result, BaseException):
+                first.add_note(f"and unloading the partial load from {client.url} failed too: {result}")
+        raise first
 
-    async def unload_lora_adapter(self, name: str) -> None:
+    async def unload_lora_adapter(self, name: str, *, missing_ok: bool = False) -> None:
         """Unload LoRA adapter ``name`` from every engine.
+
+        Args:
+            name: the adapter name.
+            missing_ok: an engine that answers that it has no such adapter is not an error.
 
         Raises:
             EngineError: an engine refused or did not answer.
         """
-        await self._all("unload_lora_adapter", lambda c: c.unload_lora_adapter(name))
+        results = await self._each("unload_lora_adapter", lambda c: c.unload_lora_adapter(name))
+        errors = [
+            r
+            for r in results
+            if isinstance(r, EngineError) and not (missing_ok and r.status is not None and 400 <= r.status < 500)
+        ]
+        if errors:
+            raise _first_with_notes(errors, "unload_lora_adapter")
+
+    async def relabel(self, label: str) -> dict[str, EngineError | None]:
+        """Set every engine's label to ``label`` without aborting requests; errors are returned, not raised.
+
+        Used to quarantine engines whose weights may not match any version (``quarantine:<v>``).
+        """
+
+        async def _one(client: SGLangClient) -> None:
+            await client.update_weight_version(label, abort_all_requests=False)
+
+        results = await self._each("relabel", _one)
+        return {url: (r if isinstance(r, EngineError) else None) for url, r in zip(self.urls, results, strict=True)}
 
     async def read_versions(self) -> dict[str, str | EngineError]:
         """Each engine's live ``weight_version`` (or the error reading it), keyed by URL; read-only."""
@@ -202,18 +246,24 @@ class EngineFleet:
     async def stamp(self, version: int) -> list[EngineStamp]:
         """Stamp every engine with ``str(version)`` and read each one back; raises nothing for engine faults.
 
+        An engine that already carries ``str(version)`` is read, not stamped again.
+
         Returns:
             One ``EngineStamp`` per engine, in fleet order; check ``ok``.
         """
         expected = str(version)
 
         async def _one(client: SGLangClient) -> EngineStamp:
+            before: str | None = None
             try:
+                before = await client.weight_version()
+                if before == expected:
+                    return EngineStamp(client.url, expected, before, before=before, stamped=False)
                 await client.update_weight_version(expected, abort_all_requests=False)
                 read_back = await client.weight_version()
             except EngineError as exc:
-                return EngineStamp(client.url, expected, None, exc)
-            return EngineStamp(client.url, expected, read_back)
+                return EngineStamp(client.url, expected, None, exc, before=before)
+            return EngineStamp(client.url, expected, read_back, before=before)
 
         return list(await asyncio.gather(*(_one(c) for c in self.clients)))
 
@@ -226,6 +276,7 @@ async def stamp_and_verify(
     policy: str | None = None,
     trainer_id: str = "",
     lora: LoraAdapter | None = None,
+    previous: int | None = None,
 ) -> list[EngineStamp]:
     """Stamp every engine with ``version``, read it back, report to the bus, and refuse an out-of-sync fleet.
 
@@ -236,6 +287,8 @@ async def stamp_and_verify(
         policy: the policy id (required with ``bus``).
         trainer_id: who stamps, recorded on alerts.
         lora: the adapter this push loaded, recorded on ``WeightApplied``.
+        previous: the version announced before this one; with ``version`` and quarantine labels it
+            is what an engine may carry before the stamp without an ``unexpected_label`` alert.
 
     Returns:
         The stamps, all ``ok``.
@@ -250,15 +303,25 @@ async def stamp_and_verify(
         raise ValueError("stamp_and_verify needs the policy to publish to the bus")
     stamps = await fleet.stamp(version)
     if bus is not None and policy is not None:
+        expected_before = {str(version), *(() if previous is None else (str(previous),))}
+        # Before the first announcement there is nothing an engine should carry ("default" at boot is fine).
+        unexpected = [
+            s
+            for s in stamps
+            if previous is not None
+            and s.before is not None
+            and s.before not in expected_before
+            and not s.before.startswith(QUARANTINE_PREFIX)
+        ]
+        await _alert_unexpected(bus, policy, trainer_id, version, previous, unexpected)
         applied = subjects.applied(policy)
-        for s in stamps:
-            if s.read_back is None:
-                continue
+
+        async def _applied(s: EngineStamp) -> None:
             event = WeightApplied(
                 policy=policy,
                 version=version,
                 engine=s.engine,
-                read_back=s.read_back,
+                read_back=str(s.read_back),
                 ok=s.ok,
                 published_at=now(),
                 lora=lora,
@@ -266,6 +329,8 @@ async def stamp_and_verify(
             # Deterministic: a retried publish of the same outcome is stored once; a different outcome is new.
             msg_id = f"{policy}:applied:{trainer_id}:{version}:{s.engine}:{s.read_back}"
             await bus.publish(applied, event, msg_id=msg_id)
+
+        await asyncio.gather(*(_applied(s) for s in stamps if s.read_back is not None))
     bad = [s for s in stamps if not s.ok]
     if not bad:
         log.info("engines stamped", extra={"policy": policy, "version": version, "engines": len(stamps)})
@@ -301,6 +366,32 @@ async def stamp_and_verify(
                 log.error("could not publish the out-of-sync alert", extra={"policy": policy, "error": str(exc)})
                 first.add_note(f"the EngineOutOfSync alert for {s.engine} was not published: {exc}")
     raise first
+
+
+async def _alert_unexpected(
+    bus: Bus, policy: str, trainer_id: str, version: int, previous: int | None, unexpected: list[EngineStamp]
+) -> None:
+    """Publish an ``EngineOutOfSync`` (``unexpected_label``) per engine found with a label it should not carry."""
+    for s in unexpected:
+        log.error(
+            "engine carried an unexpected label before the stamp (restarted?)",
+            extra={"policy": policy, "engine": s.engine, "label": s.before, "previous": previous, "version": version},
+        )
+        alert = EngineOutOfSync(
+            policy=policy,
+            engine=s.engine,
+            expected=str(previous) if previous is not None else "none",
+            actual=s.before,
+            trainer_id=trainer_id,
+            published_at=now(),
+            reason="unexpected_label",
+        )
+        try:
+            await bus.publish(
+                subjects.alerts(policy), alert, msg_id=f"{policy}:unexpected:{version}:{s.engine}:{s.before}"
+            )
+        except PublishError as exc:
+            log.error("could not publish the unexpected-label alert", extra={"policy": policy, "error": str(exc)})
 
 
 def _first_with_notes(errors: list[EngineError], op: str) -> EngineError:

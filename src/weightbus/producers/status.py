@@ -1,6 +1,9 @@
 """Read-only status of a policy's counter: the current version, epoch and publisher, and engine read-backs.
 
-Nothing here publishes or claims: reading the status never fences a running trainer.
+Nothing here publishes or claims: reading the status never fences a running trainer. The retained
+history is folded with the trackers' own rule (``tracker_state.decide``, ``hold`` mode), so status
+shows the version every tracker holds, never a rogue's, and names the newest event it did not accept.
+Payloads that fail the decode are skipped and counted, never raised.
 """
 
 from __future__ import annotations
@@ -8,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from weightbus.bus import subjects
-from weightbus.bus.protocol import Bus
+from weightbus.bus.history import read_history
+from weightbus.bus.protocol import Bus, Envelope
+from weightbus.consumers.tracker_state import RegressionMode, TrackerState, decide
 from weightbus.errors import EngineError
 from weightbus.producers.stamping import EngineFleet
-from weightbus.schemas import LoraAdapter, PublisherClaimed, WeightUpdated, now
+from weightbus.schemas import LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated, now
 
 __all__ = ["EngineReadBack", "PolicyStatus", "read_status"]
 
@@ -34,12 +39,15 @@ class PolicyStatus:
         version: the current version (None: never published).
         epoch: the current owner's epoch (None: never claimed).
         publisher: the current owner's trainer id.
-        last_event: ``updated`` (a ``WeightUpdated``), ``claimed`` (a ``PublisherClaimed``), or None.
+        last_event: ``updated`` (a ``WeightUpdated``), ``claimed`` (a ``PublisherClaimed``),
+            ``reserved`` (a ``VersionReserved``: an update in flight, or one that failed), or None.
         published_at: Unix time of the last event.
         age_s: seconds since the last event.
         lora: the adapter of the last update, if it was a LoRA push.
         seq: the stream sequence of the last event.
         engines: the engines' read-backs, when engines were given.
+        rejected: the newest stored event trackers do not accept (``"<reason>: <summary>"``), else None.
+        invalid: stored payloads that failed the decode (skipped).
     """
 
     policy: str
@@ -52,6 +60,8 @@ class PolicyStatus:
     lora: LoraAdapter | None = None
     seq: int | None = None
     engines: list[EngineReadBack] = field(default_factory=list)
+    rejected: str | None = None
+    invalid: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (``lora`` as ``{"name", "path"}``, engines as a list of dicts)."""
@@ -68,18 +78,19 @@ class PolicyStatus:
             "engines": [
                 {"engine": e.engine, "weight_version": e.weight_version, "error": e.error} for e in self.engines
             ],
+            "rejected": self.rejected,
+            "invalid": self.invalid,
         }
 
 
 async def read_status(bus: Bus, policy: str, *, fleet: EngineFleet | None = None) -> PolicyStatus:
-    """Read the last event on ``weights(policy)`` and, given a fleet, each engine's live version.
+    """Fold the retained history of ``weights(policy)`` as trackers do and, given a fleet, read each engine.
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
         BusError: the bus did not answer.
-        InvalidEventError: the stored event is not valid.
     """
-    last = await bus.last(subjects.weights(policy))
+    history = await read_history(bus, subjects.weights(policy))
     engines: list[EngineReadBack] = []
     if fleet is not None:
         for url, result in (await fleet.read_versions()).items():
@@ -87,20 +98,38 @@ async def read_status(bus: Bus, policy: str, *, fleet: EngineFleet | None = None
                 engines.append(EngineReadBack(url, None, str(result)))
             else:
                 engines.append(EngineReadBack(url, result))
+    state = TrackerState()
+    last: Envelope | None = None
+    rejected: str | None = None
+    lora: LoraAdapter | None = None
+    for env in history.events:
+        event = env.event
+        if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved) or event.policy != policy:
+            continue
+        decision = decide(state, event, RegressionMode.HOLD)
+        if decision.is_regression or decision.action.value == "rejected":
+            why = decision.reason or "regression"
+            rejected = f"{why}: {type(event).__name__} v{decision.incoming} by {event.trainer_id}"
+            continue
+        state, last = decision.state, env
+        if isinstance(event, WeightUpdated) and decision.changed:
+            lora = event.lora
     if last is None:
-        return PolicyStatus(policy, engines=engines)
+        return PolicyStatus(policy, engines=engines, rejected=rejected, invalid=history.invalid)
     event = last.event
-    if not isinstance(event, WeightUpdated | PublisherClaimed):
-        raise TypeError(f"unexpected {type(event).__name__} on the weights subject of {policy!r}")
+    assert isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved)
+    kind = {WeightUpdated: "updated", PublisherClaimed: "claimed", VersionReserved: "reserved"}[type(event)]
     return PolicyStatus(
         policy,
-        version=event.version,
-        epoch=event.epoch,
-        publisher=event.trainer_id,
-        last_event="updated" if isinstance(event, WeightUpdated) else "claimed",
+        version=state.version,
+        epoch=state.epoch,
+        publisher=state.publisher,
+        last_event=kind,
         published_at=event.published_at,
         age_s=max(0.0, now() - event.published_at),
-        lora=event.lora if isinstance(event, WeightUpdated) else None,
+        lora=lora,
         seq=last.seq,
         engines=engines,
+        rejected=rejected,
+        invalid=history.invalid,
     )

@@ -1,19 +1,28 @@
 """The wire contract: msgspec event types, one tagged union per subject family, and the one decode.
 
-Families and their subjects: ``weights`` (``WeightUpdated``, ``PublisherClaimed``), ``applied``
-(``WeightApplied``), ``alerts`` (``VersionRegressed``, ``EngineOutOfSync``), ``drains``
-(``DrainReport``). Rollout data: ``Sample``, ``Group``, ``TokenSpan`` (module ``rollouts``).
+Families and their subjects: ``weights`` (``WeightUpdated``, ``PublisherClaimed``,
+``VersionReserved``), ``applied`` (``WeightApplied``), ``alerts`` (``VersionRegressed``,
+``VersionRejected``, ``EngineOutOfSync``, ``FleetQuarantined``), ``drains`` (``DrainReport``).
+Rollout data: ``Sample``, ``Group``, ``TokenSpan`` (module ``rollouts``).
 """
 
-from weightbus.schemas.alerts import AlertMessage, EngineOutOfSync, VersionRegressed
+from weightbus.schemas.alerts import (
+    QUARANTINE_PREFIX,
+    AlertMessage,
+    EngineOutOfSync,
+    FleetQuarantined,
+    VersionRegressed,
+    VersionRejected,
+)
 from weightbus.schemas.codec import FAMILIES, MAX_EVENT_BYTES, Event, decode, encode, family_of, json_schemas
-from weightbus.schemas.common import Epoch, PolicyId, Timestamp, Version, now
+from weightbus.schemas.common import MAX_VERSION, Epoch, PolicyId, Timestamp, Version, now
 from weightbus.schemas.drains import DrainMessage, DrainReport
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus, TokenSpan, parse_version
 from weightbus.schemas.weights import (
     AppliedMessage,
     LoraAdapter,
     PublisherClaimed,
+    VersionReserved,
     WeightApplied,
     WeightMessage,
     WeightUpdated,
@@ -22,12 +31,15 @@ from weightbus.schemas.weights import (
 __all__ = [
     "FAMILIES",
     "MAX_EVENT_BYTES",
+    "MAX_VERSION",
+    "QUARANTINE_PREFIX",
     "AlertMessage",
     "AppliedMessage",
     "DrainMessage",
     "DrainReport",
     "EngineOutOfSync",
     "Epoch",
+    "FleetQuarantined",
     "Event",
     "Group",
     "LoraAdapter",
@@ -39,6 +51,8 @@ __all__ = [
     "TokenSpan",
     "Version",
     "VersionRegressed",
+    "VersionRejected",
+    "VersionReserved",
     "WeightApplied",
     "WeightMessage",
     "WeightUpdated",

@@ -1,7 +1,9 @@
 """Alerts, any component → operators (``weightbus.<policy>.alerts``).
 
 An alert is published when weightbus refuses to take something silently: a version that went
-backwards, or an engine that does not serve the version it was stamped with.
+backwards, a weights event a tracker would not accept (not from the owner, a jump nothing explains,
+a counter reset), an engine that does not serve the version it was stamped with (or came back from a
+restart), or engines relabelled with a quarantine label because their weights may not match a number.
 """
 
 from __future__ import annotations
@@ -12,7 +14,21 @@ import msgspec
 
 from weightbus.schemas.common import Epoch, PolicyId, Timestamp, Version
 
-__all__ = ["AlertEvent", "AlertMessage", "EngineOutOfSync", "VersionRegressed"]
+__all__ = [
+    "QUARANTINE_PREFIX",
+    "AlertEvent",
+    "AlertMessage",
+    "EngineOutOfSync",
+    "FleetQuarantined",
+    "RejectReason",
+    "VersionRegressed",
+    "VersionRejected",
+]
+
+#: Engine labels that start with this are quarantine labels: never a version, so always judged stale.
+QUARANTINE_PREFIX = "quarantine:"
+
+RejectReason = Literal["not_owner", "stale_claim", "unexplained_jump", "counter_reset"]
 
 
 class AlertEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -35,10 +51,40 @@ class VersionRegressed(AlertEvent, tag="alert.version_regressed"):
     action: Literal["hold", "follow", "raise"]
     observer: str
     published_at: Timestamp
+    event_seq: int | None = None
+
+
+class VersionRejected(AlertEvent, tag="alert.version_rejected"):
+    """A tracker refused a weights event that is not a plain regression, and held ``current``.
+
+    Attributes:
+        reason: ``not_owner`` (not from the owner of the latest claim), ``stale_claim`` (a claim that
+            does not supersede the owner), ``unexplained_jump`` (a version above anything the owner
+            reserved), ``counter_reset`` (a takeover whose counter is below the held version).
+        event_type: the wire tag of the refused event.
+        incoming: its version (None for a claim without one).
+        event_seq: its stream sequence, so each refused event is alerted once.
+    """
+
+    policy: PolicyId
+    reason: RejectReason
+    event_type: str
+    current: Version | None
+    incoming: Version | None
+    incoming_epoch: Epoch
+    publisher: str
+    observer: str
+    published_at: Timestamp
+    event_seq: int | None = None
 
 
 class EngineOutOfSync(AlertEvent, tag="alert.engine_out_of_sync"):
-    """Engine ``engine`` was stamped with ``expected`` but reported ``actual`` (or ``error``)."""
+    """Engine ``engine`` was expected to serve ``expected`` but reported ``actual`` (or ``error``).
+
+    ``reason`` is ``read_back`` (a stamp did not take), or ``unexpected_label`` (before stamping, the
+    engine reported a label that is neither the last published version nor the one being stamped,
+    e.g. ``"default"`` after a restart).
+    """
 
     policy: PolicyId
     engine: str
@@ -47,6 +93,32 @@ class EngineOutOfSync(AlertEvent, tag="alert.engine_out_of_sync"):
     trainer_id: str
     published_at: Timestamp
     error: str | None = None
+    reason: str = "read_back"
 
 
-AlertMessage = VersionRegressed | EngineOutOfSync
+class FleetQuarantined(AlertEvent, tag="alert.fleet_quarantined"):
+    """Engines were relabelled ``label`` (non-numeric) because their weights may not match a number.
+
+    Attributes:
+        reason: ``update_failed`` (an exception or engine failure after the engines may have been
+            touched), ``publish_failed`` (the announcement was not confirmed), ``fenced`` (another
+            publisher took over mid-update).
+        version: the reserved number of the update that failed; it is never issued again.
+        engines: the engines relabelled; ``failed`` those that could not be (listed with errors).
+        resumed: whether this publisher resumed the engines afterwards (a fenced one does not resume
+            engines that the owner may be updating).
+    """
+
+    policy: PolicyId
+    label: str
+    reason: str
+    version: Version
+    trainer_id: str
+    published_at: Timestamp
+    engines: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    resumed: bool = False
+    detail: str | None = None
+
+
+AlertMessage = VersionRegressed | VersionRejected | EngineOutOfSync | FleetQuarantined

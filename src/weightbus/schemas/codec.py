@@ -12,20 +12,43 @@ from typing import Any, Final
 import msgspec
 
 from weightbus.errors import InvalidEventError
-from weightbus.schemas.alerts import AlertMessage, EngineOutOfSync, VersionRegressed
+from weightbus.schemas.alerts import (
+    AlertMessage,
+    EngineOutOfSync,
+    FleetQuarantined,
+    VersionRegressed,
+    VersionRejected,
+)
 from weightbus.schemas.drains import DrainMessage, DrainReport
-from weightbus.schemas.weights import AppliedMessage, PublisherClaimed, WeightApplied, WeightUpdated
+from weightbus.schemas.weights import (
+    AppliedMessage,
+    PublisherClaimed,
+    VersionReserved,
+    WeightApplied,
+    WeightMessage,
+    WeightUpdated,
+)
 
 __all__ = ["FAMILIES", "MAX_EVENT_BYTES", "Event", "decode", "encode", "family_of", "json_schemas"]
 
 #: Control events are small; anything larger is refused before parsing.
 MAX_EVENT_BYTES: Final = 64 * 1024
 
-Event = WeightUpdated | PublisherClaimed | WeightApplied | VersionRegressed | EngineOutOfSync | DrainReport
+Event = (
+    WeightUpdated
+    | PublisherClaimed
+    | VersionReserved
+    | WeightApplied
+    | VersionRegressed
+    | VersionRejected
+    | EngineOutOfSync
+    | FleetQuarantined
+    | DrainReport
+)
 
 #: subject family → the tagged union carried on it.
 FAMILIES: Final[dict[str, Any]] = {
-    "weights": WeightUpdated | PublisherClaimed,
+    "weights": WeightMessage,
     "applied": AppliedMessage,
     "alerts": AlertMessage,
     "drains": DrainMessage,
@@ -36,9 +59,12 @@ _ENCODER: Final = msgspec.json.Encoder()
 _FAMILY_OF_TYPE: Final[dict[type, str]] = {
     WeightUpdated: "weights",
     PublisherClaimed: "weights",
+    VersionReserved: "weights",
     WeightApplied: "applied",
     VersionRegressed: "alerts",
+    VersionRejected: "alerts",
     EngineOutOfSync: "alerts",
+    FleetQuarantined: "alerts",
     DrainReport: "drains",
 }
 

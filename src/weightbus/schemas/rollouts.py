@@ -29,6 +29,8 @@ from typing import Any, Final
 
 import msgspec
 
+from weightbus.schemas.common import MAX_VERSION
+
 __all__ = [
     "ABORTED",
     "HAS_UNKNOWN",
@@ -67,13 +69,16 @@ class SampleStatus(StrEnum):
 def parse_version(label: object) -> int | None:
     """The version a label names, or None if it is not a version.
 
-    A version is a non-empty ASCII decimal string; ``str.isdigit`` alone would accept ``"²"``.
+    A version is a non-empty ASCII decimal string of at most ``MAX_VERSION``; ``str.isdigit`` alone
+    would accept ``"²"``. A larger number is not a version any publisher can have announced.
 
     Args:
         label: an engine's ``weight_version`` label (normally a ``str``).
     """
-    if type(label) is str and label.isascii() and label.isdigit():
-        return int(label)
+    if type(label) is str and label.isascii() and label.isdigit() and len(label) <= 16:
+        value = int(label)
+        if value <= MAX_VERSION:
+            return value
     return None
 
 

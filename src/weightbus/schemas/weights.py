@@ -1,10 +1,15 @@
 """Weight events, trainer → rollout workers and monitors (``weightbus.<policy>.weights`` and ``.applied``).
 
 ``WeightUpdated`` announces that every engine of a policy now serves ``version``; it is published
-after the engines were stamped and read back, and before they resume generating. ``PublisherClaimed``
-shares the weights subject: a publisher that takes over the counter writes it first, so that the
-previous owner's next conditional publish is fenced; it repeats the current version and never
-changes it. ``WeightApplied`` is the per-engine read-back of one stamp.
+after the engines were stamped and read back, and before they resume generating. Two more events
+share the weights subject, so that every one of them is ordered and fenced by the same conditional
+publish: ``PublisherClaimed`` (a publisher took over the counter; the previous owner's next
+conditional publish is refused) and ``VersionReserved`` (the owner took ``version`` for an update
+before any engine carries it; a reserved number is never issued again, even if the update fails).
+``WeightApplied`` is the per-engine read-back of one stamp.
+
+Every publisher instance has an ``incarnation`` (random, unique per ``start()``): two processes
+with the same ``trainer_id`` are still two owners to the fence and to trackers.
 
 Evolution: new fields get defaults and go at the end; unknown fields are ignored on decode.
 """
@@ -19,6 +24,7 @@ __all__ = [
     "AppliedMessage",
     "LoraAdapter",
     "PublisherClaimed",
+    "VersionReserved",
     "WeightApplied",
     "WeightEvent",
     "WeightMessage",
@@ -48,6 +54,7 @@ class WeightUpdated(WeightEvent, tag="weight.updated"):
         published_at: Unix time of the publish.
         lora: the adapter this push loaded, or None for a full-weight push.
         engines: the engine URLs that were stamped and read back.
+        incarnation: the publisher instance (unique per ``start()``); empty from old publishers.
     """
 
     policy: PolicyId
@@ -57,12 +64,16 @@ class WeightUpdated(WeightEvent, tag="weight.updated"):
     published_at: Timestamp
     lora: LoraAdapter | None = None
     engines: tuple[str, ...] = ()
+    incarnation: str = ""
 
 
 class PublisherClaimed(WeightEvent, tag="weight.claimed"):
     """``trainer_id`` took over the counter of ``policy`` at ``epoch``; ``version`` is still current.
 
-    ``version`` is None for a policy that has never published a version.
+    ``version`` is None for a policy that has never published a version. ``previous_trainer_id`` is
+    None when the claimant found no earlier event (a new policy, or a history that was lost: then
+    ``version`` may come from the engines' labels). ``reserved`` is the highest number ever issued
+    (reserved or published) that the claimant saw; its own first update is above it.
     """
 
     policy: PolicyId
@@ -71,6 +82,24 @@ class PublisherClaimed(WeightEvent, tag="weight.claimed"):
     published_at: Timestamp
     version: Version | None = None
     previous_trainer_id: str | None = None
+    incarnation: str = ""
+    reserved: Version | None = None
+
+
+class VersionReserved(WeightEvent, tag="weight.reserved"):
+    """The owner took ``version`` for an update; no engine carries it yet and none may before this is stored.
+
+    It never changes the current version: a reserved number becomes current only with its
+    ``WeightUpdated``, and a reserved number whose update failed is skipped for ever.
+    """
+
+    policy: PolicyId
+    version: Version
+    epoch: Epoch
+    trainer_id: str
+    published_at: Timestamp
+    incarnation: str = ""
+    lora: LoraAdapter | None = None
 
 
 class WeightApplied(WeightEvent, tag="weight.applied"):
@@ -89,5 +118,5 @@ class WeightApplied(WeightEvent, tag="weight.applied"):
     lora: LoraAdapter | None = None
 
 
-WeightMessage = WeightUpdated | PublisherClaimed
+WeightMessage = WeightUpdated | PublisherClaimed | VersionReserved
 AppliedMessage = WeightApplied

@@ -1,0 +1,200 @@
+"""``VersionUpdate``: one weight update of a ``VersionPublisher`` as an async context manager.
+
+The order, and why (docs/design.md has the long form):
+
+1. **reserve** ``v`` on the bus (a conditional publish: this is also the fence check) before any
+   engine is touched, so that a fenced publisher never pauses, pushes or labels anything, and so
+   that ``v`` is used up before any engine can carry it;
+2. **pause** the fleet (after the reservation, not concurrently: a fenced publisher that had paused
+   could neither resume, which breaks the owner's update window, nor leave the fleet paused);
+3. the trainer **pushes** inside the block;
+4. **check** ownership with one read, then **stamp**: read each engine's label, skip engines already
+   at ``v`` (a push that carried ``weight_version``), stamp the others, read them back; a label that
+   is neither the last announced version, ``v`` nor a quarantine label (``"default"`` after a
+   restart) is alerted, never silently re-stamped;
+5. **announce** ``WeightUpdated(v)``: the only bus round trip after the engines carry ``v``;
+6. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
+   drain before ``v`` is on the bus.
+
+On any failure after the reservation (an exception in the block, a stamp that did not take, an
+announcement refused, lost or cancelled), the engines' weights may not match any number: every
+engine is relabelled ``quarantine:<v>`` (never a version, so every sample from it is judged stale),
+a ``FleetQuarantined`` alert is published, and only then are the engines resumed. A fenced publisher
+resumes them only when the owner has no update in flight (its newest event is not a reservation);
+otherwise the owner's own resume ends the pause. The owner's next successful update restores a
+number. Cleanup runs shielded from a second cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from weightbus.bus import subjects
+from weightbus.bus.history import read_history
+from weightbus.errors import BusError, EngineError, FencedError, PublishError
+from weightbus.producers.stamping import EngineStamp, stamp_and_verify
+from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, VersionReserved, WeightUpdated, now
+
+if TYPE_CHECKING:
+    from weightbus.producers.publisher import VersionPublisher
+
+__all__ = ["VersionUpdate", "quarantine_label"]
+
+log = logging.getLogger("weightbus.producers")
+
+
+def quarantine_label(version: int) -> str:
+    """The non-numeric label engines carry after update ``version`` failed: ``quarantine:<version>``."""
+    return f"{QUARANTINE_PREFIX}{version}"
+
+
+class VersionUpdate:
+    """The async context manager returned by ``VersionPublisher.update()``; see the module docstring.
+
+    Attributes:
+        version: the reserved version this update pushes and announces (set on entering).
+        lora: the adapter of a LoRA push, else None.
+        stamps: the engines' read-backs after a successful exit with a fleet.
+        event: the acknowledged ``WeightUpdated`` after a successful exit.
+        quarantined: the ``FleetQuarantined`` alert of a failed update with a fleet, else None.
+    """
+
+    def __init__(self, publisher: VersionPublisher, lora: LoraAdapter | None) -> None:
+        self._pub = publisher
+        self.lora = lora
+        self.version: int | None = None
+        self.stamps: list[EngineStamp] = []
+        self.event: WeightUpdated | None = None
+        self.quarantined: FleetQuarantined | None = None
+        self._paused = False
+
+    async def __aenter__(self) -> int:
+        pub = self._pub
+        if not pub.started:
+            raise RuntimeError("call VersionPublisher.start() before update()")
+        if pub.active:
+            raise RuntimeError("another update of this publisher is in progress; updates are sequential")
+        pub.active = True
+        try:
+            version = pub.next_version
+            await pub.reserve(version, self.lora)
+            self.version = version
+            if pub.fleet is not None and pub.pause_mode is not None:
+                await pub.fleet.pause(pub.pause_mode)
+                self._paused = True
+        except BaseException:
+            pub.active = False
+            raise
+        log.info("update started", extra={"policy": pub.policy, "version": version, "paused": self._paused})
+        return version
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        pub = self._pub
+        assert self.version is not None
+        try:
+            if exc is not None:
+                log.warning(
+                    "update aborted; nothing announced, the version stays used up",
+                    extra={"policy": pub.policy, "version": self.version, "error": repr(exc)},
+                )
+                await self._cleanup("update_failed", exc)
+                return
+            try:
+                if pub.fleet is not None:
+                    await pub.check_owner()
+                    self.stamps = await stamp_and_verify(
+                        pub.fleet,
+                        self.version,
+                        bus=pub.bus,
+                        policy=pub.policy,
+                        trainer_id=pub.trainer_id,
+                        lora=self.lora,
+                        previous=pub.version,
+                    )
+                self.event = await pub.announce(self.version, self.lora)
+            except BaseException as failure:
+                if isinstance(failure, FencedError):
+                    reason = "fenced"
+                elif isinstance(failure, PublishError | asyncio.CancelledError) and self.stamps:
+                    reason = "publish_failed"
+                else:
+                    reason = "update_failed"
+                await self._cleanup(reason, failure)
+                raise
+            if self._paused:
+                assert pub.fleet is not None
+                self._paused = False
+                await pub.fleet.resume()
+        finally:
+            pub.active = False
+
+    async def _cleanup(self, reason: str, failure: BaseException) -> None:
+        """Quarantine, alert and (maybe) resume; shielded so that a second cancellation cannot skip it."""
+        task = asyncio.ensure_future(self._quarantine(reason, failure))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            failure.add_note("the update was cancelled again during its cleanup; the cleanup went on")
+            raise
+
+    async def _quarantine(self, reason: str, failure: BaseException) -> None:
+        pub = self._pub
+        fleet = pub.fleet
+        assert self.version is not None
+        if fleet is None:
+            return
+        label = quarantine_label(self.version)
+        results = await fleet.relabel(label)
+        failed = tuple(url for url, err in results.items() if err is not None)
+        for url, err in results.items():
+            if err is not None:
+                failure.add_note(f"quarantining {url} failed: {err}")
+        resume = self._paused
+        if resume and isinstance(failure, FencedError) and await self._owner_updating():
+            resume = False
+        resumed = False
+        if resume:
+            try:
+                await fleet.resume()
+                resumed = True
+            except EngineError as exc:
+                log.error("resume after a failed update failed", extra={"policy": pub.policy, "error": str(exc)})
+                failure.add_note(f"resuming the engines afterwards failed too: {exc}")
+        self._paused = False
+        alert = FleetQuarantined(
+            policy=pub.policy,
+            label=label,
+            reason=reason,
+            version=self.version,
+            trainer_id=pub.trainer_id,
+            published_at=now(),
+            engines=tuple(url for url, err in results.items() if err is None),
+            failed=failed,
+            resumed=resumed,
+            detail=f"{type(failure).__name__}: {failure}"[:500],
+        )
+        self.quarantined = alert
+        log.error(
+            "engines quarantined after a failed update",
+            extra={"policy": pub.policy, "version": self.version, "reason": reason, "label": label, "resumed": resumed},
+        )
+        try:
+            msg_id = f"{pub.policy}:quarantine:{pub.incarnation}:{self.version}"
+            await pub.bus.publish(subjects.alerts(pub.policy), alert, msg_id=msg_id)
+        except BusError as exc:
+            log.error("could not publish the quarantine alert", extra={"policy": pub.policy, "error": str(exc)})
+            failure.add_note(f"the FleetQuarantined alert was not published: {exc}")
+
+    async def _owner_updating(self) -> bool:
+        """Whether the owner that fenced us has an update in flight (its newest event is a reservation)."""
+        pub = self._pub
+        try:
+            last = (await read_history(pub.bus, pub.subject)).last_valid
+        except BusError:
+            return True  # cannot tell: leave the pause to the owner rather than break its update window
+        return last is not None and isinstance(last.event, VersionReserved) and not pub.is_mine(last)
