@@ -53,6 +53,7 @@ def test_to_drain_report_carries_the_stats_and_is_valid_on_the_wire():
         staleness_max=7,
         tracker_behind=1,
         queue_size=0,
+        version_state="given",
     )
     assert decode(subjects.drains("p"), encode(report)) == report
 
@@ -64,6 +65,7 @@ async def test_buffer_publishes_one_report_per_drain_on_the_memory_bus():
         await buffer.put(make_group(i, ["4"]))
     await buffer.drain(1, 5)
     await buffer.drain(1, None)
+    await buffer.reporter.flush(5)
     last = await bus.last(subjects.drains("p"))
     assert last is not None and isinstance(last.event, DrainReport)
     assert (last.event.seq, last.event.current, last.event.kept, last.event.queue_size) == (2, None, 1, 1)
@@ -94,6 +96,7 @@ async def test_publish_failure_is_logged_and_counted_and_never_fails_the_drain(h
     await buffer.put(make_group(1, ["1"]))
     with caplog.at_level(logging.WARNING, logger="weightbus.consumers.reports"):
         drain = await buffer.drain(1, 1)
+        await reporter.flush(5)
     assert [g.prompt_index for g in drain.groups] == [1]
     assert bus.calls == 1 and reporter.failures == 1
     assert registry.get_sample_value("weightbus_drain_report_failures_total", {"policy": "p"}) == 1

@@ -147,8 +147,8 @@ def build(i: int, spec) -> Group:
 def test_property_batch_agrees_with_the_pure_rule(specs, current, max_staleness, unknown):
     groups = [build(i, spec) for i, spec in enumerate(specs)]
     j = judge_groups(groups, current, max_staleness=max_staleness, unknown=unknown)
-    # The batch judges everything against the newest version seen in the batch.
-    newest = [gv.newest for g in groups if not g.is_aborted and (gv := group_versions(g)).newest is not None]
+    # The batch judges everything against the newest version seen in the batch, aborted groups included.
+    newest = [gv.newest for g in groups if (gv := group_versions(g)).newest is not None]
     final = None if current is None else max([current, *newest])
     assert j.stats.current == final
     kept_ids = {g.prompt_index for g in j.kept}

@@ -12,7 +12,17 @@ Invariants (miles fully-async, §9 items 3 to 11, with weightbus' stricter rule)
   rejects are always dropped;
 * the statistics of a drain cover everything since the previous drain, put-side events included,
   and reset with every drain (miles ``get_metrics``);
-* a cancelled drain puts the groups it had kept back at the head, in order;
+* the version source is read once per drain; a tracker that is not ready (starting, deaf, or a
+  subject with no valid event) is waited for, up to ``ready_timeout``, then the drain raises
+  ``TrackerNotReadyError``: a drain never judges against "no version" by accident. Only a tracker
+  whose policy never announced a version turns the filter off, and the drain says so
+  (``version_state="never_published"``);
+* a label newer than the drain's current, in any group (an aborted group filtered at put
+  included), raises the drain's current: versions only go forward;
+* a drain that is cancelled or fails (a group of the wrong size) puts every group it had kept back
+  at the head, in order: nothing drained is lost;
+* the ``DrainReport`` goes out in the background (``DrainReporter.submit``): a drain never waits on
+  the bus;
 * after ``fail(exc)`` every drain and put raises ``exc`` at once, even with groups queued.
 """
 
@@ -24,14 +34,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from weightbus.consumers.stage import Action, DrainStats, StalenessStage, _Tally
+from weightbus.consumers.stage import Action, DrainStats, StalenessStage
 from weightbus.consumers.staleness import Reason, raw_scan
+from weightbus.consumers.tally import DrainTally
+from weightbus.errors import TrackerNotReadyError
 from weightbus.schemas.rollouts import HAS_VERSION, Group
 
 if TYPE_CHECKING:
     from weightbus.consumers.reports import DrainReporter
 
-__all__ = ["CurrentSource", "Drain", "FullyAsyncBuffer", "buffer_capacity", "resolve_current"]
+__all__ = ["CurrentSource", "Drain", "FullyAsyncBuffer", "buffer_capacity", "read_current", "resolve_current"]
 
 
 #: ``int | None``, a zero-argument callable returning one, or an object with a ``.current`` attribute
@@ -68,6 +80,31 @@ def resolve_current(source: CurrentSource) -> int | None:
     return value
 
 
+async def read_current(source: CurrentSource, ready_timeout: float) -> tuple[int | None, str]:
+    """Read a version once, waiting (bounded) for a tracker to be ready.
+
+    Returns:
+        ``(current, version_state)``: ``current`` or ``never_published`` for a tracker, ``given``
+        for a plain value or callable.
+
+    Raises:
+        TrackerNotReadyError: the tracker was not ready within ``ready_timeout`` seconds.
+        TypeError, ValueError: as ``resolve_current``.
+    """
+    wait_ready = getattr(source, "wait_ready", None)
+    if wait_ready is None or isinstance(source, int):
+        return resolve_current(source), "given"
+    if not getattr(source, "ready", False):
+        try:
+            await wait_ready(ready_timeout)
+        except TimeoutError:
+            status = getattr(getattr(source, "status", None), "value", "not ready")
+            policy = getattr(source, "policy", "?")
+            raise TrackerNotReadyError(policy, status, f"a drain waited {ready_timeout:g}s for it") from None
+    value = resolve_current(source)
+    return value, "never_published" if value is None else "current"
+
+
 def buffer_capacity(rollout_batch_size: int, factor: float = 2.0) -> int:
     """miles' capacity: ``floor(factor * rollout_batch_size)``, at least 1."""
     return max(1, int(factor * rollout_batch_size))
@@ -99,6 +136,7 @@ class FullyAsyncBuffer:
         dynamic_filter: called on each put; a returned ``str`` rejects the group (always dropped,
             counted as ``rollout/dynamic_filter/drop_<reason>`` when the reason is non-empty).
         samples_per_group: when set, a drain raises ``ValueError`` on a kept group of another size.
+        ready_timeout: seconds a drain waits for a tracker that is not ready before raising.
 
     Raises:
         ValueError: ``capacity`` < 1.
@@ -113,6 +151,7 @@ class FullyAsyncBuffer:
         on_recycle: Callable[[Group], None] | None = None,
         dynamic_filter: Callable[[Group], str | None] | None = None,
         samples_per_group: int | None = None,
+        ready_timeout: float = 10.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -122,6 +161,8 @@ class FullyAsyncBuffer:
         self._on_recycle = on_recycle
         self._dynamic_filter = dynamic_filter
         self._samples_per_group = samples_per_group
+        self.ready_timeout = ready_timeout
+        self._newest_seen: int | None = None
         self._items: deque[Group] = deque()
         self._changed = asyncio.Condition()
         # Unbounded on purpose: recycling must never block a drain, whose caller may be the one
@@ -167,6 +208,9 @@ class FullyAsyncBuffer:
         """
         self._raise_if_failed()
         if group.is_aborted:
+            _, newest, flags = raw_scan(group)
+            if flags & HAS_VERSION and (self._newest_seen is None or newest > self._newest_seen):
+                self._newest_seen = newest  # still evidence of the current version at the next drain
             self._win_aborted += 1
             self._route(group)
             if self.stage.metrics is not None:
@@ -195,17 +239,22 @@ class FullyAsyncBuffer:
 
         Args:
             n: how many kept groups to return (blocks until there are that many).
-            current: the version source, read once: ``int | None``, a tracker with ``.current``, or
-                a callable. None (never published) keeps every group, unmeasured.
+            current: the version source, read once: ``int | None``, a tracker, or a callable. None
+                (never published) keeps every group, unmeasured.
 
         Raises:
-            ValueError: ``n`` < 1, or a kept group has not ``samples_per_group`` samples.
+            ValueError: ``n`` < 1, or a kept group has not ``samples_per_group`` samples (every
+                kept group is put back first).
+            TrackerNotReadyError: ``current`` is a tracker that was not ready in time.
             BaseException: the error given to ``fail``.
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         self._raise_if_failed()
-        t = self.stage.tally(resolve_current(current))
+        value, version_state = await read_current(current, self.ready_timeout)
+        t = self.stage.tally(value)
+        if self._newest_seen is not None:
+            t.evidence(self._newest_seen)
         items = self._items
         popped = False
         try:
@@ -236,12 +285,14 @@ class FullyAsyncBuffer:
             for group in kept:
                 size = sum(1 for _ in group.iter_samples()) if group.trajectories else len(group.samples)
                 if size != self._samples_per_group:
+                    self._abandon(t)
                     raise ValueError(
-                        f"group {group.prompt_index} has {size} samples, expected {self._samples_per_group}"
+                        f"group {group.prompt_index} has {size} samples, expected {self._samples_per_group}; "
+                        "every kept group was put back"
                     )
-        return await self._finish(t, kept)
+        return self._finish(t, kept, version_state)
 
-    async def _finish(self, t: _Tally, kept: list[Group]) -> Drain:
+    def _finish(self, t: DrainTally, kept: list[Group], version_state: str) -> Drain:
         if t.current is not None:
             self._last_current = t.current
         buf_avg, buf_max = self._buffer_staleness()
@@ -252,6 +303,7 @@ class FullyAsyncBuffer:
             queue_size=len(self._items),
             buffer_avg_staleness=buf_avg,
             buffer_max_staleness=buf_max,
+            version_state=version_state,
         )
         self.stage.record(t, stats)
         stats = _merge_window(stats, self._win_aborted, self._win_reasons, self._win_values)
@@ -259,7 +311,7 @@ class FullyAsyncBuffer:
         if self.stage.metrics is not None:
             self.stage.metrics.set_buffer(stats.queue_size, buf_avg, buf_max)
         if self.reporter is not None:
-            await self.reporter.report(stats)
+            self.reporter.submit(stats)
         return Drain(groups=kept, stats=stats)
 
     def recycled(self) -> AsyncIterator[Group]:
@@ -297,7 +349,7 @@ class FullyAsyncBuffer:
         else:
             self._win_dropped += 1
 
-    def _abandon(self, t: _Tally) -> None:
+    def _abandon(self, t: DrainTally) -> None:
         """A drain was interrupted: its kept groups go back to the head, its filter counts stay."""
         self._items.extendleft(reversed(t.kept))
         for reason, n in ((Reason.STALE, t.n_stale), (Reason.UNKNOWN_VERSION, t.n_unknown)):

@@ -61,6 +61,8 @@ class DrainStats:
         queue_size: groups left in the buffer after the drain (0 outside a buffer).
         buffer_avg_staleness, buffer_max_staleness: of the groups left, against the last known version.
         dynamic_filter: dynamic-filter drops by the host's reason.
+        version_state: ``current`` (a tracker's version), ``never_published`` (filter off: the policy
+            never announced a version) or ``given`` (passed directly by the caller).
     """
 
     current: int | None
@@ -78,6 +80,7 @@ class DrainStats:
     buffer_avg_staleness: float | None = None
     buffer_max_staleness: int | None = None
     dynamic_filter: dict[str, int] = field(default_factory=dict)
+    version_state: str = "given"
 
     @property
     def metrics(self) -> dict[str, float]:

@@ -8,6 +8,8 @@ Families (prefix ``weightbus_``, label ``policy``; no version numbers or group i
 * ``weightbus_tracker_behind_total`` groups that held a version newer than the tracker's;
 * ``weightbus_drain_current_version`` the version the last drain judged against;
 * ``weightbus_drain_report_failures_total`` drain reports that could not be published.
+* ``weightbus_drain_reports_dropped_total`` drain reports dropped because the reporter's bounded
+  queue was full (the bus was away for longer than the queue covers).
 
 Everything is updated once per drain from its tallies, never per group: prometheus-client's
 ``Histogram.observe`` costs about 2 µs, which alone would halve the stage's throughput. The staleness
@@ -130,6 +132,12 @@ class StalenessMetrics:
             ["policy"],
             registry=registry,
         )
+        self.reports_dropped = Counter(
+            f"{prefix}_drain_reports_dropped",
+            "Drain reports dropped because the reporter's bounded queue was full.",
+            ["policy"],
+            registry=registry,
+        )
         self._bound: dict[str, DrainMetrics] = {}
 
     def for_policy(self, policy: str) -> DrainMetrics:
@@ -154,6 +162,7 @@ class DrainMetrics:
         self._behind = families.tracker_behind.labels(policy)
         self._current = families.drain_current_version.labels(policy)
         self._report_failures = families.report_failures.labels(policy)
+        self._reports_dropped = families.reports_dropped.labels(policy)
 
     def count_groups(self, action: str, reason: str, n: int = 1) -> None:
         """Add ``n`` groups to ``weightbus_groups_total{action, reason}``."""
@@ -189,3 +198,7 @@ class DrainMetrics:
     def report_failed(self) -> None:
         """Count one drain report that could not be published."""
         self._report_failures.inc()
+
+    def report_dropped(self) -> None:
+        """Count one drain report dropped at a full reporter queue."""
+        self._reports_dropped.inc()

@@ -3,6 +3,9 @@
 Invariants: a report's ``msg_id`` is deterministic (``<policy>:drain:<consumer>:<seq>``), so a
 retried publish stores one event; ``seq`` counts a reporter's drains from ``start_seq + 1``; a
 publish that fails or times out is logged and counted, and never fails the drain it describes.
+``submit`` never waits on the bus: reports go out in the background, in order, through a bounded
+queue (``max_queued``); a report that finds the queue full is dropped and counted
+(``weightbus_drain_reports_dropped_total``), so a drain costs the same with NATS up or down.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def to_drain_report(
         staleness_max=stats.staleness_max,
         tracker_behind=stats.tracker_behind,
         queue_size=stats.queue_size,
+        version_state=stats.version_state,
     )
 
 
@@ -64,6 +68,7 @@ class DrainReporter:
         metrics: counts failed publishes in ``weightbus_drain_report_failures_total``.
         timeout: seconds a publish may take before it is given up (and counted as failed).
         start_seq: the last ``seq`` already published (the first report gets ``start_seq + 1``).
+        max_queued: reports ``submit`` may hold while the bus is slow or away.
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
@@ -78,6 +83,7 @@ class DrainReporter:
         metrics: DrainMetrics | None = None,
         timeout: float = 2.0,
         start_seq: int = 0,
+        max_queued: int = 256,
     ) -> None:
         self.bus = bus
         self.policy = policy
@@ -87,16 +93,77 @@ class DrainReporter:
         self.timeout = timeout
         self.seq = start_seq
         self.failures = 0
+        self.dropped = 0
+        self.max_queued = max_queued
+        self._queue: asyncio.Queue[DrainReport] | None = None
+        self._worker: asyncio.Task[None] | None = None
+
+    def submit(self, stats: DrainStats) -> bool:
+        """Queue the report of one drain for the background publisher; never waits, never raises for the bus.
+
+        Returns:
+            False when the queue was full and the report was dropped (counted).
+        """
+        self.seq += 1
+        event = to_drain_report(stats, policy=self.policy, consumer=self.consumer, seq=self.seq)
+        if self._queue is None:
+            self._queue = asyncio.Queue(self.max_queued)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._drain_queue(), name="weightbus-drain-reports")
+        try:
+            self._queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.metrics is not None:
+                self.metrics.report_dropped()
+            log.warning("drain report queue full; report dropped", extra={"policy": self.policy, "seq": event.seq})
+            return False
+        return True
+
+    async def _drain_queue(self) -> None:
+        assert self._queue is not None
+        while True:
+            event = await self._queue.get()
+            try:
+                await self._publish(event)
+            finally:
+                self._queue.task_done()
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until every submitted report was published or given up (bounded by ``timeout``)."""
+        if self._queue is not None and self._worker is not None and not self._worker.done():
+            async with asyncio.timeout(timeout):
+                await self._queue.join()
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """Flush what is queued (up to ``timeout`` seconds), then stop the background publisher."""
+        try:
+            await self.flush(timeout)
+        except TimeoutError:
+            log.warning("drain reports still queued at close", extra={"policy": self.policy})
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.cancel()
+            try:
+                await worker
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
 
     async def report(self, stats: DrainStats) -> bool:
-        """Publish the report of one drain; never raises for a bus failure.
+        """Publish the report of one drain now, waiting for the bus; never raises for a bus failure.
 
         Returns:
             True if the bus confirmed the report (a duplicate counts as confirmed).
         """
         self.seq += 1
-        event = to_drain_report(stats, policy=self.policy, consumer=self.consumer, seq=self.seq)
-        msg_id = f"{self.policy}:drain:{self.consumer}:{self.seq}"
+        return await self._publish(
+            to_drain_report(stats, policy=self.policy, consumer=self.consumer, seq=self.seq)
+        )
+
+    async def _publish(self, event: DrainReport) -> bool:
+        msg_id = f"{self.policy}:drain:{self.consumer}:{event.seq}"
         try:
             await asyncio.wait_for(self.bus.publish(self.subject, event, msg_id=msg_id), self.timeout)
         except (BusError, TimeoutError) as exc:

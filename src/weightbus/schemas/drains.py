@@ -33,6 +33,9 @@ class DrainReport(DrainEvent, tag="drain.report"):
         staleness_avg, staleness_max: over every group judged with a known staleness, filtered ones too.
         tracker_behind: groups newer than ``current`` (the tracker lagged; the drain used the newest seen).
         queue_size: groups left in the buffer after the drain.
+        version_state: where ``current`` came from: ``current`` (a tracker's known version),
+            ``never_published`` (the policy never announced a version: the filter was off),
+            ``given`` (the caller passed the version, or None, directly).
     """
 
     policy: PolicyId
@@ -48,6 +51,7 @@ class DrainReport(DrainEvent, tag="drain.report"):
     staleness_max: int | None = None
     tracker_behind: Count = 0
     queue_size: Count = 0
+    version_state: str | None = None
 
 
 DrainMessage = DrainReport

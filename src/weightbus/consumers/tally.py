@@ -1,0 +1,250 @@
+"""``DrainTally``: the running bookkeeping of one judgement (one drain, or one ``judge_groups`` call).
+
+The buffer feeds it the groups it takes, in order; the tally applies the one staleness rule
+(``staleness.judge``) to each and remembers what was kept, the staleness values and the counts by
+reason; the buffer routes what was not kept and asks ``finish`` for the statistics. Invariants:
+
+* every group goes through ``staleness.judge``, except in ``add_many``'s inlined fast path for flat,
+  numeric, not-aborted groups no newer than the snapshot, which a property test pins to the rule;
+* any label newer than ``current``, an aborted group's included (and ``evidence`` from groups that
+  never reached the drain), raises ``current``; groups already kept are judged again against it
+  and the ones now too stale move to ``evicted`` for the caller to route;
+* statistics are taken against the final ``current``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Final
+
+from weightbus.consumers.decisions import DrainStats
+from weightbus.consumers.staleness import GroupVersions, Reason, UnknownPolicy, judge, raw_scan
+from weightbus.schemas.rollouts import ABORTED, HAS_UNKNOWN, HAS_VERSION, NO_NEWEST, NO_OLDEST, Group, SampleStatus
+
+__all__ = ["DrainTally"]
+
+_ABORTED: Final = SampleStatus.ABORTED
+
+
+class DrainTally:
+    """One judgement's running state: what was kept, the staleness values and counts by reason.
+
+    Args:
+        current: the version snapshot the judgement starts from (None: filter off).
+        max_staleness: the largest staleness kept, or None.
+        unknown: ``stale`` or ``ignore``, as in ``staleness.judge``.
+    """
+
+    __slots__ = (
+        "snapshot",
+        "current",
+        "max_staleness",
+        "strict",
+        "unknown",
+        "kept",
+        "kept_oldest",
+        "evicted",
+        "stale_oldest",
+        "n_stale",
+        "n_unknown",
+        "n_aborted",
+        "behind",
+        "unknown_labels",
+        "final_values",
+    )
+
+    def __init__(self, current: int | None, max_staleness: int | None, unknown: UnknownPolicy = "stale") -> None:
+        self.snapshot = current
+        self.current = current
+        self.max_staleness = max_staleness
+        self.unknown: UnknownPolicy = unknown
+        self.strict = unknown == "stale"
+        self.kept: list[Group] = []
+        self.kept_oldest: list[int | None] = []
+        self.evicted: list[Group] = []  # kept groups that a later raise of ``current`` made stale
+        # oldest versions of stale groups; every staleness is taken against the final current in ``finish``
+        self.stale_oldest: list[int] = []
+        self.n_stale = 0
+        self.n_unknown = 0
+        self.n_aborted = 0
+        self.behind = 0
+        self.unknown_labels = 0
+        self.final_values: list[int] = []
+
+    def add(self, group: Group) -> Reason:
+        """Judge one group; a kept group is recorded here, any other is the caller's to route."""
+        lo, hi, flags = raw_scan(group)
+        return self._judge(group, lo, hi, flags)
+
+    def evidence(self, newest: int) -> None:
+        """A version seen outside the judged groups (an aborted group filtered at put): raise ``current`` to it."""
+        if self.current is not None and newest > self.current:
+            self.behind += 1
+            self._raise_current(newest)
+
+    def _judge(self, group: Group, lo: float, hi: int, flags: int) -> Reason:
+        """The rule (``staleness.judge``) on a group whose labels were already scanned into ``(lo, hi, flags)``."""
+        if flags & HAS_UNKNOWN or not flags & HAS_VERSION:
+            self.unknown_labels += 1
+        if self.current is not None and hi > self.snapshot:  # type: ignore[operator]  # snapshot is an int here
+            self.behind += 1
+            if hi > self.current:
+                # Any group's label is evidence of the current version, an aborted group's too.
+                self._raise_current(hi)
+        if flags & ABORTED:
+            self.n_aborted += 1
+            return Reason.ABORTED
+        versions = GroupVersions(
+            oldest=int(lo) if flags & HAS_VERSION else None,
+            newest=hi if flags & HAS_VERSION else None,
+            unknown=bool(flags & HAS_UNKNOWN),
+            labelled=bool(flags & (HAS_VERSION | HAS_UNKNOWN)),
+        )
+        verdict = judge(versions, self.current, max_staleness=self.max_staleness, unknown=self.unknown)
+        reason = verdict.reason
+        if reason is Reason.STALE:
+            self.stale_oldest.append(versions.oldest)  # type: ignore[arg-type]  # a stale group has an oldest
+            self.n_stale += 1
+        elif reason is Reason.UNKNOWN_VERSION:
+            self.n_unknown += 1
+        else:
+            self.kept.append(group)
+            self.kept_oldest.append(versions.oldest if reason is Reason.FRESH else None)
+        return reason
+
+    def _raise_current(self, newest: int) -> None:
+        self.current = newest
+        mx = self.max_staleness
+        if mx is None:
+            return
+        kept: list[Group] = []
+        oldest: list[int | None] = []
+        for group, lo in zip(self.kept, self.kept_oldest, strict=True):
+            if lo is not None and newest - lo > mx:
+                self.evicted.append(group)
+                self.stale_oldest.append(lo)
+                self.n_stale += 1
+            else:
+                kept.append(group)
+                oldest.append(lo)
+        # In place: add_many holds bound appends of these lists.
+        self.kept[:] = kept
+        self.kept_oldest[:] = oldest
+
+    def add_many(self, groups: Iterable[Group]) -> list[Group]:
+        """``add`` over a batch; returns the groups not kept, in order.
+
+        The common case (numeric labels only, nothing newer than the snapshot, flat, not aborted)
+        is inlined for speed; every other group goes through ``_judge``, which applies the one rule
+        (``staleness.judge``). A property test pins the inlined path to the rule.
+        """
+        unused: list[Group] = []
+        add = self.add
+        judge_one = self._judge
+        snap = self.snapshot
+        if snap is None:
+            for group in groups:
+                reason = add(group)
+                if reason is not Reason.FRESH and reason is not Reason.UNMEASURED:
+                    unused.append(group)
+            return unused
+        kept_append = self.kept.append
+        oldest_append = self.kept_oldest.append
+        unused_append = unused.append
+        stale_append = self.stale_oldest.append
+        mx = math.inf if self.max_staleness is None else self.max_staleness
+        n_stale = 0
+        for group in groups:
+            lo = NO_OLDEST
+            hi = NO_NEWEST
+            flags = 0
+            try:
+                for s in group.samples:
+                    f, o, n = s._v
+                    if o < lo:
+                        lo = o
+                    if n > hi:
+                        hi = n
+                    flags |= f
+            except AttributeError:
+                flags = -1
+            if flags != HAS_VERSION or hi > snap or group.trajectories or group.status == _ABORTED:
+                # Reuse this scan unless the group needs the full one (unscanned, nested or aborted).
+                if flags == -1 or group.trajectories or group.status == _ABORTED:
+                    reason = add(group)
+                else:
+                    reason = judge_one(group, lo, hi, flags)
+                if reason is not Reason.FRESH and reason is not Reason.UNMEASURED:
+                    unused_append(group)
+                continue
+            st = self.current - lo
+            if st > mx:
+                stale_append(lo)
+                n_stale += 1
+                unused_append(group)
+            else:
+                kept_append(group)
+                oldest_append(lo)
+        self.n_stale += n_stale
+        return unused
+
+    def staleness_values(self) -> list[int]:
+        """Every known staleness so far (stale and kept groups) against the current ``current``."""
+        cur = self.current
+        if cur is None:
+            return []
+        return [cur - lo for lo in self.stale_oldest] + [cur - lo for lo in self.kept_oldest if lo is not None]
+
+    def kept_counts(self) -> tuple[int, int]:
+        """``(fresh, unmeasured)`` among the groups kept so far."""
+        unmeasured = self.kept_oldest.count(None)
+        return len(self.kept_oldest) - unmeasured, unmeasured
+
+    def finish(
+        self,
+        *,
+        recycled: int,
+        dropped: int,
+        filtered: dict[str, int] | None = None,
+        queue_size: int = 0,
+        buffer_avg_staleness: float | None = None,
+        buffer_max_staleness: int | None = None,
+        version_state: str = "given",
+    ) -> DrainStats:
+        """The statistics, with the kept groups measured against the final ``current``.
+
+        Also leaves every known staleness value in ``final_values`` for the histogram.
+        """
+        cur = self.current
+        values = self.staleness_values()
+        self.final_values = values
+        reasons: dict[str, int] = {}
+        for reason, n in (
+            (Reason.STALE, self.n_stale),
+            (Reason.UNKNOWN_VERSION, self.n_unknown),
+            (Reason.ABORTED, self.n_aborted),
+        ):
+            if n:
+                reasons[reason.value] = n
+        n_filtered = sum((filtered or {}).values())
+        if n_filtered:
+            reasons[Reason.FILTERED.value] = n_filtered
+        return DrainStats(
+            current=cur,
+            tracker_current=self.snapshot,
+            kept=len(self.kept),
+            recycled=recycled,
+            dropped=dropped,
+            reasons=reasons,
+            staleness_avg=sum(values) / len(values) if values else None,
+            staleness_max=max(values) if values else None,
+            staleness_count=len(values),
+            tracker_behind=self.behind,
+            unknown_label_groups=self.unknown_labels,
+            queue_size=queue_size,
+            buffer_avg_staleness=buffer_avg_staleness,
+            buffer_max_staleness=buffer_max_staleness,
+            dynamic_filter=dict(filtered or {}),
+            version_state=version_state,
+        )
