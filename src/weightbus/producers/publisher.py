@@ -36,6 +36,7 @@ from typing import Final
 from weightbus.bus import subjects
 from weightbus.bus.history import History, read_history
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
+from weightbus.consumers.tracker_state import RegressionMode, TrackerState, decide
 from weightbus.engines.sglang import PauseMode
 from weightbus.errors import EngineError, FencedError, PublishError, SequenceConflictError
 from weightbus.producers.stamping import EngineFleet
@@ -448,24 +449,17 @@ class VersionPublisher:
 
 
 def _fold(history: History, policy: str) -> tuple[int | None, int, int]:
-    """``(current version, highest number issued, highest epoch)`` over a weights history."""
-    version: int | None = None
-    issued = 0
+    """``(current version, highest number issued, highest epoch)`` over a weights history.
+
+    The history is folded with the trackers' rule (``tracker_state.decide``, ``hold``), so a version
+    no tracker accepts (a rogue's, a forged jump) never becomes the counter's.
+    """
+    state = TrackerState()
     epoch = -1
     for env in history.events:
         event = env.event
         if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved) or event.policy != policy:
             continue
         epoch = max(epoch, event.epoch)
-        if isinstance(event, WeightUpdated):
-            version = event.version if version is None else max(version, event.version)
-            issued = max(issued, event.version)
-        elif isinstance(event, VersionReserved):
-            issued = max(issued, event.version)
-        else:
-            if event.version is not None:
-                version = event.version if version is None else max(version, event.version)
-                issued = max(issued, event.version)
-            if event.reserved is not None:
-                issued = max(issued, event.reserved)
-    return version, issued, epoch
+        state = decide(state, event, RegressionMode.HOLD).state
+    return state.version, max(state.reserved or 0, state.version or 0), epoch
