@@ -285,6 +285,12 @@ class NatsBus:
             return None
         except nats.errors.TimeoutError:
             raise BusError(f"JetStream did not answer a read of the last event on {subject!r}") from None
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+            raise BusError(f"JetStream is not enabled on {self._url()} (start the server with -js)") from None
+        except nats.js.errors.APIError as exc:
+            raise BusError(f"JetStream refused a read of {subject!r}: {exc.description or exc}") from None
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read the last event on {subject!r}: {exc!r}") from None
         data = raw.data or b""
         headers = dict(raw.headers or {})
         return Envelope(subject, decode(subject, data), data, headers, raw.seq, time.time())
