@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -40,6 +41,7 @@ __all__ = [
     "VerboseOption",
     "check_nats_url",
     "check_port",
+    "check_writable_dir",
     "check_writable_file",
     "fail",
     "run_async",
@@ -112,6 +114,27 @@ def check_writable_file(value: Path | None) -> Path | None:
         raise fail(f"cannot write {value}: directory {parent} does not exist", EXIT_USAGE)
     if not os.access(parent, os.W_OK) or (value.exists() and not os.access(value, os.W_OK)):
         raise fail(f"cannot write {value}: permission denied", EXIT_USAGE)
+    return value
+
+
+def check_writable_dir(value: Path | None) -> Path | None:
+    """Validate a directory to write in: it is created if missing, and a file can be created in it.
+
+    None passes through.
+
+    Raises:
+        typer.Exit: (code 2, after one ``error:`` line) the directory cannot be created or written.
+    """
+    if value is None:
+        return None
+    if value.exists() and not value.is_dir():
+        raise fail(f"{value} is not a directory", EXIT_USAGE)
+    try:
+        value.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=value):
+            pass
+    except OSError as exc:
+        raise fail(f"cannot write in {value}: {exc.strerror or exc}", EXIT_USAGE) from None
     return value
 
 

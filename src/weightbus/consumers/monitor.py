@@ -6,9 +6,10 @@ be tested and replayed from a trace. ``weightbus watch`` renders it.
 
 Invariants:
 
-* Versions go through the same rule as ``VersionTracker`` (``tracker_state.decide``) in ``follow``
-  mode: the monitor shows what the bus says, and a lower version is also recorded as a
-  ``regression_seen`` alert, next to any ``VersionRegressed`` a tracker published.
+* Versions go through the same rule as ``VersionTracker`` (``tracker_state.decide``) in ``hold``
+  mode: the monitor shows what every tracker holds, never a version the rule rejected. A rejected
+  event (a lower version) is kept in ``rejected`` and recorded as a ``regression_seen`` alert, next
+  to any ``VersionRegressed`` a tracker published.
 * Lag is measured only for events the caller marks ``live``; the stored events a subscription
   replays at start are ages, not lags.
 * Recent drains and alerts are bounded (``max_recent`` per policy); totals are kept separately.
@@ -28,7 +29,7 @@ from weightbus.schemas.codec import Event
 from weightbus.schemas.drains import DrainReport
 from weightbus.schemas.weights import PublisherClaimed, WeightApplied, WeightUpdated
 
-__all__ = ["AlertView", "DrainView", "MonitorState", "PolicyView", "reduce"]
+__all__ = ["AlertView", "DrainView", "MonitorState", "PolicyView", "RejectedView", "reduce"]
 
 _T = TypeVar("_T")
 
@@ -65,6 +66,17 @@ class AlertView:
 
 
 @dataclass(frozen=True, slots=True)
+class RejectedView:
+    """An event the tracker rule rejected: its version, epoch and publisher, and the version held instead."""
+
+    version: int
+    held: int | None
+    epoch: int
+    publisher: str
+    published_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyView:
     """Everything the monitor knows about one policy.
 
@@ -77,6 +89,7 @@ class PolicyView:
         kept, recycled, dropped: totals over every drain report seen.
         alerts: the most recent alerts, newest last; ``alert_count`` counts all of them.
         regressions: lower versions seen on the weights subject.
+        rejected: the newest event the rule rejected (its version and publisher), or None.
         events: events received for this policy.
     """
 
@@ -94,6 +107,7 @@ class PolicyView:
     alerts: tuple[AlertView, ...] = ()
     alert_count: int = 0
     regressions: int = 0
+    rejected: RejectedView | None = None
     events: int = 0
 
     @property
@@ -142,7 +156,7 @@ def _push(items: tuple[_T, ...], item: _T, limit: int) -> tuple[_T, ...]:
 def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit: int) -> PolicyView:
     match event:
         case WeightUpdated() | PublisherClaimed():
-            d = decide(view.weights, event, RegressionMode.FOLLOW)
+            d = decide(view.weights, event, RegressionMode.HOLD)
             lag = view.lag
             if d.is_update and live:
                 lag = max(0.0, received_at - event.published_at)
@@ -150,12 +164,20 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
             if d.is_regression:
                 summary = (
                     f"v{d.previous.version} → v{d.incoming} on the weights subject "
-                    f"(epoch {event.epoch}, by {event.trainer_id})"
+                    f"(epoch {event.epoch}, by {event.trainer_id}): rejected, v{d.previous.version} held"
                 )
                 alert = AlertView("regression_seen", summary, event.published_at)
+                rejected = RejectedView(
+                    d.incoming if d.incoming is not None else -1,
+                    d.previous.version,
+                    event.epoch,
+                    event.trainer_id,
+                    event.published_at,
+                )
                 out = replace(
                     out,
                     regressions=view.regressions + 1,
+                    rejected=rejected,
                     alerts=_push(view.alerts, alert, limit),
                     alert_count=view.alert_count + 1,
                 )
