@@ -263,3 +263,12 @@ def test_replay_into_a_live_policy_needs_force_and_policy_rewrites(nats_url: str
     assert [r.subject for r in records] == [subjects.weights(other)] * 2
     assert [msgspec.json.decode(bytes(r.event))["policy"] for r in records] == [other, other]
     assert all(r.headers["Nats-Msg-Id"].startswith(f"{other}:") for r in records)
+
+
+async def test_the_library_refuses_an_empty_url_at_once() -> None:
+    from weightbus.errors import BusConnectError
+
+    started = time.monotonic()
+    with pytest.raises(BusConnectError, match="no server URL"):
+        await connect(" , ", connect_timeout=30)
+    assert time.monotonic() - started < 1

@@ -80,12 +80,15 @@ async def connect(
         ensure_stream: create or update the stream (needs stream-management permission).
 
     Raises:
-        BusConnectError: nothing answered at ``url`` within ``connect_timeout``, or the stream could
-            not be ensured.
+        BusConnectError: ``url`` names no server, nothing answered at it within ``connect_timeout``, or
+            the stream could not be ensured.
     """
     client = NatsClient()
     closing = asyncio.Event()  # set by NatsBus.close, so a deliberate close is not logged as an outage
     servers = [u.strip() for u in url.split(",") if u.strip()]
+    if not servers:
+        # nats-py would retry an empty server list forever at full CPU.
+        raise BusConnectError(url, "no server URL given")
 
     async def _error(exc: Exception) -> None:
         log.debug("nats client error", extra={"error": repr(exc)})
