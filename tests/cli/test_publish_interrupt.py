@@ -44,31 +44,41 @@ async def _generate(url: str) -> str:
         return out.meta_info.finish_reason.type
 
 
+@pytest.mark.parametrize("slow", ["/pause_generation", "/update_weight_version"])
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_during_the_stamp_resumes_the_engine_and_publishes_nothing(
-    nats_url: str, policy: str, sig: signal.Signals, code: int
+def test_a_signal_during_the_pause_or_the_stamp_resumes_the_engine_and_publishes_nothing(
+    nats_url: str, policy: str, sig: signal.Signals, code: int, slow: str
 ) -> None:
     state = EngineState()
     inner = create_app(state)
     stamping, release = threading.Event(), threading.Event()
 
-    async def slow_stamp(scope: Any, receive: Any, send: Any) -> None:
-        # The stamp hangs (a slow engine) until the test has interrupted the command.
-        if scope["type"] == "http" and scope["path"] == "/update_weight_version":
-            stamping.set()
-            while not release.is_set():
-                await asyncio.sleep(0.01)
-        await inner(scope, receive, send)
+    async def slow_answer(scope: Any, receive: Any, send: Any) -> None:
+        # The engine applies the request, then its answer hangs until the test has interrupted the command.
+        if scope["type"] != "http" or scope["path"] != slow:
+            await inner(scope, receive, send)
+            return
+        held: list[Any] = []
 
-    with ServedEngine(slow_stamp) as engine:
+        async def hold(message: Any) -> None:
+            held.append(message)
+
+        await inner(scope, receive, hold)
+        stamping.set()
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        for message in held:
+            await send(message)
+
+    with ServedEngine(slow_answer) as engine:
         proc = subprocess.Popen(
             [sys.executable, "-m", "weightbus", "publish", "--policy", policy, "--nats", nats_url,
              "--engine", engine.url, "--pause", "retract", "--engine-timeout", "30"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         try:
-            assert stamping.wait(30), "the command never reached the stamp"
-            assert state.pause_mode == "retract"  # paused by the command, stamp in flight
+            assert stamping.wait(30), f"the command never reached {slow}"
+            assert state.pause_mode == "retract"  # paused by the command, its request still unanswered
             proc.send_signal(sig)
             out, err = proc.communicate(timeout=30)
         finally:
