@@ -9,7 +9,8 @@ training step. This class keeps miles' contract and replaces its staleness contr
 * **The version comes from the bus.** A ``VersionTracker`` follows ``weightbus.<policy>.weights`` (policy
   from ``args.weightbus_policy`` or ``WEIGHTBUS_POLICY``; NATS from ``args.weightbus_nats`` or
   ``WEIGHTBUS_NATS``), so a restarted trainer or a failover never moves it backwards. The version miles
-  passes to ``get`` is only a lower bound: the group is judged against ``max(tracker, passed)``.
+  passes to ``get`` (or, in older miles, puts on ``DataBufferInput.weight_version``) is only a lower
+  bound: the group is judged against the highest of them and the tracker's.
 * **The strict rule** (``weightbus.consumers.staleness.judge``) judges the oldest label of every sample,
   turn and nested trajectory (miles' ``Sample.weight_versions``); a label that is not a version
   (``"default"``) or a group without any label is never silently fresh (``unknown_version``), unless
@@ -196,6 +197,7 @@ class WeightbusDataBuffer:
         self._buffer: list[Any] = []
         self._window = _Window()
         self._last_current: int | None = None
+        self._floor: int | None = None
         self._reports: set[asyncio.Task[bool]] = set()
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -251,6 +253,9 @@ class WeightbusDataBuffer:
         """Accept a finished group: aborted ones go to the unused handler, filtered ones are dropped."""
         await self.start()
         assert self._cond is not None
+        reported = getattr(input, "weight_version", None)  # older miles: the engine version at finish
+        if isinstance(reported, int):
+            self._floor = reported if self._floor is None else max(self._floor, reported)
         if any(_status(s) is SampleStatus.ABORTED for s in _iter_items(input.group)):
             self._window.count(Reason.ABORTED)
             self._unused_handler(input.prompt_group)
@@ -283,7 +288,7 @@ class WeightbusDataBuffer:
                 entry = self._buffer.pop(0)
                 self._cond.notify_all()
                 tracked = self._tracker.current
-                candidates = [v for v in (tracked, current_version) if v is not None]
+                candidates = [v for v in (tracked, current_version, self._floor) if v is not None]
                 current = max(candidates) if candidates else None
                 versions = miles_group_versions(entry.group)
                 verdict = judge(versions, current, max_staleness=self.max_staleness, unknown=self._unknown)
