@@ -9,6 +9,7 @@ held, 1 an invariant broke or the demo failed, 2 bad arguments or the engine ext
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import typer
 
 from weightbus.cli._common import (
     EXIT_USAGE,
+    MetricsHostOption,
     MetricsPortOption,
     VerboseOption,
     check_nats_url,
@@ -63,6 +65,7 @@ def demo_command(
         ),
     ] = None,
     metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "127.0.0.1",
     verbose: VerboseOption = 0,
 ) -> None:
     """Run a fully-async RL loop on this machine and show weightbus controlling its staleness.
@@ -92,7 +95,14 @@ def demo_command(
     except ImportError as exc:
         raise fail(f"the demo needs the 'engine' extra: {exc}", EXIT_USAGE) from None
 
+    # The demo module decides where its metrics bind; pass the host on when it takes one.
+    extra: dict[str, object] = {}
+    if "metrics_host" in {f.name for f in dataclasses.fields(DemoConfig)}:
+        extra["metrics_host"] = metrics_host
+    elif metrics_host != "127.0.0.1":
+        raise fail("this demo serves metrics on 127.0.0.1 only; --metrics-host is not supported", EXIT_USAGE)
     config = DemoConfig(
+        **extra,  # type: ignore[arg-type]
         steps=steps,
         engines=engines,
         model=model,  # type: ignore[arg-type]
