@@ -117,7 +117,10 @@ def test_cli_replay_then_record_round_trip(nats_url: str, tmp_path: Path) -> Non
         # The recorder subscribes with deliver=new; give it time to start before replaying.
         time.sleep(1.5)
         replayed = subprocess.run(
-            [*exe, "replay", str(FIXTURE), "--new-ids", "--nats", nats_url], capture_output=True, text=True, timeout=30
+            [*exe, "replay", str(FIXTURE), "--new-ids", "--force", "--nats", nats_url],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         assert replayed.returncode == 0, replayed.stderr
         assert "replayed 18 new events" in replayed.stderr
@@ -137,5 +140,5 @@ def test_cli_replay_against_dead_nats_fails_clearly(tmp_path: Path) -> None:
         text=True,
         timeout=30,
     )
-    assert result.returncode == 1
+    assert result.returncode == 5
     assert "cannot connect to NATS at nats://127.0.0.1:9" in result.stderr

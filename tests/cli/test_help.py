@@ -33,3 +33,22 @@ def test_schema_command_prints_every_family() -> None:
     assert set(json.loads(result.output)) == {"weights", "applied", "alerts", "drains"}
     bad = CliRunner().invoke(app, ["schema", "nope"])
     assert bad.exit_code != 0
+
+
+def test_version_module_entry_point_and_completion() -> None:
+    import subprocess
+    import sys
+
+    from weightbus.cli import package_version
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"weightbus {package_version()}"
+    run = subprocess.run([sys.executable, "-m", "weightbus", "--version"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == f"weightbus {package_version()}"
+    assert "--install-completion" in CliRunner().invoke(app, ["--help"]).output
+
+
+def test_every_long_running_command_can_bind_metrics_for_a_cluster() -> None:
+    for command in ("watch", "follow", "record"):
+        text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+        assert "--metrics-host" in text and "--metrics-port" in text, command

@@ -134,7 +134,7 @@ def test_render_marks_a_regression_seen_on_the_weights_subject() -> None:
     console = Console(record=True, width=250, color_system=None)
     console.print(render(state, now=110.0))
     text = console.export_text()
-    assert "57 ⚑" in text and "regression_seen" in text and "v57 → v1" in text
+    assert "57 (rejected v1 by a)" in text and "regression_seen" in text and "v57 → v1" in text
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:

@@ -77,10 +77,11 @@ def test_claim_notes_the_takeover_without_changing_the_version() -> None:
     assert view.weights.updated_at == 100.0 and view.last_action is TrackerAction.CLAIMED
 
 
-def test_lower_version_is_flagged_and_the_held_version_shown() -> None:
-    # One truth for operators: the monitor shows what trackers hold (57), the rogue v1 flagged.
+def test_lower_version_is_held_flagged_as_rejected_and_recorded_as_an_alert() -> None:
     view = run((W, upd(57), 101.0, True), (W, upd(1, epoch=2, trainer="cell-1"), 102.0, True)).policies["p"]
-    assert view.weights.version == 57
+    assert view.weights.version == 57 and view.last_action is TrackerAction.HELD
+    assert view.rejected is not None and (view.rejected.version, view.rejected.held) == (1, 57)
+    assert view.rejected.publisher == "cell-1"
     assert view.regressions == 1 and view.alert_count == 1
     assert view.alerts[0].kind == "regression_seen"
     assert "v57 → v1" in view.alerts[0].summary and "cell-1" in view.alerts[0].summary

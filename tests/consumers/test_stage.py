@@ -137,7 +137,7 @@ def build(i: int, spec) -> Group:
     )
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     specs=st.lists(group_specs, max_size=12),
     current=st.one_of(st.none(), st.integers(0, 30)),

@@ -45,7 +45,11 @@ def test_publish_stamps_verifies_and_prints_the_version(nats_url: str, policy: s
     first = invoke("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--trainer-id", "ops")
     assert first.exit_code == 0, first.output
     assert first.stdout.strip() == "1"
-    second = invoke("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--pause", "retract")
+    args = ("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--pause", "retract")
+    refused = invoke(*args)  # 'ops' published a moment ago: alive
+    assert refused.exit_code == 3 and "owned by 'ops', alive" in refused.stderr and refused.stdout == ""
+    assert state.pause_mode is None and state.weight_version == "1"
+    second = invoke(*args, "--takeover")
     assert second.exit_code == 0, second.output
     assert second.stdout.strip() == "2"
     assert state.weight_version == "2" and state.pause_mode is None
@@ -64,12 +68,12 @@ def test_publish_stamps_verifies_and_prints_the_version(nats_url: str, policy: s
     # Read-only: status never claims, so the next publish continues from the same epoch chain.
     human = invoke("status", "--policy", policy, "--nats", nats_url, "--engine", url)
     assert human.exit_code == 0 and "version    2" in human.stdout and f"{url}  2  ok" in human.stdout
-    third = invoke("publish", "--policy", policy, "--nats", nats_url)
+    third = invoke("publish", "--policy", policy, "--nats", nats_url, "--no-engines")
     assert third.stdout.strip() == "3"
     assert json.loads(invoke("status", "--policy", policy, "--nats", nats_url, "--json").stdout)["epoch"] == 2
 
 
-def test_publish_lora_loads_then_stamps(nats_url: str, policy: str, served: Any) -> None:
+def test_publish_lora_loads_then_stamps_and_re_pushes_the_same_name(nats_url: str, policy: str, served: Any) -> None:
     state, url = served
     args = ("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--lora", "math")
     result = invoke(*args, "--lora-path", "/adapters/math")
@@ -77,9 +81,34 @@ def test_publish_lora_loads_then_stamps(nats_url: str, policy: str, served: Any)
     assert state.lora_adapters["math"].path == "/adapters/math" and state.weight_version == "1"
     doc = json.loads(invoke("status", "--policy", policy, "--nats", nats_url, "--json").stdout)
     assert doc["lora"] == {"name": "math", "path": "/adapters/math"}
-    refused = invoke(*args, "--lora-path", "/adapters/math")
+    # The same adapter name again (the next training step): unloaded, loaded from the new path, stamped.
+    again = invoke(*args, "--lora-path", "/adapters/math-step2")
+    assert again.exit_code == 0, again.output
+    assert again.stdout.strip() == "2" and state.lora_adapters["math"].path == "/adapters/math-step2"
+    assert [r.body["lora_name"] for r in state.recorded("/unload_lora_adapter")] == ["math"]
+    refused = invoke(*args, "--lora-path", "/adapters/math", "--no-lora-replace")
     assert refused.exit_code == 4 and "already exists" in refused.stderr
-    assert "nothing was published" in refused.stderr
+    # Refused: nothing announced, and the engine is quarantined (its adapter may not match a number).
+    assert "nothing was published" in refused.stderr and state.weight_version == "quarantine:3"
+
+
+def test_a_lora_load_refused_by_one_engine_is_undone_on_the_others(nats_url: str, policy: str) -> None:
+    good, bad = EngineState(), EngineState()
+    inner = create_app(bad)
+
+    async def refuse_lora(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/load_lora_adapter":
+            await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"out of adapter memory"})
+            return
+        await inner(scope, receive, send)
+
+    with ServedEngine(create_app(good)) as g, ServedEngine(refuse_lora) as b:
+        args = ("publish", "--policy", policy, "--nats", nats_url, "--engine", g.url, "--engine", b.url)
+        result = invoke(*args, "--lora", "math", "--lora-path", "/adapters/math")
+    assert result.exit_code == 4 and "out of adapter memory" in result.stderr, result.output
+    assert "math" not in good.lora_adapters and good.weight_version == "quarantine:1"
+    assert [r.body["lora_name"] for r in good.recorded("/unload_lora_adapter")] == ["math"]
 
 
 def test_publish_refuses_an_engine_out_of_sync(nats_url: str, policy: str) -> None:
@@ -88,8 +117,10 @@ def test_publish_refuses_an_engine_out_of_sync(nats_url: str, policy: str) -> No
         result = invoke("publish", "--policy", policy, "--nats", nats_url, "--engine", engine.url)
     assert result.exit_code == 4
     assert "stamped weight_version '1' but /model_info reports 'default'" in result.stderr
-    doc = json.loads(invoke("status", "--policy", policy, "--nats", nats_url, "--json").stdout)
+    shown = invoke("status", "--policy", policy, "--nats", nats_url, "--json")
+    doc = json.loads(shown.stdout)
     assert doc["last_event"] == "reserved" and doc["version"] is None
+    assert shown.exit_code == 4  # never published
 
 
 def test_publish_reports_being_fenced(nats_url: str, policy: str) -> None:
@@ -116,15 +147,17 @@ def test_publish_reports_being_fenced(nats_url: str, policy: str) -> None:
 def test_unreachable_nats_and_bad_arguments(policy: str) -> None:
     dead = f"nats://127.0.0.1:{free_port()}"
     for command in ("publish", "status"):
-        result = invoke(command, "--policy", policy, "--nats", dead, "--connect-timeout", "0.5")
+        result = invoke(command, "--policy", policy, "--nats", dead, "--connect-timeout", "0.5", "--no-engines")
+        if command == "status":
+            result = invoke(command, "--policy", policy, "--nats", dead, "--connect-timeout", "0.5")
         assert result.exit_code == 5, result.output
         assert "cannot connect to NATS" in result.stderr
     assert invoke("publish", "--policy", policy, "--lora-path", "/p").exit_code == 2
-    bad = invoke("publish", "--policy", "a.b", "--nats", dead, "--connect-timeout", "0.5")
+    bad = invoke("publish", "--policy", "a.b", "--nats", dead, "--connect-timeout", "0.5", "--no-engines")
     assert bad.exit_code == 2 and "invalid policy id 'a.b'" in bad.stderr
 
 
 def test_status_of_an_unknown_policy(nats_url: str, policy: str) -> None:
     result = invoke("status", "--policy", policy, "--nats", nats_url, "--json")
-    assert result.exit_code == 0
+    assert result.exit_code == 4
     assert json.loads(result.stdout)["version"] is None

@@ -20,7 +20,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped
-from weightbus.errors import BusError
+from weightbus.errors import BusError, InvalidEventError
 
 __all__ = ["History", "read_history"]
 
@@ -35,6 +35,7 @@ class History:
         invalid: how many stored payloads failed the typed decode (skipped).
         last_seq: the subject's last stored sequence when the read began (0: nothing stored).
         invalid_seqs: the sequences of the skipped payloads.
+        last_error: the decode error of the newest skipped payload, if any.
     """
 
     subject: str
@@ -42,6 +43,7 @@ class History:
     invalid: int = 0
     last_seq: int = 0
     invalid_seqs: list[int] = field(default_factory=list)
+    last_error: InvalidEventError | None = None
 
     @property
     def last_valid(self) -> Envelope | None:
@@ -70,11 +72,13 @@ async def read_history(bus: Bus, subject: str, *, timeout: float = 10.0) -> Hist
         return History(subject)
     events: list[Envelope] = []
     invalid_seqs: list[int] = []
+    last_error: InvalidEventError | None = None
     try:
         async with asyncio.timeout(timeout):
             async with bus.subscribe(subject, deliver=Deliver.ALL, include_invalid=True) as sub:
                 async for item in sub:
                     if isinstance(item, Skipped):
+                        last_error = item.error
                         if item.seq is not None:
                             invalid_seqs.append(item.seq)
                     else:
@@ -83,4 +87,4 @@ async def read_history(bus: Bus, subject: str, *, timeout: float = 10.0) -> Hist
                         break
     except TimeoutError:
         raise BusError(f"the history of {subject!r} was not delivered within {timeout:g}s") from None
-    return History(subject, events, len(invalid_seqs), last_seq, invalid_seqs)
+    return History(subject, events, len(invalid_seqs), last_seq, invalid_seqs, last_error)

@@ -80,12 +80,15 @@ async def connect(
         ensure_stream: create or update the stream (needs stream-management permission).
 
     Raises:
-        BusConnectError: nothing answered at ``url`` within ``connect_timeout``, or the stream could
-            not be ensured.
+        BusConnectError: ``url`` names no server, nothing answered at it within ``connect_timeout``, or
+            the stream could not be ensured.
     """
     client = NatsClient()
     closing = asyncio.Event()  # set by NatsBus.close, so a deliberate close is not logged as an outage
     servers = [u.strip() for u in url.split(",") if u.strip()]
+    if not servers:
+        # nats-py would retry an empty server list forever at full CPU.
+        raise BusConnectError(url, "no server URL given")
 
     async def _error(exc: Exception) -> None:
         log.debug("nats client error", extra={"error": repr(exc)})
@@ -287,6 +290,8 @@ class NatsBus:
             return 0
         except nats.errors.TimeoutError:
             raise BusError(f"JetStream did not answer a read of the last sequence on {subject!r}") from None
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+            raise BusError(f"JetStream is not enabled on {self._url()} (start the server with -js)") from None
         except nats.js.errors.APIError as exc:
             raise BusError(f"cannot read the last sequence on {subject!r}: {exc.description or exc}") from None
         return int(raw.seq or 0)
@@ -299,6 +304,12 @@ class NatsBus:
             return None
         except nats.errors.TimeoutError:
             raise BusError(f"JetStream did not answer a read of the last event on {subject!r}") from None
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+            raise BusError(f"JetStream is not enabled on {self._url()} (start the server with -js)") from None
+        except nats.js.errors.APIError as exc:
+            raise BusError(f"JetStream refused a read of {subject!r}: {exc.description or exc}") from None
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read the last event on {subject!r}: {exc!r}") from None
         data = raw.data or b""
         headers = dict(raw.headers or {})
         return Envelope(subject, decode(subject, data), data, headers, raw.seq, time.time())

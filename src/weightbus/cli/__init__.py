@@ -6,22 +6,53 @@ them. Heavy imports (torch, starlette) happen inside the commands that need them
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
+from typing import Annotated
+
 import typer
 
 from weightbus.cli import demo, engine, follow, publish, schema, server, status, trace, watch
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "package_version"]
 
 app = typer.Typer(
     name="weightbus",
     help=(
         "Weight versions for fully-async RL over NATS JetStream: trainers publish the version after each "
-        "engine push; rollout managers follow it and judge the staleness of drained groups."
+        "engine push; rollout managers follow it and judge the staleness of drained groups.\n\n"
+        "Exit codes shared by every command: 0 success, 1 runtime failure, 2 bad arguments, 5 NATS "
+        "unreachable, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); each command's --help lists its own."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
+
+
+def package_version() -> str:
+    """The installed weightbus version."""
+    try:
+        return _dist_version("weightbus")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"weightbus {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """The root options (--version); the help text is the app's."""
+
 
 for _module in (server, schema, trace, publish, status, watch, follow, engine, demo):
     _module.register(app)

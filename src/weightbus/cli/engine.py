@@ -5,12 +5,13 @@ starlette, uvicorn and (for ``--model torch``) torch are imported inside the com
 
 from __future__ import annotations
 
+import socket
 from enum import Enum
 from typing import Annotated
 
 import typer
 
-from weightbus.cli._common import fail, run_async
+from weightbus.cli._common import EXIT_USAGE, check_port, fail, run_async
 
 __all__ = ["register"]
 
@@ -21,7 +22,9 @@ class _ModelChoice(str, Enum):
 
 
 def engine_command(
-    port: Annotated[int, typer.Option("--port", help="HTTP port (SGLang's default is 30000).")] = 30000,
+    port: Annotated[
+        int, typer.Option("--port", help="HTTP port (SGLang's default is 30000).", callback=check_port)
+    ] = 30000,
     host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
     model: Annotated[
         _ModelChoice, typer.Option("--model", help="hash: pure-Python; torch: tiny torch LM (needs torch).")
@@ -34,7 +37,17 @@ def engine_command(
     ] = None,
     token_delay: Annotated[float, typer.Option("--token-delay", help="Seconds per generated token.")] = 0.01,
 ) -> None:
-    """Serve a reference SGLang engine on HOST:PORT that tracks weight_version like SGLang 0.5.23."""
+    """Serve a reference SGLang engine on HOST:PORT that tracks weight_version like SGLang 0.5.23.
+
+    Exit codes: 0 stopped, 1 the engine extra is missing, 2 bad arguments or HOST:PORT cannot be bound,
+    130/143 interrupted.
+    """
+    try:
+        # Checked before anything starts, so a taken port is one line rather than a server log.
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE) from None
     try:
         from weightbus.engines.reference import EngineState, create_app
         from weightbus.engines.serve import serve_forever

@@ -1,8 +1,9 @@
 """``weightbus follow``: run a ``VersionTracker`` for one policy and print each version change.
 
 A long-running consumer process: it learns the current version from the stream at once, prints one
-line per change (and per held regression), serves the tracker's metrics with ``--metrics-port``, and
-exits with code 3 when ``--regression raise`` sees a lower version.
+line per change (and per held regression), serves the tracker's metrics with ``--metrics-port`` (on
+``--metrics-host``), and exits with code 3 when ``--regression raise`` sees a lower version.
+Exit codes: 0 done (``--duration``), 2 bad arguments, 3 regression in ``raise`` mode, 5 NATS unreachable.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from prometheus_client import CollectorRegistry
 from weightbus.bus.metrics import BusMetrics
 from weightbus.cli._common import (
     DEFAULT_NATS,
+    EXIT_USAGE,
+    MetricsHostOption,
     MetricsPortOption,
     NatsOption,
     VerboseOption,
@@ -35,6 +38,7 @@ from weightbus.errors import BusError, InvalidPolicyError, VersionRegressionErro
 __all__ = ["EXIT_REGRESSION", "format_change", "register"]
 
 EXIT_REGRESSION: Final = 3
+EXIT_NATS: Final = 5
 _encoder = msgspec.json.Encoder()
 
 
@@ -69,10 +73,15 @@ def follow_command(
         str | None, typer.Option("--observer", help="Name in regression alerts (default host:pid).")
     ] = None,
     metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "127.0.0.1",
     nats: NatsOption = DEFAULT_NATS,
     verbose: VerboseOption = 0,
 ) -> None:
-    """Follow POLICY's weight version and print each change (the current one first)."""
+    """Follow POLICY's weight version and print each change (the current one first).
+
+    Exit codes: 0 done (--duration), 2 bad arguments, 3 a lower version in --regression raise mode,
+    5 NATS unreachable, 130/143 interrupted.
+    """
     setup_logging(verbose)
 
     async def _run() -> None:
@@ -80,7 +89,7 @@ def follow_command(
 
         registry = CollectorRegistry()
         metrics = TrackerMetrics(registry)
-        start_metrics(metrics_port, registry)
+        start_metrics(metrics_port, registry, metrics_host)
         bus = await connect(nats, name="weightbus-follow", metrics=BusMetrics(registry))
         try:
             tracker = VersionTracker(bus, policy, regression=regression, metrics=metrics, observer=observer)
@@ -99,11 +108,11 @@ def follow_command(
     try:
         run_async(_run())
     except InvalidPolicyError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--policy") from None
+        raise fail(str(exc), EXIT_USAGE) from None
     except VersionRegressionError as exc:
         raise fail(str(exc), code=EXIT_REGRESSION) from None
     except BusError as exc:
-        raise fail(str(exc)) from None
+        raise fail(str(exc), EXIT_NATS) from None
 
 
 def register(app: typer.Typer) -> None:

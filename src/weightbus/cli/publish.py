@@ -1,13 +1,27 @@
 """``weightbus publish``: bump a policy's weight version once, by hand (claim, stamp, verify, publish).
 
-It claims the counter first, so a running trainer of the same policy is fenced by it: its next
-publish fails with ``FencedError``. Exit codes: 0 published (the version is printed on stdout),
-2 bad arguments, 3 fenced, 4 an engine failed or is out of sync, 5 NATS unreachable or publish failed.
+Safe by default:
+
+* It refuses to take over a counter whose owner is alive: the newest event the tracker rule accepts on
+  ``weightbus.<policy>.weights`` was published by another trainer less than ``--alive-window`` seconds
+  ago. ``--takeover`` claims anyway (the live trainer is fenced: its next publish fails).
+* It refuses to announce a version no engine carries: it needs ``--engine``/``--router``, or an
+  explicit ``--no-engines``.
+* Interrupting it (Ctrl-C, SIGTERM) never leaves engines paused: the engines this command paused are
+  resumed before it exits, whatever happened.
+
+Exit codes: 0 published (the version is printed on stdout), 2 bad arguments, 3 fenced or the owner is
+alive, 4 an engine failed or is out of sync, 5 NATS unreachable or publish failed, 6 the weights subject
+holds an invalid event, 130/143 interrupted.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+import getpass
+import socket
+from dataclasses import dataclass
+from typing import Annotated, Final
 
 import typer
 
@@ -15,7 +29,10 @@ from weightbus.bus.nats import connect
 from weightbus.bus.subjects import validate_policy
 from weightbus.cli._common import (
     DEFAULT_NATS,
+    EXIT_USAGE,
+    ApiKeyOption,
     ConnectTimeoutOption,
+    EngineTimeoutOption,
     NatsOption,
     PolicyOption,
     RouterOption,
@@ -24,48 +41,106 @@ from weightbus.cli._common import (
     run_async,
     setup_logging,
 )
-from weightbus.errors import BusError, EngineError, FencedError, InvalidPolicyError
-from weightbus.producers import EngineFleet, VersionPublisher, default_trainer_id
-from weightbus.schemas import LoraAdapter
+from weightbus.consumers.history import read_history
+from weightbus.engines._http import normalize_url
+from weightbus.engines.sglang import PauseMode
+from weightbus.errors import BusError, EngineError, FencedError, InvalidEventError, InvalidPolicyError
+from weightbus.producers import EngineFleet, VersionPublisher
+from weightbus.producers.lora import push_lora_adapter
+from weightbus.schemas import LoraAdapter, now
 
-__all__ = ["register"]
+__all__ = [
+    "EXIT_ENGINE",
+    "EXIT_FENCED",
+    "EXIT_INVALID",
+    "EXIT_NATS",
+    "OwnerAliveError",
+    "default_cli_trainer_id",
+    "register",
+]
 
-EXIT_FENCED = 3
-EXIT_ENGINE = 4
-EXIT_BUS = 5
+EXIT_FENCED: Final = 3
+EXIT_ENGINE: Final = 4
+EXIT_NATS: Final = 5
+EXIT_INVALID: Final = 6
 
 
-async def _publish(
-    nats: str,
-    policy: str,
-    engines: list[str],
-    router: str | None,
-    lora: LoraAdapter | None,
-    trainer_id: str | None,
-    pause: str | None,
-    connect_timeout: float,
-) -> int:
-    bus = await connect(nats, name="weightbus-publish", connect_timeout=connect_timeout)
-    fleet: EngineFleet | None = None
+def default_cli_trainer_id() -> str:
+    """``cli:<user>@<host>``: the same for every manual publish of one operator on one host."""
     try:
-        if router:
-            fleet = await EngineFleet.from_router(router)
-        elif engines:
-            fleet = EngineFleet(engines)
-        pub = VersionPublisher(
-            bus,
-            policy,
-            trainer_id=trainer_id or f"cli:{default_trainer_id()}",
-            fleet=fleet,
-            pause=pause,  # type: ignore[arg-type]
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+class OwnerAliveError(Exception):
+    """The counter's owner published recently; ``--takeover`` is needed to fence it."""
+
+    def __init__(self, policy: str, owner: str, age: float, window: float) -> None:
+        super().__init__(
+            f"policy {policy!r} is owned by {owner!r}, alive ({age:.1f}s since its last event < --alive-window "
+            f"{window:g}s); pass --takeover to fence it, or wait; nothing was published"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    nats: str
+    policy: str
+    engines: list[str]
+    router: str | None
+    lora: LoraAdapter | None
+    lora_replace: bool
+    trainer_id: str
+    pause: PauseMode | None
+    connect_timeout: float
+    takeover: bool
+    alive_window: float
+    engine_timeout: float
+    api_key: str | None
+
+
+async def _resume(fleet: EngineFleet) -> None:
+    try:
+        await fleet.resume()
+    except EngineError as exc:
+        typer.echo(f"warning: resuming the engines failed: {exc}", err=True)
+
+
+async def _publish(req: _Request) -> int:
+    bus = await connect(req.nats, name="weightbus-publish", connect_timeout=req.connect_timeout)
+    fleet: EngineFleet | None = None
+    paused = False
+    try:
+        history = await read_history(bus, req.policy)
+        owner = history.last_accepted
+        if owner is not None and owner.trainer_id != req.trainer_id and not req.takeover:
+            age = max(0.0, now() - owner.published_at)
+            if age < req.alive_window:
+                raise OwnerAliveError(req.policy, owner.trainer_id, age, req.alive_window)
+        if req.router:
+            fleet = await EngineFleet.from_router(req.router, api_key=req.api_key, timeout=req.engine_timeout)
+        elif req.engines:
+            fleet = EngineFleet(req.engines, api_key=req.api_key, timeout=req.engine_timeout)
+        # The command pauses and resumes the fleet itself (same order: pause, stamp, verify, publish,
+        # resume) so that a cancel at any await still resumes every engine it paused.
+        pub = VersionPublisher(bus, req.policy, trainer_id=req.trainer_id, fleet=fleet)
         await pub.start()
-        if lora is not None and lora.path is not None and fleet is not None:
-            return await pub.publish_lora(lora)
-        async with pub.update(lora=lora) as version:
-            pass
+        if req.pause is not None and fleet is not None:
+            paused = True  # before the await: a cancel mid-pause may have paused some engines already
+            await fleet.pause(req.pause)
+        async with pub.update(lora=req.lora) as version:
+            if req.lora is not None and req.lora.path is not None and fleet is not None:
+                await push_lora_adapter(fleet, req.lora.name, req.lora.path, replace=req.lora_replace)
+        if paused and fleet is not None:
+            paused = False
+            await fleet.resume()
         return version
     finally:
+        if paused and fleet is not None:
+            # Shielded: a second cancel must not leave the engines paused either.
+            await asyncio.shield(_resume(fleet))
         if fleet is not None:
             await fleet.aclose()
         await bus.close()
@@ -78,49 +153,104 @@ def publish_command(
         list[str] | None, typer.Option("--engine", help="SGLang worker URL to stamp and verify (repeatable).")
     ] = None,
     router: RouterOption = None,
+    no_engines: Annotated[
+        bool,
+        typer.Option("--no-engines", help="Announce a version without stamping any engine (you stamp them)."),
+    ] = False,
     lora: Annotated[str | None, typer.Option("--lora", help="Name of the LoRA adapter this push carries.")] = None,
     lora_path: Annotated[
         str | None,
         typer.Option("--lora-path", help="Load the adapter from this path on every engine before stamping."),
     ] = None,
+    lora_replace: Annotated[
+        bool,
+        typer.Option(
+            "--lora-replace/--no-lora-replace",
+            help="Re-push an adapter name an engine already serves (unload, then load).",
+        ),
+    ] = True,
     trainer_id: Annotated[
-        str | None, typer.Option("--trainer-id", help="Publisher identity (default cli:<host>:<pid>).")
+        str | None, typer.Option("--trainer-id", help="Publisher identity (default cli:<user>@<host>).")
     ] = None,
     pause: Annotated[
         str | None, typer.Option("--pause", help="Pause the engines around the stamp: retract, in_place or abort.")
     ] = None,
+    takeover: Annotated[
+        bool, typer.Option("--takeover", help="Claim the counter even if its owner is alive (fences it).")
+    ] = False,
+    alive_window: Annotated[
+        float,
+        typer.Option("--alive-window", min=0.0, help="An owner with an event this recent (seconds) is alive."),
+    ] = 120.0,
+    engine_timeout: EngineTimeoutOption = 30.0,
+    api_key: ApiKeyOption = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
     verbose: VerboseOption = 0,
 ) -> None:
     """Bump POLICY's weight version once: claim the counter, stamp and verify the engines, publish, print it.
 
-    Claiming fences any running trainer of the policy (its next publish is refused). Exit codes: 3 fenced,
-    4 engine error or out of sync, 5 NATS unreachable or publish failed.
+    Refuses (exit 3) when another trainer published within --alive-window seconds, unless --takeover;
+    refuses (exit 2) without --engine/--router unless --no-engines. Ctrl-C or SIGTERM resume any engine
+    this command paused.
+
+    Exit codes: 0 published (version on stdout), 2 bad arguments, 3 fenced or owner alive, 4 engine error
+    or out of sync, 5 NATS unreachable or publish failed, 6 invalid event stored, 130/143 interrupted.
     """
     setup_logging(verbose)
     try:
         validate_policy(policy)
     except InvalidPolicyError as exc:
-        raise fail(str(exc), 2) from None
+        raise fail(str(exc), EXIT_USAGE) from None
     if lora_path is not None and lora is None:
-        raise fail("--lora-path needs --lora NAME", 2)
+        raise fail("--lora-path needs --lora NAME", EXIT_USAGE)
     if engine and router:
-        raise fail("pass --engine or --router, not both", 2)
-    if pause is not None and pause not in ("retract", "in_place", "abort"):
-        raise fail(f"--pause must be retract, in_place or abort, not {pause!r}", 2)
-    if pause is not None and not (engine or router):
-        raise fail("--pause needs --engine or --router", 2)
-    adapter = LoraAdapter(name=lora, path=lora_path) if lora is not None else None
-    try:
-        version = run_async(
-            _publish(nats, policy, list(engine or []), router, adapter, trainer_id, pause, connect_timeout)
+        raise fail("pass --engine or --router, not both", EXIT_USAGE)
+    if no_engines and (engine or router):
+        raise fail("--no-engines contradicts --engine/--router", EXIT_USAGE)
+    if not (engine or router or no_engines):
+        raise fail(
+            "no engines: pass --engine URL or --router URL, or --no-engines to announce a version no engine "
+            "was stamped with",
+            EXIT_USAGE,
         )
-    except FencedError as exc:
+    if pause is not None and pause not in ("retract", "in_place", "abort"):
+        raise fail(f"--pause must be retract, in_place or abort, not {pause!r}", EXIT_USAGE)
+    if pause is not None and no_engines:
+        raise fail("--pause needs --engine or --router", EXIT_USAGE)
+    if lora_path is not None and no_engines:
+        raise fail("--lora-path needs --engine or --router to load the adapter on", EXIT_USAGE)
+    try:
+        for url in [*(engine or []), *([router] if router else [])]:
+            normalize_url(url)
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    request = _Request(
+        nats=nats,
+        policy=policy,
+        engines=list(engine or []),
+        router=router,
+        lora=LoraAdapter(name=lora, path=lora_path) if lora is not None else None,
+        lora_replace=lora_replace,
+        trainer_id=trainer_id or default_cli_trainer_id(),
+        pause=pause,  # type: ignore[arg-type]
+        connect_timeout=connect_timeout,
+        takeover=takeover,
+        alive_window=alive_window,
+        engine_timeout=engine_timeout,
+        api_key=api_key,
+    )
+    try:
+        version = run_async(_publish(request))
+    except (FencedError, OwnerAliveError) as exc:
         raise fail(str(exc), EXIT_FENCED) from None
     except EngineError as exc:
         raise fail(_with_notes(exc) + "; nothing was published", EXIT_ENGINE) from None
+    except InvalidEventError as exc:
+        raise fail(f"{exc}; fix or purge the subject before publishing", EXIT_INVALID) from None
     except BusError as exc:
-        raise fail(str(exc), EXIT_BUS) from None
+        raise fail(str(exc), EXIT_NATS) from None
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
     typer.echo(str(version))
 
 

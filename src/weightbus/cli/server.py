@@ -10,15 +10,20 @@ from typing import Annotated
 import typer
 
 from weightbus.bus.server import EmbeddedNats, NatsServerNotFound
-from weightbus.cli._common import fail
+from weightbus.cli._common import check_port, check_writable_dir, fail
 
 __all__ = ["register"]
 
 
 def server_command(
-    port: Annotated[int | None, typer.Option("--port", help="Client port (a free one if omitted).")] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Client port (a free one if omitted).", callback=check_port)
+    ] = None,
     store: Annotated[
-        Path | None, typer.Option("--store", help="JetStream store directory (a temporary one if omitted).")
+        Path | None,
+        typer.Option(
+            "--store", help="JetStream store directory (a temporary one if omitted).", callback=check_writable_dir
+        ),
     ] = None,
 ) -> None:
     """Start nats-server with JetStream on 127.0.0.1, print its client URL, and stop it cleanly on Ctrl-C/SIGTERM.

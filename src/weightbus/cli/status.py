@@ -1,13 +1,21 @@
 """``weightbus status``: a policy's current version, epoch, publisher and age, and engine read-backs.
 
-Read-only: it never claims the counter, so it never fences a running trainer. Exit codes: 0 shown,
-2 bad arguments, 4 the router could not list its workers, 5 NATS unreachable.
+Read-only: it never claims the counter, so it never fences a running trainer. It shows what every
+tracker holds: the retained history of ``weightbus.<policy>.weights`` folded with the tracker rule
+(``weightbus.consumers.history``), so a rogue lower version is shown flagged as rejected, never as
+the current version.
+
+Exit codes (for monitoring scripts; when several apply, the lowest wins): 0 ok, 2 bad arguments,
+3 an engine is out of sync with the bus or could not be read, 4 the policy never published a
+version, 5 NATS unreachable or without JetStream, 6 the newest stored event is invalid, 7 the
+newest stored event was rejected by the tracker rule (a lower version than the one held).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Final
 
 import typer
 
@@ -15,7 +23,10 @@ from weightbus.bus.nats import connect
 from weightbus.bus.subjects import validate_policy
 from weightbus.cli._common import (
     DEFAULT_NATS,
+    EXIT_USAGE,
+    ApiKeyOption,
     ConnectTimeoutOption,
+    EngineTimeoutOption,
     NatsOption,
     PolicyOption,
     RouterOption,
@@ -24,24 +35,126 @@ from weightbus.cli._common import (
     run_async,
     setup_logging,
 )
+from weightbus.consumers.history import WeightsHistory, read_history
+from weightbus.engines._http import normalize_url
 from weightbus.errors import BusError, EngineError, InvalidPolicyError
-from weightbus.producers import EngineFleet, PolicyStatus, read_status
+from weightbus.producers import EngineFleet
+from weightbus.producers.status import EngineReadBack
+from weightbus.schemas import WeightUpdated, now
 
-__all__ = ["register"]
+__all__ = [
+    "EXIT_ENGINE",
+    "EXIT_INVALID",
+    "EXIT_NATS",
+    "EXIT_NEVER_PUBLISHED",
+    "EXIT_OK",
+    "EXIT_REJECTED",
+    "register",
+]
+
+EXIT_OK: Final = 0
+EXIT_ENGINE: Final = 3
+EXIT_NEVER_PUBLISHED: Final = 4
+EXIT_NATS: Final = 5
+EXIT_INVALID: Final = 6
+EXIT_REJECTED: Final = 7
+
+
+_KIND = {"WeightUpdated": "updated", "PublisherClaimed": "claimed", "VersionReserved": "reserved"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    history: WeightsHistory
+    engines: list[EngineReadBack] = field(default_factory=list)
+    router_error: str | None = None
+
+    @property
+    def version(self) -> int | None:
+        return self.history.state.version
+
+    def engine_ok(self, e: EngineReadBack) -> bool:
+        return e.error is None and e.weight_version == str(self.version)
+
+    @property
+    def exit_code(self) -> int:
+        codes = []
+        if self.router_error is not None or (
+            self.version is not None and any(not self.engine_ok(e) for e in self.engines)
+        ):
+            codes.append(EXIT_ENGINE)
+        if self.version is None:
+            codes.append(EXIT_NEVER_PUBLISHED)
+        if self.history.invalid is not None:
+            codes.append(EXIT_INVALID)
+        if self.history.latest_rejected:
+            codes.append(EXIT_REJECTED)
+        return min(codes, default=EXIT_OK)
+
+    def to_dict(self) -> dict[str, Any]:
+        h = self.history
+        last = h.last_accepted
+        lora = last.lora if isinstance(last, WeightUpdated) else None
+        return {
+            "policy": h.policy,
+            "version": h.state.version,
+            "epoch": h.state.epoch,
+            "publisher": h.state.publisher,
+            "last_event": None if last is None else _KIND.get(type(last).__name__, "claimed"),
+            "published_at": None if last is None else last.published_at,
+            "age_s": None if last is None else max(0.0, now() - last.published_at),
+            "lora": None if lora is None else {"name": lora.name, "path": lora.path},
+            "seq": h.last_accepted_seq,
+            "engines": [
+                {"engine": e.engine, "weight_version": e.weight_version, "error": e.error} for e in self.engines
+            ],
+            "router_error": self.router_error,
+            "rejected": [
+                {
+                    "seq": r.seq,
+                    "version": r.version,
+                    "held": r.held,
+                    "epoch": r.epoch,
+                    "trainer_id": r.trainer_id,
+                    "published_at": r.published_at,
+                }
+                for r in h.rejected
+            ],
+            "latest_rejected": h.latest_rejected,
+            "invalid_event": None if h.invalid is None else str(h.invalid),
+            "exit_code": self.exit_code,
+        }
 
 
 async def _status(
-    nats: str, policy: str, engines: list[str], router: str | None, connect_timeout: float
-) -> PolicyStatus:
+    nats: str,
+    policy: str,
+    engines: list[str],
+    router: str | None,
+    connect_timeout: float,
+    api_key: str | None,
+    engine_timeout: float,
+) -> _Status:
     # ensure_stream=False: a status read must not create or reconfigure anything.
     bus = await connect(nats, name="weightbus-status", ensure_stream=False, connect_timeout=connect_timeout)
     fleet: EngineFleet | None = None
     try:
-        if router:
-            fleet = await EngineFleet.from_router(router)
-        elif engines:
-            fleet = EngineFleet(engines)
-        return await read_status(bus, policy, fleet=fleet)
+        history = await read_history(bus, policy)
+        try:
+            if router:
+                fleet = await EngineFleet.from_router(router, api_key=api_key, timeout=engine_timeout)
+            elif engines:
+                fleet = EngineFleet(engines, api_key=api_key, timeout=engine_timeout)
+        except EngineError as exc:
+            return _Status(history, router_error=str(exc))
+        read_backs: list[EngineReadBack] = []
+        if fleet is not None:
+            for url, result in (await fleet.read_versions()).items():
+                if isinstance(result, EngineError):
+                    read_backs.append(EngineReadBack(url, None, str(result)))
+                else:
+                    read_backs.append(EngineReadBack(url, result))
+        return _Status(history, read_backs)
     finally:
         if fleet is not None:
             await fleet.aclose()
@@ -58,28 +171,42 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
-def _render(status: PolicyStatus) -> str:
-    if status.last_event is None:
-        lines = [f"policy     {status.policy}", "version    none (no publisher has claimed this policy)"]
+def _render(status: _Status) -> str:
+    doc = status.to_dict()
+    h = status.history
+    if doc["last_event"] is None:
+        lines = [f"policy     {h.policy}", "version    none (no publisher has claimed this policy)"]
     else:
-        lora = (
-            ""
-            if status.lora is None
-            else f" (LoRA {status.lora.name}" + (f" from {status.lora.path})" if status.lora.path else ")")
+        lora = doc["lora"]
+        lora_text = (
+            "" if lora is None else f" (LoRA {lora['name']}" + (f" from {lora['path']})" if lora["path"] else ")")
         )
+        version = doc["version"] if doc["version"] is not None else "none yet"
         lines = [
-            f"policy     {status.policy}",
-            f"version    {status.version if status.version is not None else 'none yet'}{lora}",
-            f"epoch      {status.epoch}",
-            f"publisher  {status.publisher}",
-            f"last event {status.last_event} {_age(status.age_s)}",
+            f"policy     {h.policy}",
+            f"version    {version}{lora_text}",
+            f"epoch      {doc['epoch']}",
+            f"publisher  {doc['publisher']}",
+            f"last event {doc['last_event']} {_age(doc['age_s'])}",
         ]
+    for r in h.rejected:
+        latest = ", the newest stored event" if h.latest_rejected and r is h.rejected[-1] else ""
+        lines.append(
+            f"REJECTED   v{r.version} by {r.trainer_id} (epoch {r.epoch}, seq {r.seq}{latest}): below v{r.held}, "
+            "trackers hold the higher version"
+        )
+    if h.invalid is not None:
+        lines.append(f"INVALID    newest stored event: {h.invalid} (trackers skip it)")
+    if status.router_error is not None:
+        lines.append(f"router     error: {status.router_error}")
     expected = None if status.version is None else str(status.version)
     for e in status.engines:
         if e.error is not None:
             lines.append(f"engine     {e.engine}  error: {e.error}")
+        elif expected is None:
+            lines.append(f"engine     {e.engine}  {e.weight_version}")
         else:
-            mark = "ok" if e.weight_version == expected else f"OUT OF SYNC (bus says {expected or 'none'})"
+            mark = "ok" if e.weight_version == expected else f"OUT OF SYNC (bus says {expected})"
             lines.append(f"engine     {e.engine}  {e.weight_version}  {mark}")
     return "\n".join(lines)
 
@@ -92,27 +219,40 @@ def status_command(
     ] = None,
     router: RouterOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    api_key: ApiKeyOption = None,
+    engine_timeout: EngineTimeoutOption = 30.0,
     connect_timeout: ConnectTimeoutOption = 5.0,
     verbose: VerboseOption = 0,
 ) -> None:
-    """Show POLICY's current version, epoch, publisher and time since the last event; read-only (never claims)."""
+    """Show what every tracker holds for POLICY: version, epoch, publisher, age; read-only (never claims).
+
+    The stored history is checked with the trackers' rule: a rejected (lower) version is flagged.
+
+    Exit codes (lowest wins): 0 ok, 2 bad arguments, 3 engine out of sync or unreadable, 4 never
+    published, 5 NATS unreachable or without JetStream, 6 newest stored event invalid, 7 newest stored
+    event rejected.
+    """
     setup_logging(verbose)
     try:
         validate_policy(policy)
-    except InvalidPolicyError as exc:
-        raise fail(str(exc), 2) from None
+        for url in [*(engine or []), *([router] if router else [])]:
+            normalize_url(url)
+    except (InvalidPolicyError, ValueError) as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
     if engine and router:
-        raise fail("pass --engine or --router, not both", 2)
+        raise fail("pass --engine or --router, not both", EXIT_USAGE)
     try:
-        status = run_async(_status(nats, policy, list(engine or []), router, connect_timeout))
-    except EngineError as exc:
-        raise fail(str(exc), 4) from None
+        status = run_async(_status(nats, policy, list(engine or []), router, connect_timeout, api_key, engine_timeout))
     except BusError as exc:
-        raise fail(str(exc), 5) from None
+        raise fail(str(exc), EXIT_NATS) from None
     if as_json:
         typer.echo(json.dumps(status.to_dict(), sort_keys=True))
     else:
         typer.echo(_render(status))
+    code = status.exit_code
+    if code == EXIT_INVALID and status.history.invalid is not None:
+        raise fail(str(status.history.invalid), code)
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,8 +1,10 @@
 """``weightbus watch``: a live view of every policy on a NATS (versions, lag, drains, alerts), or its events as JSON.
 
-The command subscribes to ``weightbus.>`` (or ``weightbus.<policy>.>``) with ``LAST_PER_SUBJECT``, so it
-shows the current state at once and then follows live events; it works the same against a live
-system and against ``weightbus replay`` of a recorded trace. The view model is the pure reducer in
+The live view subscribes to ``weightbus.>`` (or ``weightbus.<policy>.>``) from each subject's retained
+history, so it folds versions with the trackers' rule (``decide``, hold mode) and shows what every
+tracker holds, with a rejected lower version flagged; ``--json`` starts from the latest event of each
+subject. Then it follows live events; it works the same against a live system and against
+``weightbus replay`` of a recorded trace. The view model is the pure reducer in
 ``weightbus.consumers.monitor``; this module only feeds it and draws it.
 
 An event counts as live (and its lag is shown) when it was published after the watch started; the
@@ -30,6 +32,8 @@ from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.protocol import Bus, Deliver, Envelope
 from weightbus.cli._common import (
     DEFAULT_NATS,
+    EXIT_USAGE,
+    MetricsHostOption,
     MetricsPortOption,
     NatsOption,
     VerboseOption,
@@ -48,6 +52,7 @@ __all__ = ["register", "render", "watch"]
 
 log = logging.getLogger("weightbus.consumers")
 
+EXIT_NATS: Final = 5
 _LIVE_UPDATES: Final = frozenset({TrackerAction.ADOPTED, TrackerAction.ADVANCED, TrackerAction.FOLLOWED})
 _json_encoder = msgspec.json.Encoder()
 
@@ -70,9 +75,9 @@ def _num(value: float | int | None, fmt: str = "{}") -> str:
 def _policy_row(view: PolicyView, now: float) -> list[str]:
     w = view.weights
     version = _num(w.version)
-    if view.last_action in (TrackerAction.HELD, TrackerAction.FOLLOWED, TrackerAction.REJECTED):
-        # The held version, flagged: the newest weights event was not accepted.
-        version = f"[bold red]{version} ⚑[/]"
+    if view.rejected is not None:
+        # What every tracker holds, and the lower version the rule rejected.
+        version = f"{version} [bold red](rejected v{view.rejected.version} by {view.rejected.publisher})[/]"
     last = view.last_drain
     engines = "—"
     if view.applied_version is not None:
@@ -195,10 +200,13 @@ async def watch(
             refresh_per_second=refresh_per_second,
         )
         live_view.start()
+    # The live view replays each subject's retained history, so versions are folded exactly as a
+    # tracker that starts now folds them (a rogue lower version stored last is held, not shown).
+    deliver = Deliver.LAST_PER_SUBJECT if json_out else Deliver.ALL
     try:
         while count is None or seen < count:
             try:
-                async with bus.subscribe(pattern, deliver=Deliver.LAST_PER_SUBJECT) as sub:
+                async with bus.subscribe(pattern, deliver=deliver) as sub:
                     while count is None or seen < count:
                         timeout = None if deadline is None else deadline - loop.time()
                         if timeout is not None and timeout <= 0:
@@ -221,6 +229,7 @@ async def watch(
                             _update_metrics(metrics, state, env, before, is_live)
             except SlowConsumerError as exc:
                 log.warning("watch fell behind; resubscribing", extra={"pattern": pattern, "error": str(exc)})
+                deliver = Deliver.LAST_PER_SUBJECT  # the history is folded already
         return state
     finally:
         if live_view is not None:
@@ -250,26 +259,30 @@ def watch_command(
     duration: Annotated[float | None, typer.Option("--duration", help="Exit after this many seconds.")] = None,
     count: Annotated[int | None, typer.Option("--count", help="Exit after this many events.")] = None,
     metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "127.0.0.1",
     nats: NatsOption = DEFAULT_NATS,
     verbose: VerboseOption = 0,
 ) -> None:
     """Watch versions, epochs, publishers, lag, drains and alerts of every policy (or one), live.
 
     Shows the current state at once (the stream's stored events), then follows live events.
+    Versions go through the trackers' rule: a lower version is held and its event flagged as rejected.
     Works against `weightbus replay` of a recorded trace too.
+
+    Exit codes: 0 done (--duration/--count), 2 bad arguments, 5 NATS unreachable, 130/143 interrupted.
     """
     setup_logging(verbose)
     try:
         pattern = subjects.policy_pattern(policy)
     except InvalidPolicyError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--policy") from None
+        raise fail(str(exc), EXIT_USAGE) from None
 
     async def _run() -> None:
         from weightbus.bus.nats import connect
 
         registry = CollectorRegistry()
         metrics = TrackerMetrics(registry) if metrics_port is not None else None
-        start_metrics(metrics_port, registry)
+        start_metrics(metrics_port, registry, metrics_host)
         bus = await connect(nats, name="weightbus-watch", metrics=BusMetrics(registry))
         try:
             await watch(bus, pattern, json_out=json_out, duration=duration, count=count, metrics=metrics)
@@ -279,7 +292,7 @@ def watch_command(
     try:
         run_async(_run())
     except BusError as exc:
-        raise fail(str(exc)) from None
+        raise fail(str(exc), EXIT_NATS) from None
 
 
 def register(app: typer.Typer) -> None:

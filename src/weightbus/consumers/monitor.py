@@ -7,9 +7,10 @@ be tested and replayed from a trace. ``weightbus watch`` renders it.
 Invariants:
 
 * Versions go through the same rule as ``VersionTracker`` (``tracker_state.decide``, ``hold`` mode):
-  the monitor shows the version trackers hold, never a rogue's; a lower version or a rejected event
-  (not from the owner, a jump nothing explains) is shown flagged as a ``regression_seen`` or
-  ``rejected_seen`` alert, next to the alerts trackers published.
+  the monitor shows what every tracker holds, never a version the rule rejected. The newest event
+  the rule did not take (a lower version, or one that is not from the owner or that nothing
+  explains) is kept in ``rejected`` and recorded as a ``regression_seen`` or ``rejected_seen``
+  alert, next to the alerts trackers published.
 * Lag is measured only for events the caller marks ``live``; the stored events a subscription
   replays at start are ages, not lags.
 * Recent drains and alerts are bounded (``max_recent`` per policy); totals are kept separately.
@@ -29,7 +30,7 @@ from weightbus.schemas.codec import Event
 from weightbus.schemas.drains import DrainReport
 from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightApplied, WeightUpdated
 
-__all__ = ["AlertView", "DrainView", "MonitorState", "PolicyView", "reduce"]
+__all__ = ["AlertView", "DrainView", "MonitorState", "PolicyView", "RejectedView", "reduce"]
 
 _T = TypeVar("_T")
 
@@ -66,6 +67,17 @@ class AlertView:
 
 
 @dataclass(frozen=True, slots=True)
+class RejectedView:
+    """An event the tracker rule rejected: its version, epoch and publisher, and the version held instead."""
+
+    version: int
+    held: int | None
+    epoch: int
+    publisher: str
+    published_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyView:
     """Everything the monitor knows about one policy.
 
@@ -78,6 +90,7 @@ class PolicyView:
         kept, recycled, dropped: totals over every drain report seen.
         alerts: the most recent alerts, newest last; ``alert_count`` counts all of them.
         regressions: lower versions seen on the weights subject.
+        rejected: the newest event the rule rejected (its version and publisher), or None.
         events: events received for this policy.
     """
 
@@ -95,6 +108,7 @@ class PolicyView:
     alerts: tuple[AlertView, ...] = ()
     alert_count: int = 0
     regressions: int = 0
+    rejected: RejectedView | None = None
     events: int = 0
 
     @property
@@ -151,12 +165,20 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
             if d.is_regression:
                 summary = (
                     f"v{d.previous.version} → v{d.incoming} on the weights subject "
-                    f"(epoch {event.epoch}, by {event.trainer_id})"
+                    f"(epoch {event.epoch}, by {event.trainer_id}): rejected, v{d.previous.version} held"
                 )
                 alert = AlertView("regression_seen", summary, event.published_at)
+                rejected = RejectedView(
+                    d.incoming if d.incoming is not None else -1,
+                    d.previous.version,
+                    event.epoch,
+                    event.trainer_id,
+                    event.published_at,
+                )
                 out = replace(
                     out,
                     regressions=view.regressions + 1,
+                    rejected=rejected,
                     alerts=_push(view.alerts, alert, limit),
                     alert_count=view.alert_count + 1,
                 )
@@ -166,6 +188,15 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
                     f"{'not accepted' if d.reason != 'counter_reset' else 'names a lower counter'}: {d.reason}"
                 )
                 out = _alert(out, AlertView("rejected_seen", summary, event.published_at), limit)
+                if d.reason != "counter_reset":
+                    rejected = RejectedView(
+                        d.incoming if d.incoming is not None else -1,
+                        d.previous.version,
+                        event.epoch,
+                        event.trainer_id,
+                        event.published_at,
+                    )
+                    out = replace(out, rejected=rejected)
             return out
         case WeightApplied():
             if view.applied_version is None or event.version > view.applied_version:

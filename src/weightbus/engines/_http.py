@@ -1,6 +1,7 @@
 """HTTP helpers shared by the engine and router clients: URL normalisation and error-message extraction.
 
-Internal to ``weightbus.engines``; nothing here raises ``httpx`` errors or reads the network.
+Internal to ``weightbus.engines``; nothing here raises ``httpx`` errors (a malformed URL is a ``ValueError``)
+or reads the network.
 """
 
 from __future__ import annotations
@@ -18,13 +19,23 @@ def normalize_url(url: str) -> str:
     """``url`` without surrounding spaces or a trailing slash, with ``http://`` added when no scheme is given.
 
     Raises:
-        ValueError: ``url`` is empty.
+        ValueError: ``url`` is empty, or is not an ``http``/``https`` URL with a host and a valid port.
     """
     url = url.strip().rstrip("/")
     if not url:
         raise ValueError("url is empty")
     if "://" not in url:
         url = f"http://{url}"
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise ValueError(f"invalid engine URL {url!r}: {exc}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise ValueError(f"invalid engine URL {url!r}: the scheme must be http or https")
+    if not parsed.host:
+        raise ValueError(f"invalid engine URL {url!r}: no host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ValueError(f"invalid engine URL {url!r}: port {parsed.port} is not in 1-65535")
     return url
 
 

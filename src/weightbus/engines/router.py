@@ -44,7 +44,7 @@ async def _get(http: httpx.AsyncClient, router: str, path: str) -> httpx.Respons
         return await http.get(router + path)
     except httpx.TimeoutException as exc:
         raise EngineError(router, None, f"GET {path} timed out ({type(exc).__name__})") from exc
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise EngineError(router, None, f"GET {path} failed: {type(exc).__name__}: {exc}") from exc
 
 

@@ -72,7 +72,7 @@ class SGLangClient:
         timeout: seconds per request when this client creates its own ``httpx.AsyncClient``.
 
     Raises:
-        ValueError: ``url`` is empty.
+        ValueError: ``url`` is empty or malformed (not http/https, no host, a bad port).
     """
 
     def __init__(
@@ -132,7 +132,7 @@ class SGLangClient:
             )
         except httpx.TimeoutException as exc:
             raise EngineError(self.url, None, f"{method} {path} timed out ({type(exc).__name__})") from exc
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise EngineError(self.url, None, f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
         if not response.is_success:
             raise EngineError(self.url, response.status_code, server_message(response))

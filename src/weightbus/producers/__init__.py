@@ -2,9 +2,11 @@
 
 ``VersionPublisher`` owns a policy's version counter on the bus; ``EngineFleet`` addresses the SGLang
 workers that serve the policy; ``stamp_and_verify`` is the check that keeps a trainer from announcing a
-version its engines do not serve. ``SyncVersionPublisher`` is the blocking facade for sync trainers.
+version its engines do not serve. ``SyncVersionPublisher`` is the blocking facade for sync trainers;
+``push_lora_adapter`` (re-)loads a LoRA adapter on every engine, all or nothing.
 """
 
+from weightbus.producers.lora import push_lora_adapter
 from weightbus.producers.publisher import VersionPublisher, default_trainer_id
 from weightbus.producers.stamping import EngineFleet, EngineStamp, stamp_and_verify
 from weightbus.producers.status import EngineReadBack, PolicyStatus, read_status
@@ -20,6 +22,7 @@ __all__ = [
     "VersionPublisher",
     "VersionUpdate",
     "default_trainer_id",
+    "push_lora_adapter",
     "quarantine_label",
     "read_status",
     "stamp_and_verify",

@@ -226,14 +226,21 @@ class EngineFleet:
         if errors:
             raise _first_with_notes(errors, "unload_lora_adapter")
 
-    async def relabel(self, label: str) -> dict[str, EngineError | None]:
+    async def relabel(self, label: str, *, timeout: float | None = None) -> dict[str, EngineError | None]:
         """Set every engine's label to ``label`` without aborting requests; errors are returned, not raised.
 
         Used to quarantine engines whose weights may not match any version (``quarantine:<v>``).
+
+        Args:
+            label: the new label.
+            timeout: seconds each engine may take (a hung engine must not hold up the cleanup).
         """
 
         async def _one(client: SGLangClient) -> None:
-            await client.update_weight_version(label, abort_all_requests=False)
+            try:
+                await asyncio.wait_for(client.update_weight_version(label, abort_all_requests=False), timeout)
+            except TimeoutError:
+                raise EngineError(client.url, None, f"no answer to the relabel within {timeout:g}s") from None
 
         results = await self._each("relabel", _one)
         return {url: (r if isinstance(r, EngineError) else None) for url, r in zip(self.urls, results, strict=True)}

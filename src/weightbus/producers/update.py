@@ -45,6 +45,9 @@ __all__ = ["VersionUpdate", "quarantine_label"]
 
 log = logging.getLogger("weightbus.producers")
 
+#: Seconds an engine may take to take its quarantine label: a hung engine must not hold up the rest.
+_CLEANUP_TIMEOUT = 5.0
+
 
 def quarantine_label(version: int) -> str:
     """The non-numeric label engines carry after update ``version`` failed: ``quarantine:<version>``."""
@@ -149,7 +152,7 @@ class VersionUpdate:
         if fleet is None:
             return
         label = quarantine_label(self.version)
-        results = await fleet.relabel(label)
+        results = await fleet.relabel(label, timeout=_CLEANUP_TIMEOUT)
         failed = tuple(url for url, err in results.items() if err is not None)
         for url, err in results.items():
             if err is not None:

@@ -1,0 +1,117 @@
+"""A policy's retained weights history, folded with the tracker's rule: what every tracker holds now.
+
+Operator tools (``weightbus status``, ``weightbus publish``'s liveness check) read the stored events of
+``weightbus.<policy>.weights`` and apply ``tracker_state.decide`` in ``hold`` mode, exactly as a
+``VersionTracker`` that starts now would, so they never show a version the trackers rejected.
+
+Invariants:
+
+* Read-only: nothing is published, claimed or created.
+* The history is read with ``weightbus.bus.history.read_history`` (it ends at the subject's last
+  stored sequence whatever that payload is); a latest stored event that fails the typed decode is
+  reported in ``invalid`` (trackers skip it) and the fold covers the valid events before it.
+* ``rejected`` lists every event the rule refused (a lower version, or an event that is not from
+  the owner or that nothing explains), oldest first; ``latest_rejected`` says whether the newest
+  stored event is one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from weightbus.bus import subjects
+from weightbus.bus.history import read_history as read_subject_history
+from weightbus.bus.protocol import Bus, Envelope
+from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerDecision, TrackerState, decide
+from weightbus.errors import InvalidEventError
+from weightbus.schemas import PublisherClaimed, VersionReserved, WeightUpdated
+
+__all__ = ["RejectedEvent", "WeightsHistory", "fold_history", "read_history"]
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedEvent:
+    """One stored event the tracker rule refused: its version, who published it, and what was held."""
+
+    seq: int | None
+    version: int | None
+    held: int | None
+    epoch: int
+    trainer_id: str
+    published_at: float
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsHistory:
+    """The fold of a weights subject's retained history.
+
+    Attributes:
+        policy: the policy id.
+        state: what a tracker holds after the history (version None: never published).
+        last_accepted: the newest event the rule accepted (a ``WeightUpdated`` or ``PublisherClaimed``).
+        last_accepted_seq: its stream sequence.
+        rejected: every refused event, oldest first.
+        latest_rejected: the newest stored event was refused.
+        invalid: the decode error of the newest stored event, when it is not a valid event.
+        events: how many valid events were folded.
+    """
+
+    policy: str
+    state: TrackerState = TrackerState()
+    last_accepted: WeightUpdated | PublisherClaimed | VersionReserved | None = None
+    last_accepted_seq: int | None = None
+    rejected: list[RejectedEvent] = field(default_factory=list)
+    latest_rejected: bool = False
+    invalid: InvalidEventError | None = None
+    events: int = 0
+
+
+def fold_history(policy: str, envelopes: list[Envelope], *, invalid: InvalidEventError | None = None) -> WeightsHistory:
+    """Fold ``envelopes`` (oldest first) of ``weights(policy)`` with ``decide`` in ``hold`` mode.
+
+    Events of another policy or another family are ignored.
+    """
+    state = TrackerState()
+    last: WeightUpdated | PublisherClaimed | VersionReserved | None = None
+    last_seq: int | None = None
+    rejected: list[RejectedEvent] = []
+    latest_rejected = False
+    events = 0
+    for env in envelopes:
+        event = env.event
+        if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved) or event.policy != policy:
+            continue
+        events += 1
+        decision: TrackerDecision = decide(state, event, RegressionMode.HOLD)
+        if decision.is_regression or decision.action is TrackerAction.REJECTED:
+            rejected.append(
+                RejectedEvent(
+                    seq=env.seq,
+                    version=decision.incoming,
+                    held=decision.previous.version,
+                    epoch=event.epoch,
+                    trainer_id=event.trainer_id,
+                    published_at=event.published_at,
+                    action=str(decision.action),
+                )
+            )
+            latest_rejected = True
+            continue
+        state, last, last_seq, latest_rejected = decision.state, event, env.seq, False
+    return WeightsHistory(policy, state, last, last_seq, rejected, latest_rejected, invalid, events)
+
+
+async def read_history(bus: Bus, policy: str, *, timeout: float = 10.0) -> WeightsHistory:
+    """Read and fold the retained history of ``weights(policy)``.
+
+    Raises:
+        InvalidPolicyError: ``policy`` is not a valid policy id.
+        BusError: the bus did not answer, or the history did not arrive within ``timeout`` seconds.
+    """
+    subject = subjects.weights(policy)
+    history = await read_subject_history(bus, subject, timeout=timeout)
+    invalid: InvalidEventError | None = None
+    if history.invalid_seqs and history.invalid_seqs[-1] == history.last_seq:
+        invalid = history.last_error
+    return fold_history(policy, history.events, invalid=invalid)

@@ -1,0 +1,79 @@
+"""Load a LoRA adapter on every engine of a fleet, re-pushing a name that is already loaded, all or nothing.
+
+SGLang refuses to load a name it already serves (``LoRA with name X already exists``), but a trainer
+re-pushes the same adapter name after every training step. ``push_lora_adapter`` loads the adapter on
+every engine at once; an engine that already holds the name gets it unloaded and loaded again (with
+``replace=True``). Invariants:
+
+* All or nothing: if any engine refuses or does not answer, the adapter is unloaded again from the
+  engines that loaded it in this call, and the first error is raised (the others as notes).
+* Loading never changes ``weight_version``: stamp the fleet afterwards (``VersionPublisher.update()``).
+* A replaced adapter is briefly absent on that engine; push inside a paused update so no request names it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from weightbus.engines.sglang import SGLangClient
+from weightbus.errors import EngineError
+from weightbus.producers.stamping import EngineFleet
+
+__all__ = ["push_lora_adapter"]
+
+log = logging.getLogger("weightbus.producers")
+
+_ALREADY_LOADED = "already exists"
+
+
+async def _load_one(client: SGLangClient, name: str, path: str, *, pinned: bool, replace: bool) -> None:
+    try:
+        await client.load_lora_adapter(name, path, pinned=pinned)
+        return
+    except EngineError as exc:
+        if not (replace and exc.status is not None and _ALREADY_LOADED in exc.message):
+            raise
+    log.info("LoRA adapter already loaded; replacing it", extra={"engine": client.url, "adapter": name})
+    await client.unload_lora_adapter(name)
+    await client.load_lora_adapter(name, path, pinned=pinned)
+
+
+async def push_lora_adapter(
+    fleet: EngineFleet, name: str, path: str, *, pinned: bool = False, replace: bool = True
+) -> None:
+    """Load adapter ``name`` from ``path`` on every engine of ``fleet``; see the module docstring.
+
+    Args:
+        fleet: the engines.
+        name: the adapter name requests use (``lora_path`` in a generate request).
+        path: where each engine loads it from.
+        pinned: keep the adapter resident (SGLang's ``pinned``).
+        replace: unload and reload an engine that already serves ``name`` (else its refusal is an error).
+
+    Raises:
+        EngineError: an engine refused or did not answer; the engines that loaded in this call were unloaded.
+    """
+    clients = fleet.clients
+    results = await asyncio.gather(
+        *(_load_one(c, name, path, pinned=pinned, replace=replace) for c in clients), return_exceptions=True
+    )
+    errors: list[EngineError] = []
+    for result in results:
+        if isinstance(result, EngineError):
+            errors.append(result)
+        elif isinstance(result, BaseException):
+            raise result
+    if not errors:
+        return
+    first = errors[0]
+    for other in errors[1:]:
+        first.add_note(f"load_lora_adapter also failed on {other.url}: {other}")
+    loaded = [c for c, r in zip(clients, results, strict=True) if r is None]
+    undo = await asyncio.gather(*(c.unload_lora_adapter(name) for c in loaded), return_exceptions=True)
+    for client, result in zip(loaded, undo, strict=True):
+        if isinstance(result, BaseException):
+            first.add_note(f"and unloading {name!r} from {client.url} afterwards failed too: {result}")
+        else:
+            first.add_note(f"{name!r} was unloaded again from {client.url}")
+    raise first
