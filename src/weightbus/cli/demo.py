@@ -1,72 +1,87 @@
-"""``weightbus demo``: the main job on an embedded NATS (what ``make demo`` runs)."""
+"""``weightbus demo``: supervise the fully-async RL loop as separate processes (what ``make demo`` runs)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from weightbus.cli._common import MetricsPortOption, VerboseOption, run_async, setup_logging
+from weightbus.cli._common import VerboseOption, fail, setup_logging
 
 __all__ = ["register"]
 
+_FaultOption = Annotated[int | None, typer.Option(min=1)]
+
 
 def demo_command(
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Training steps (one drain and one push each).")] = 6,
-    engines: Annotated[int, typer.Option("--engines", min=1, help="CPU reference engines to start.")] = 2,
-    model: Annotated[
-        str, typer.Option("--model", help="Engine model: hash (no torch) or torch (a tiny CPU torch LM).")
-    ] = "torch",
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Training steps.")] = 40,
     max_staleness: Annotated[int, typer.Option("--max-staleness", min=0, help="Largest staleness kept.")] = 1,
     on_stale: Annotated[str, typer.Option("--on-stale", help="recycle or drop groups that are not kept.")] = "recycle",
-    nats: Annotated[
-        str | None,
-        typer.Option("--nats", envvar="WEIGHTBUS_DEMO_NATS", help="Use this NATS instead of an embedded one."),
+    seed: Annotated[int, typer.Option("--seed", help="Weights, sampling and prompts.")] = 0,
+    out: Annotated[Path, typer.Option("--out", help="Where report.json and report.png go.")] = Path("demo-report"),
+    failover_at: Annotated[
+        int | None, typer.Option("--failover-at", min=1, help="SIGKILL the trainer after STEP; a new one resumes.")
     ] = None,
-    metrics_port: MetricsPortOption = None,
+    kill_nats_at: Annotated[
+        int | None, typer.Option("--kill-nats-at", min=1, help="Kill nats-server after STEP; restart it on its store.")
+    ] = None,
+    restart_rollout_at: Annotated[
+        int | None, typer.Option("--restart-rollout-at", min=1, help="SIGKILL the rollout after STEP; restart it.")
+    ] = None,
+    restart_engine_at: Annotated[
+        int | None, typer.Option("--restart-engine-at", min=1, help="SIGKILL engine 0 after STEP; it boots 'default'.")
+    ] = None,
+    lora: Annotated[
+        int | None, typer.Option("--lora", min=1, help="Train and push a LoRA adapter of this rank.")
+    ] = None,
     verbose: VerboseOption = 0,
 ) -> None:
-    """Run a fully-async RL loop on this machine and show weightbus controlling its staleness.
+    """Run a fully-async RL loop that learns: NATS, 2 engines, the SGLang router, rollout, trainer, recorder.
 
-    Starts an embedded nats-server and CPU reference engines (SGLang 0.5.23 API), then a trainer that
-    pauses, pushes, stamps, verifies, publishes and resumes the engines each step, and a rollout manager
-    that drains groups judged against the live version. Mid-run the training cell fails over (the new cell
-    resumes the counter, the old one is fenced), one push is a LoRA adapter, and at the end a rogue
-    publisher announces version 1 (held and alerted). Exits 1 if any invariant did not hold.
+    Prints one line per step, writes OUT/report.json and OUT/report.png, and exits 1 if an invariant broke
+    (versions went backwards, a trained group exceeded the bound, an announced version was not on every engine,
+    a fault was not survived).
     """
     setup_logging(verbose)
-    if model not in ("hash", "torch"):
-        raise typer.BadParameter("--model must be hash or torch")
     if on_stale not in ("recycle", "drop"):
-        raise typer.BadParameter("--on-stale must be recycle or drop")
-    from weightbus.demo import DemoConfig, run_demo
+        raise fail("--on-stale must be recycle or drop", 2)
+    from weightbus.demo import DemoConfig, DemoError, run_demo
 
     config = DemoConfig(
         steps=steps,
-        engines=engines,
-        model=model,  # type: ignore[arg-type]
         max_staleness=max_staleness,
-        on_stale=on_stale,  # type: ignore[arg-type]
-        nats_url=nats,
-        metrics_port=metrics_port,
-        failover_at=min(3, steps - 1),
-        lora_at=steps - 1 if steps >= 4 else None,
+        on_stale=on_stale,
+        seed=seed,
+        out_dir=out,
+        failover_at=failover_at,
+        kill_nats_at=kill_nats_at,
+        restart_rollout_at=restart_rollout_at,
+        restart_engine_at=restart_engine_at,
+        lora_rank=lora,
     )
-    result = run_async(run_demo(config, emit=typer.echo))
+    try:
+        result = run_demo(config, emit=typer.echo)
+    except DemoError as exc:
+        raise fail(str(exc), 1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    s = result.summary
     typer.echo("")
     typer.echo(
-        f"final version v{result.final_version}; tracker v{result.tracker_version}; "
-        f"{result.groups_generated} groups generated; regressions counted {result.regressions:.0f}; "
-        + (f"mean publish-to-observe lag {result.lag_mean_ms:.2f} ms" if result.lag_mean_ms is not None else "")
+        f"reward {s['reward_first']:.3f} (first quarter) -> {s['reward_last']:.3f} (last quarter); "
+        f"final v{s['final_version']}; staleness avg {s['staleness_avg'] or 0:.2f} max {s['staleness_max']}; "
+        f"publish-to-record lag p50 {s['propagation_lag_ms_p50'] or 0:.2f} ms; "
+        f"{(s['tokens_wasted_share'] or 0) * 100:.0f}% of tokens not trained on; {s['wall_s']:.0f} s"
     )
-    if result.problems:
-        for problem in result.problems:
-            typer.echo(f"PROBLEM: {problem}", err=True)
+    typer.echo(f"report: {out / 'report.json'}, {out / 'report.png'}")
+    broken = {name: p for name, p in result.problems.items() if p}
+    for name, problems in broken.items():
+        for problem in problems[:5]:
+            typer.echo(f"BROKEN {name}: {problem}", err=True)
+    if broken:
         raise typer.Exit(1)
-    typer.echo(
-        "every invariant held: versions only moved forward across the failover, no kept group was "
-        f"older than {max_staleness} version(s), the rogue regression was held and alerted."
-    )
+    typer.echo("every invariant held: " + ", ".join(result.problems))
 
 
 def register(app: typer.Typer) -> None:
