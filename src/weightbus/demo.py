@@ -237,18 +237,19 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
         }
         counters = {"trainer": 0, "rollout": 0}
         shown = 0
+        consumed = 0
         last_progress = time.monotonic()
         steps_path = run_dir / "steps.jsonl"
         while shown < config.steps:
             rows = _read_steps(steps_path)
-            for row in rows[shown:]:
+            for row in rows[consumed:]:
+                consumed += 1
                 step = row["step"]
-                if step <= shown:
-                    continue  # a replacement trainer never repeats a checkpointed step; guard anyway
-                shown = step
+                repeated = step <= shown  # redone by a replacement trainer after a failover
+                shown = max(shown, step)
                 last_progress = time.monotonic()
-                done = [name for name, at in plan.items() if at == step]
-                emit(_format_step(row, ", ".join(done) if done else None))
+                done = [] if repeated else [name for name, at in plan.items() if at == step]
+                emit(_format_step(row, ", ".join(done) if done else ("redone" if repeated else None)))
                 for name in done:
                     faults.append({"kind": name, "step": step, "time": time.time()})
                     if name == "failover":

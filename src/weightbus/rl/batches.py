@@ -21,13 +21,25 @@ import msgspec
 from weightbus.bus.subjects import validate_policy
 from weightbus.schemas.rollouts import Group
 
-__all__ = ["BatchReply", "BatchRequest", "batch_subject", "chunk_payload", "request_batch", "serve_batches"]
+__all__ = [
+    "BatchReply",
+    "BatchRequest",
+    "NoRolloutError",
+    "batch_subject",
+    "chunk_payload",
+    "request_batch",
+    "serve_batches",
+]
 
 log = logging.getLogger("weightbus.rl")
 
 _HEADER: Final = "Weightbus-Chunk"
 # Room for the headers and protocol framing of each chunk.
 _MARGIN: Final = 512
+
+
+class NoRolloutError(ConnectionError):
+    """No rollout process is subscribed to the policy's batch subject."""
 
 
 def batch_subject(policy: str) -> str:
@@ -98,15 +110,23 @@ async def request_batch(nc: Any, policy: str, request: BatchRequest, *, timeout:
 
     Raises:
         TimeoutError: no complete answer within ``timeout`` seconds.
+        NoRolloutError: nobody serves the subject (the server answered "no responders").
         ValueError: the answer does not decode.
     """
     inbox = nc.new_inbox()
     chunks: dict[int, bytes] = {}
     total: list[int] = []
     done = asyncio.Event()
+    failure: list[str] = []
 
     async def on_chunk(msg: Any) -> None:
-        index, _, count = (msg.headers or {}).get(_HEADER, "0/1").partition("/")
+        headers = msg.headers or {}
+        if _HEADER not in headers:
+            # The server's "no responders" status (503, empty body): nobody serves this policy right now.
+            failure.append(f"no rollout answers on {batch_subject(policy)} (status {headers.get('Status', '?')})")
+            done.set()
+            return
+        index, _, count = headers[_HEADER].partition("/")
         chunks[int(index)] = msg.data
         total[:] = [int(count)]
         if len(chunks) == total[0]:
@@ -118,6 +138,8 @@ async def request_batch(nc: Any, policy: str, request: BatchRequest, *, timeout:
         await asyncio.wait_for(done.wait(), timeout)
     finally:
         await sub.unsubscribe()
+    if failure:
+        raise NoRolloutError(failure[0])
     data = b"".join(chunks[i] for i in range(total[0]))
     try:
         return msgspec.json.decode(data, type=BatchReply)

@@ -41,6 +41,10 @@ class DemoResult:
     faults: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    announced: list[dict[str, Any]] = field(default_factory=list)
+    """Every ``WeightUpdated`` recorded, in stream order (wire JSON)."""
+    read_backs: list[dict[str, Any]] = field(default_factory=list)
+    """Every ``WeightApplied`` recorded (wire JSON)."""
 
     @property
     def ok(self) -> bool:
@@ -146,7 +150,15 @@ def analyse(
         "wall_s": wall_s,
     }
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
-    return DemoResult(rows=rows, problems=problems, faults=faults, summary=summary, config=cfg)
+    return DemoResult(
+        rows=rows,
+        problems=problems,
+        faults=faults,
+        summary=summary,
+        config=cfg,
+        announced=[r["event"] for r in updates],
+        read_backs=applied,
+    )
 
 
 def write_report(result: DemoResult, out_dir: Path) -> None:

@@ -14,6 +14,8 @@ Invariants:
   model and optimizer from the checkpoint, and first pushes what it holds, so engines and trainer agree.
 * Every step appends one JSON line to ``steps.jsonl`` (the supervisor's record of what was trained on):
   the version trained under, each group's oldest and newest sample version and any non-version label.
+  The line is written before the checkpoint, so a step is never trained, kept and unrecorded; after a
+  failover a step number may appear twice (trained by the old trainer, redone by the new one).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 from weightbus.bus import connect
 from weightbus.errors import EngineError, PublishError
 from weightbus.producers import EngineFleet, VersionPublisher
-from weightbus.rl.batches import BatchReply, BatchRequest, request_batch
+from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch
 from weightbus.schemas import LoraAdapter
 from weightbus.schemas.rollouts import Group
 
@@ -38,7 +40,8 @@ __all__ = ["TrainerConfig", "grpo_loss", "run_trainer"]
 
 log = logging.getLogger("weightbus.rl")
 
-_BATCH_TIMEOUT = 10.0
+_BATCH_TIMEOUT = 5.0
+_BATCH_RETRY_DELAY = 0.2
 _PUSH_PATIENCE = 60.0
 _PUSH_RETRY_DELAY = 0.5
 
@@ -215,7 +218,6 @@ async def run_trainer(config: TrainerConfig) -> int:
             loss.backward()
             trainer.optimizer.step()
             trainer.step += 1
-            trainer.save_checkpoint()
             version, weightbus_s = await trainer.push(pub, fleet)
             record = {
                 "step": trainer.step,
@@ -239,6 +241,9 @@ async def run_trainer(config: TrainerConfig) -> int:
             }
             steps_log.write(json.dumps(record) + "\n")
             steps_log.flush()
+            # Checkpoint last: a trainer killed before this line leaves a step that the next one redoes (a
+            # repeated step number in steps.jsonl), never a trained step missing from the record.
+            trainer.save_checkpoint()
         return version
     finally:
         steps_log.close()
@@ -251,8 +256,10 @@ async def _batch(nc: Any, config: TrainerConfig, min_version: int, trainer_id: s
     while True:
         try:
             reply = await request_batch(nc, config.policy, request, timeout=_BATCH_TIMEOUT)
-        except TimeoutError:
-            log.warning("no batch from the rollout yet; asking again", extra={"policy": config.policy})
+        except (TimeoutError, NoRolloutError, ValueError) as exc:
+            # A rollout restarting, NATS restarting, or a reply cut by a crash: ask again.
+            log.warning("no batch from the rollout; asking again", extra={"policy": config.policy, "error": repr(exc)})
+            await asyncio.sleep(_BATCH_RETRY_DELAY)
             continue
         if reply.error is None:
             return reply
