@@ -39,7 +39,11 @@ def test_the_loop_learns_and_survives_every_fault(tmp_path: Path, monkeypatch: p
     result = run_demo(config, emit=lines.append)
 
     assert result.problems == {
-        "versions_forward": [], "staleness_bound": [], "engines_in_sync": [], "faults_survived": []
+        "versions_forward": [],
+        "staleness_bound": [],
+        "engines_in_sync": [],
+        "faults_survived": [],
+        "regression_caught": [],
     }
     rows = result.rows
     steps = [row["step"] for row in rows]

@@ -12,6 +12,7 @@ Invariants of the supervisor itself: every process it starts is stopped on exit,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shutil
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +29,10 @@ from typing import Any
 
 import httpx
 
+from weightbus.bus import connect, subjects
 from weightbus.bus.server import EmbeddedNats, free_port
-from weightbus.rl.report import DemoResult, analyse, write_report
+from weightbus.rl.report import ROGUE_ID, DemoResult, analyse, write_report
+from weightbus.schemas import WeightUpdated, now
 
 __all__ = ["DemoConfig", "DemoError", "run_demo"]
 
@@ -58,7 +62,7 @@ class DemoConfig:
         policy: the policy id.
     """
 
-    steps: int = 40
+    steps: int = 80
     max_staleness: int = 1
     on_stale: str = "recycle"
     seed: int = 0
@@ -169,6 +173,15 @@ def _format_step(row: dict[str, Any], fault: str | None) -> str:
     return line + (f"   <- {fault}" if fault else "")
 
 
+async def _rogue_publish(url: str, policy: str) -> None:
+    bus = await connect(url, name="weightbus-demo-rogue")
+    try:
+        event = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id=ROGUE_ID, published_at=now())
+        await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:rogue:{uuid.uuid4().hex}")
+    finally:
+        await bus.close()
+
+
 def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoResult:
     """Run the loop to ``config.steps``, inject the faults, write the report, and return the analysis.
 
@@ -201,7 +214,7 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
                               "--in-flight", str(config.in_flight), "--max-staleness", str(config.max_staleness),
                               "--on-stale", config.on_stale, "--seed", str(config.seed * 100 + n))
             if config.lora_rank is not None:
-                argv += ["--lora", "policy-lora"]
+                argv.append("--lora")
             return _Process(f"rollout-{n}", argv, tmp)
 
         def trainer(n: int) -> _Process:
@@ -274,8 +287,12 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
                 raise DemoError(f"no training step for 120 s; trainer log: {procs['trainer'].tail()}")
             time.sleep(0.05)
         procs["trainer"].popen.wait(30)  # type: ignore[union-attr]
-        # Let the recorder catch the last events, then stop everything.
-        time.sleep(0.5)
+        # The old demo's last act, now against the rollout's live tracker: a script that bypasses the counter
+        # announces v1; the tracker must hold the higher version and publish VersionRegressed.
+        asyncio.run(_rogue_publish(nats.url, config.policy))
+        recording = tmp / "bus.jsonl"
+        with contextlib.suppress(DemoError):
+            _wait(lambda: "alert.version_regressed" in recording.read_text(), "the regression alert", [procs["recorder"]], 10)
         for name in ("rollout", "router", "engine-0", "engine-1", "recorder"):
             procs[name].stop()
         result = analyse(

@@ -15,7 +15,7 @@ _FaultOption = Annotated[int | None, typer.Option(min=1)]
 
 
 def demo_command(
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Training steps.")] = 40,
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Training steps.")] = 80,
     max_staleness: Annotated[int, typer.Option("--max-staleness", min=0, help="Largest staleness kept.")] = 1,
     on_stale: Annotated[str, typer.Option("--on-stale", help="recycle or drop groups that are not kept.")] = "recycle",
     seed: Annotated[int, typer.Option("--seed", help="Weights, sampling and prompts.")] = 0,
@@ -35,6 +35,13 @@ def demo_command(
     lora: Annotated[
         int | None, typer.Option("--lora", min=1, help="Train and push a LoRA adapter of this rank.")
     ] = None,
+    compare_staleness: Annotated[
+        str | None,
+        typer.Option(
+            "--compare-staleness",
+            help="Run once per bound (e.g. 0,1,2,4) and write OUT/staleness-tradeoff.png and .json.",
+        ),
+    ] = None,
     verbose: VerboseOption = 0,
 ) -> None:
     """Run a fully-async RL loop that learns: NATS, 2 engines, the SGLang router, rollout, trainer, recorder.
@@ -47,6 +54,16 @@ def demo_command(
     if on_stale not in ("recycle", "drop"):
         raise fail("--on-stale must be recycle or drop", 2)
     from weightbus.demo import DemoConfig, DemoError, run_demo
+
+    if compare_staleness is not None:
+        try:
+            bounds = sorted({int(b) for b in compare_staleness.split(",") if b.strip()})
+        except ValueError:
+            raise fail(f"--compare-staleness takes bounds like 0,1,2,4, not {compare_staleness!r}", 2) from None
+        if not bounds or min(bounds) < 0:
+            raise fail("--compare-staleness needs one or more bounds >= 0", 2)
+        _compare(bounds, steps=steps, on_stale=on_stale, seed=seed, out=out)
+        return
 
     config = DemoConfig(
         steps=steps,
@@ -74,6 +91,10 @@ def demo_command(
         f"publish-to-record lag p50 {s['propagation_lag_ms_p50'] or 0:.2f} ms; "
         f"{(s['tokens_wasted_share'] or 0) * 100:.0f}% of tokens not trained on; {s['wall_s']:.0f} s"
     )
+    typer.echo(
+        f"groups filtered for a non-version label ('default' after an engine restart): "
+        f"{s['unknown_version_groups']}; regression alerts for the rogue v1: {s['regression_alerts']}"
+    )
     typer.echo(f"report: {out / 'report.json'}, {out / 'report.png'}")
     broken = {name: p for name, p in result.problems.items() if p}
     for name, problems in broken.items():
@@ -82,6 +103,33 @@ def demo_command(
     if broken:
         raise typer.Exit(1)
     typer.echo("every invariant held: " + ", ".join(result.problems))
+
+
+def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path) -> None:
+    from weightbus.demo import DemoConfig, DemoError, run_demo
+    from weightbus.rl.report import write_tradeoff
+
+    results = {}
+    for bound in bounds:
+        typer.echo(f"== max_staleness {bound}")
+        config = DemoConfig(steps=steps, max_staleness=bound, on_stale=on_stale, seed=seed,
+                            out_dir=out / f"staleness-{bound}")
+        try:
+            results[bound] = run_demo(config, emit=lambda line: None)
+        except DemoError as exc:
+            raise fail(str(exc), 1) from None
+        s = results[bound].summary
+        typer.echo(f"   reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, {s['wall_s']:.0f} s, "
+                   f"{(s['tokens_wasted_share'] or 0) * 100:.0f}% of tokens not trained on")
+    numbers = write_tradeoff(results, out)
+    typer.echo("")
+    typer.echo("max_staleness  reward(last quarter)  training s  tokens not trained on")
+    for bound, entry in numbers.items():
+        typer.echo(f"{bound:>13}  {entry['reward_last']:>20.3f}  {entry['wall_s']:>10.1f}  "
+                   f"{(entry['tokens_wasted_share'] or 0) * 100:>20.0f}%")
+    typer.echo(f"report: {out / 'staleness-tradeoff.png'}, {out / 'staleness-tradeoff.json'}")
+    if not all(r.ok for r in results.values()):
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -50,7 +50,9 @@ def rollout_command(
     in_flight: Annotated[int, typer.Option("--in-flight", min=1, help="Prompt groups generated at once.")] = 4,
     max_staleness: Annotated[int, typer.Option("--max-staleness", min=0, help="Largest staleness kept.")] = 1,
     on_stale: Annotated[str, typer.Option("--on-stale", help="recycle or drop what is not kept.")] = "recycle",
-    lora: Annotated[str | None, typer.Option("--lora", help="Generate with this LoRA adapter (lora_path).")] = None,
+    lora: Annotated[
+        bool, typer.Option("--lora", help="Generate with the LoRA adapter each announced version names.")
+    ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the prompt stream.")] = 0,
     metrics_port: MetricsPortOption = None,
     verbose: VerboseOption = 0,
@@ -97,7 +99,9 @@ def trainer_command(
     lora_rank: Annotated[
         int | None, typer.Option("--lora", help="Train and push a LoRA adapter of this rank instead.")
     ] = None,
-    lora_name: Annotated[str, typer.Option("--lora-name", help="The adapter's name on the engines.")] = "policy-lora",
+    lora_name: Annotated[
+        str, typer.Option("--lora-name", help="Adapter name prefix on the engines (<name>-v<version>).")
+    ] = "policy-lora",
     trainer_id: Annotated[str | None, typer.Option("--trainer-id", help="Identity on the bus.")] = None,
     verbose: VerboseOption = 0,
 ) -> None:

@@ -9,6 +9,12 @@ Checks (each a list of problems; any problem makes the demo exit 1):
 * ``engines_in_sync``: every announced version has an ok ``WeightApplied`` read-back from every engine it names.
 * ``faults_survived``: training reached its last step after every fault, and after a failover the new trainer
   continued the counter above the old one's last version.
+* ``regression_caught``: the rogue v1 announced at the end (by :data:`ROGUE_ID`, bypassing the counter) was held
+  by the rollout's tracker and alerted as ``VersionRegressed``. It is the only announcement exempt from
+  ``versions_forward``.
+
+An engine restarted mid-run boots as ``"default"``: its samples must be filtered as ``unknown_version`` (counted in
+``summary.unknown_version_groups`` from the drain reports), and ``staleness_bound`` proves none was trained on.
 
 Learning is reported, not checked here: ``reward_first`` and ``reward_last`` are the mean rewards of the first and
 last quarter of the steps.
@@ -22,7 +28,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoResult", "analyse", "write_report"]
+__all__ = [
+    "ROGUE_ID",
+    "DemoResult",     "analyse",
+    "tradeoff_numbers",
+    "write_report",
+    "write_tradeoff",
+]
+
+#: The trainer id of the demo's rogue publisher, which bypasses the counter to announce v1 at the end.
+ROGUE_ID = "rogue-script"
 
 
 @dataclass
@@ -83,13 +98,23 @@ def analyse(
 ) -> DemoResult:
     """Check the invariants of one run (see the module docstring)."""
     records = _recorded(recording)
-    updates = sorted(
+    all_updates = sorted(
         (r for r in records if r["event"].get("type") == "weight.updated"), key=lambda r: r.get("seq") or 0
     )
+    updates = [r for r in all_updates if r["event"]["trainer_id"] != ROGUE_ID]
+    rogue = [r["event"] for r in all_updates if r["event"]["trainer_id"] == ROGUE_ID]
+    alerts = [r["event"] for r in records if r["event"].get("type") == "alert.version_regressed"]
+    drains = [r["event"] for r in records if r["event"].get("type") == "drain.report"]
     applied = [r["event"] for r in records if r["event"].get("type") == "weight.applied"]
     problems: dict[str, list[str]] = {
-        "versions_forward": [], "staleness_bound": [], "engines_in_sync": [], "faults_survived": []
+        "versions_forward": [],
+        "staleness_bound": [],
+        "engines_in_sync": [],
+        "faults_survived": [],
+        "regression_caught": [],
     }
+    if rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in alerts):
+        problems["regression_caught"].append("the rogue v1 was not held and alerted by the rollout's tracker")
 
     versions = [r["event"]["version"] for r in updates]
     for before, after in zip(versions, versions[1:], strict=False):
@@ -148,6 +173,8 @@ def analyse(
         "tokens_wasted_share": wasted / tokens if tokens else None,
         "weightbus_s_mean": statistics.fmean(row["weightbus_s"] for row in rows) if rows else None,
         "wall_s": wall_s,
+        "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in drains),
+        "regression_alerts": len(alerts),
     }
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     return DemoResult(
@@ -196,3 +223,62 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
     fig.tight_layout()
     fig.savefig(out_dir / "report.png", dpi=100)
     plt.close(fig)
+
+
+def _training_clock(rows: list[dict[str, Any]]) -> list[float]:
+    """Seconds since the first step began, at the end of each step."""
+    if not rows:
+        return []
+    origin = rows[0]["time"] - rows[0]["step_s"]
+    return [row["time"] - origin for row in rows]
+
+
+def tradeoff_numbers(results: dict[int, DemoResult]) -> dict[str, Any]:
+    """Per staleness bound: reward against wall time, the final reward, and the share of tokens not trained on."""
+    out: dict[str, Any] = {}
+    for bound, result in sorted(results.items()):
+        clock = _training_clock(result.rows)
+        out[str(bound)] = {
+            "reward_first": result.summary["reward_first"],
+            "reward_last": result.summary["reward_last"],
+            "wall_s": clock[-1] if clock else None,
+            "tokens_generated": result.summary["tokens_generated"],
+            "tokens_wasted_share": result.summary["tokens_wasted_share"],
+            "staleness_avg": result.summary["staleness_avg"],
+            "ok": result.ok,
+            "curve": [[t, row["reward"]] for t, row in zip(clock, result.rows, strict=True)],
+        }
+    return out
+
+
+def write_tradeoff(results: dict[int, DemoResult], out_dir: Path) -> dict[str, Any]:
+    """Write ``staleness-tradeoff.json`` and ``staleness-tradeoff.png`` (reward against wall time per bound, and
+    the share of generated tokens wasted on recycled or dropped groups); returns the numbers."""
+    numbers = tradeoff_numbers(results)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "staleness-tradeoff.json").write_text(json.dumps(numbers, indent=2) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
+    for bound, entry in numbers.items():
+        curve = entry["curve"]
+        window = 5
+        smooth = [
+            statistics.fmean(r for _, r in curve[max(0, i - window + 1) : i + 1]) for i in range(len(curve))
+        ]
+        left.plot([t for t, _ in curve], smooth, label=f"max_staleness {bound}")
+    left.set_xlabel("wall time since training began (s)")
+    left.set_ylabel("mean reward (5-step moving average)")
+    left.legend()
+    bounds = list(numbers)
+    right.bar(bounds, [(numbers[b]["tokens_wasted_share"] or 0) * 100 for b in bounds], color="tab:red")
+    right.set_xlabel("max_staleness")
+    right.set_ylabel("% of generated tokens not trained on")
+    fig.suptitle("weightbus: the staleness trade-off")
+    fig.tight_layout()
+    fig.savefig(out_dir / "staleness-tradeoff.png", dpi=100)
+    plt.close(fig)
+    return numbers

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client import CollectorRegistry
 
-from weightbus.bus import connect
+from weightbus.bus import connect, subjects
 from weightbus.consumers import (
     DrainReporter,
     FullyAsyncBuffer,
@@ -36,6 +36,7 @@ from weightbus.consumers import (
 )
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.task import Task
+from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 __all__ = ["RolloutConfig", "generate_group", "run_rollout"]
@@ -60,7 +61,7 @@ class RolloutConfig:
         max_staleness: the largest staleness kept.
         on_stale: ``recycle`` or ``drop`` the groups that are not kept.
         temperature: sampling temperature.
-        lora: the adapter name to generate with (``lora_path``), or None.
+        lora: generate with the LoRA adapter that the latest ``WeightUpdated`` names (``lora_path``).
         seed: seeds the prompt stream.
         consumer: the drain reporter's consumer id (default: ``rollout-<random>``, unique per start).
     """
@@ -75,13 +76,18 @@ class RolloutConfig:
     max_staleness: int = 1
     on_stale: str = "recycle"
     temperature: float = 1.0
-    lora: str | None = None
+    lora: bool = False
     seed: int = 0
     consumer: str | None = None
 
 
 async def generate_group(
-    http: httpx.AsyncClient, config: RolloutConfig, group: Group, prompt: str, next_index: itertools.count[int]
+    http: httpx.AsyncClient,
+    config: RolloutConfig,
+    group: Group,
+    prompt: str,
+    next_index: itertools.count[int],
+    lora_path: str | None = None,
 ) -> Group:
     """Generate ``config.group_size`` samples of ``prompt`` through the router into ``group`` (reset first).
 
@@ -95,8 +101,8 @@ async def generate_group(
         "sampling_params": {"max_new_tokens": task.max_new_tokens, "temperature": config.temperature},
         "return_logprob": True,
     }
-    if config.lora is not None:
-        body["lora_path"] = config.lora
+    if lora_path is not None:
+        body["lora_path"] = lora_path
 
     async def one() -> dict[str, object]:
         response = await http.post("/generate", json=body)
@@ -147,14 +153,30 @@ async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | No
     next_index = itertools.count()
     prompts = itertools.count()
     counts = {"generated": 0, "delivered": 0}
+    adapter: dict[str, str] = {}
+    announced = asyncio.Event()
+
+    async def follow_adapter() -> None:
+        # The adapter to generate with is the one the latest announced version names.
+        async with bus.subscribe(subjects.weights(config.policy)) as sub:
+            async for env in sub:
+                event = env.event
+                if isinstance(event, WeightUpdated) and event.lora is not None:
+                    adapter["name"] = event.lora.name
+                    announced.set()
 
     async def producer() -> None:
+        # Nothing is generated before the first version is announced: it would all be "default" (or, with
+        # LoRA, for an adapter not loaded yet) and thrown away.
+        await tracker.wait_for(1)
+        if config.lora:
+            await announced.wait()
         async with httpx.AsyncClient(base_url=config.router_url, timeout=30.0) as http:
             while True:
                 group = retry.get_nowait() if not retry.empty() else Group(prompt_index=next(prompts))
                 prompt = group.metadata.get("prompt") or config.task.prompt(rng)
                 try:
-                    await generate_group(http, config, group, prompt, next_index)
+                    await generate_group(http, config, group, prompt, next_index, adapter.get("name"))
                 except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
                     log.warning("generation failed; retrying the group", extra={"error": repr(exc)})
                     group.metadata["prompt"] = prompt
@@ -190,6 +212,8 @@ async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | No
 
         sub = await serve_batches(bus.client, config.policy, handle)
         tasks = [asyncio.create_task(producer()) for _ in range(config.in_flight)]
+        if config.lora:
+            tasks.append(asyncio.create_task(follow_adapter()))
         try:
             await asyncio.gather(*tasks)
         finally:

@@ -5,8 +5,9 @@ clipped policy-gradient step with group-relative advantages and an importance ra
 the engines recorded (batches are off-policy by up to the staleness bound), checkpoint, then push:
 ``async with publisher.update() as version`` writes a safetensors file and loads it on every engine with
 ``/update_weights_from_disk`` carrying ``weight_version=str(version)`` (load and label in one call), after which
-weightbus stamps, verifies and publishes. In LoRA mode the adapter is what trains and is pushed with
-``/load_lora_adapter`` under one name (rollouts pass it as ``lora_path``), stamped from the same counter.
+weightbus stamps, verifies and publishes. In LoRA mode the adapter is what trains; each version is loaded with
+``/load_lora_adapter`` under its own name (``<lora_name>-v<version>``, announced in ``WeightUpdated.lora``, which
+rollouts pass as ``lora_path``), stamped from the same counter.
 
 Invariants:
 
@@ -21,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -61,7 +63,7 @@ class TrainerConfig:
         lr: Adam's learning rate.
         clip: the PPO clip range of the importance ratio.
         lora_rank: train and push a LoRA adapter of this rank instead of the full weights.
-        lora_name: the adapter's name on the engines (what rollouts pass as ``lora_path``).
+        lora_name: the adapters' name prefix on the engines (``<lora_name>-v<version>``).
         trainer_id: identity on the bus (default ``<hostname>:<pid>``).
     """
 
@@ -171,8 +173,9 @@ class _Trainer:
         push_s = 0.0
         lora = None
         if config.lora_rank is not None:
+            # One adapter name per version: loading never has to unload the name rollouts are using.
             path = self.weights_dir / f"adapter-v{pub.next_version}.safetensors"
-            lora = LoraAdapter(name=config.lora_name, path=str(path))
+            lora = LoraAdapter(name=f"{config.lora_name}-v{pub.next_version}", path=str(path))
         async with pub.update(lora=lora) as version:
             pushed = time.perf_counter()
             if lora is None:
@@ -183,12 +186,14 @@ class _Trainer:
             else:
                 self.policy.save_adapter(str(path))
                 for client in fleet.clients:
-                    try:
-                        await client.unload_lora_adapter(config.lora_name)
-                    except EngineError:
-                        pass  # not loaded yet (first push, or a restarted engine)
-                    await client.load_lora_adapter(config.lora_name, str(path))
+                    await client.load_lora_adapter(lora.name, str(path))
             push_s = time.perf_counter() - pushed
+        if lora is not None:
+            # The adapter two versions back is no longer announced; requests already running keep their weights.
+            stale = f"{config.lora_name}-v{version - 2}"
+            for client in fleet.clients:
+                with contextlib.suppress(EngineError):
+                    await client.unload_lora_adapter(stale)
         return version, time.perf_counter() - started - push_s
 
 
