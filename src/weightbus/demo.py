@@ -292,7 +292,12 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
         asyncio.run(_rogue_publish(nats.url, config.policy))
         recording = tmp / "bus.jsonl"
         with contextlib.suppress(DemoError):
-            _wait(lambda: "alert.version_regressed" in recording.read_text(), "the regression alert", [procs["recorder"]], 10)
+            _wait(
+                lambda: "alert.version_regressed" in recording.read_text(),
+                "the regression alert",
+                [procs["recorder"]],
+                10,
+            )
         for name in ("rollout", "router", "engine-0", "engine-1", "recorder"):
             procs[name].stop()
         result = analyse(
