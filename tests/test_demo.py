@@ -8,6 +8,11 @@ here are recomputed from the raw rows and events, independently of the demo's ow
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -81,3 +86,31 @@ def test_the_loop_learns_and_survives_every_fault(tmp_path: Path, monkeypatch: p
     assert (tmp_path / "report" / "report.png").stat().st_size > 0
     assert list(scratch.iterdir()) == []
     assert any("<- failover" in line for line in lines)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_the_demo_leaves_no_process_and_no_temp_dir(tmp_path: Path, sig: signal.Signals) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "weightbus.cli", "demo", "--steps", "500", "--out", str(tmp_path / "report")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert demo.stdout is not None
+    header = demo.stdout.readline()  # "nats URL  engines URL URL  router URL", once everything is up
+    assert header.startswith("nats "), header
+    while not demo.stdout.readline().startswith("step "):
+        assert demo.poll() is None
+    demo.send_signal(sig)
+    assert demo.wait(timeout=30) == 130
+    demo.stdout.close()
+    ports = [int(url.rsplit(":", 1)[1]) for url in header.split() if url.startswith(("nats://", "http://"))]
+    assert len(ports) == 4
+    for port in ports:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    assert list(scratch.iterdir()) == []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -86,12 +87,16 @@ class _Process:
         self.name = name
         self.argv = argv
         self.log_path = log_dir / f"{name}.log"
+        # torch keeps a compile cache in the system temp dir; keep it in ours, which is removed at the end.
+        self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(log_dir / "torchinductor")}
         self.popen: subprocess.Popen[bytes] | None = None
         self.expected_exit = False
 
     def start(self) -> _Process:
         with self.log_path.open("ab") as log:
-            self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+            )
         self.expected_exit = False
         return self
 
@@ -182,12 +187,25 @@ async def _rogue_publish(url: str, policy: str) -> None:
         await bus.close()
 
 
+def _terminate_as_interrupt() -> Any:
+    """Make SIGTERM unwind like Ctrl-C, so the cleanup runs; returns the previous handler (None off the main thread)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: the caller owns signals
+        return None
+
+
 def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoResult:
     """Run the loop to ``config.steps``, inject the faults, write the report, and return the analysis.
 
     Raises:
         DemoError: a process failed to start, or died and could not be replaced.
     """
+    previous = _terminate_as_interrupt()
     tmp = Path(tempfile.mkdtemp(prefix="weightbus-demo-"))
     procs: dict[str, _Process] = {}
     nats: EmbeddedNats | None = None
@@ -317,3 +335,5 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
         if nats is not None:
             nats.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
