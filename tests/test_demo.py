@@ -114,3 +114,16 @@ def test_interrupting_the_demo_leaves_no_process_and_no_temp_dir(tmp_path: Path,
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
     assert list(scratch.iterdir()) == []
+
+
+def test_lora_mode_pushes_one_adapter_per_version_from_the_same_counter(tmp_path: Path) -> None:
+    config = DemoConfig(steps=8, seed=1, lora_rank=4, out_dir=None)
+    result = run_demo(config, emit=lambda line: None)
+    assert result.ok, result.problems
+    assert len({row["step"] for row in result.rows}) == 8
+    announced = result.announced
+    assert [e["version"] for e in announced] == list(range(1, len(announced) + 1))
+    for event in announced:
+        assert event["lora"]["name"] == f"policy-lora-v{event['version']}"
+        assert event["lora"]["path"].endswith(f"adapter-v{event['version']}.safetensors")
+    assert all(a["lora"] is not None for a in result.read_backs)
