@@ -173,6 +173,7 @@ def _format_step(row: dict[str, Any], fault: str | None) -> str:
         f"step {row['step']:>3}  v{row['version']:<4} reward {row['reward']:.3f}  "
         f"staleness avg {num(row['staleness_avg'], '.2f')} max {num(row['staleness_max'], 'd')}  "
         f"kept {row['kept']} recycled {row['recycled']} dropped {row['dropped']}  "
+        f"lag {num(row.get('lag_s') and row['lag_s'] * 1000, '.1f')} ms  "
         f"step {row['step_s'] * 1000:.0f} ms (weightbus {row['weightbus_s'] * 1000:.1f} ms)"
     )
     return line + (f"   <- {fault}" if fault else "")

@@ -71,6 +71,8 @@ class BatchReply(msgspec.Struct, kw_only=True):
     staleness_max: int | None = None
     tokens_generated: int = 0
     tokens_wasted: int = 0
+    lag_s: float | None = None
+    """How long the rollout's tracker took to see ``min_version`` after it was published (None if replayed)."""
     error: str | None = None
 
 

@@ -188,12 +188,19 @@ def analyse(
     )
 
 
+def _trained_staleness(row: dict[str, Any]) -> int | None:
+    known = [row["trained_under"] - g["oldest"] for g in row["groups"] if g["oldest"] is not None]
+    return max(known) if known else None
+
+
 def write_report(result: DemoResult, out_dir: Path) -> None:
     """Write ``report.json`` and ``report.png`` (reward and staleness per step, faults marked) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = [
         {k: row[k] for k in ("step", "version", "reward", "staleness_avg", "staleness_max", "kept", "recycled",
                              "dropped", "step_s", "weightbus_s", "batch_wait_s", "trained_under")}
+        | {"lag_s": row.get("lag_s")}
+        | {"trained_staleness_max": _trained_staleness(row)}
         for row in result.rows
     ]
     body = {"config": result.config, "summary": result.summary, "faults": result.faults,
@@ -210,11 +217,12 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
     ax.set_xlabel("training step")
     ax.set_ylabel("mean reward", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.step(xs, [row["staleness_max"] or 0 for row in result.rows], color="tab:orange", where="mid",
-             label="max staleness")
-    ax2.plot(xs, [row["staleness_avg"] or 0 for row in result.rows], color="tab:orange", alpha=0.5, ls=":",
-             label="avg staleness")
+    ax2.step(xs, [_trained_staleness(row) or 0 for row in result.rows], color="tab:orange", where="mid",
+             label="max staleness trained on")
+    ax2.plot(xs, [row["staleness_max"] or 0 for row in result.rows], color="tab:orange", alpha=0.5, ls=":",
+             label="max staleness judged (recycled too)")
     ax2.set_ylabel("staleness (versions)", color="tab:orange")
+    ax2.legend(loc="lower right", fontsize=7)
     for fault in result.faults:
         ax.axvline(fault["step"], color="red", ls="--", lw=1)
         ax.annotate(fault["kind"], (fault["step"], ax.get_ylim()[1]), fontsize=7, color="red", rotation=90,

@@ -188,6 +188,13 @@ async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | No
                 await buffer.put(group)
 
     async with VersionTracker(bus, config.policy, registry=registry) as tracker:
+        lags: dict[int, float] = {}
+
+        async def follow_lags() -> None:
+            async for change in tracker.changes():
+                if change.version is not None and change.lag is not None:
+                    lags[change.version] = change.lag
+                    lags.pop(change.version - 64, None)
 
         async def handle(request: BatchRequest) -> BatchReply:
             if request.min_version is not None:
@@ -208,10 +215,12 @@ async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | No
                 staleness_max=stats.staleness_max,
                 tokens_generated=counts["generated"],
                 tokens_wasted=max(0, counts["generated"] - counts["delivered"]),
+                lag_s=lags.get(request.min_version) if request.min_version is not None else None,
             )
 
         sub = await serve_batches(bus.client, config.policy, handle)
         tasks = [asyncio.create_task(producer()) for _ in range(config.in_flight)]
+        tasks.append(asyncio.create_task(follow_lags()))
         if config.lora:
             tasks.append(asyncio.create_task(follow_adapter()))
         try:

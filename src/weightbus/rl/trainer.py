@@ -239,6 +239,7 @@ async def run_trainer(config: TrainerConfig) -> int:
                 "staleness_max": reply.staleness_max,
                 "tokens_generated": reply.tokens_generated,
                 "tokens_wasted": reply.tokens_wasted,
+                "lag_s": reply.lag_s,
                 "batch_wait_s": got_batch - started,
                 "weightbus_s": weightbus_s,
                 "step_s": time.perf_counter() - started,
