@@ -93,7 +93,8 @@ def demo_command(
     )
     typer.echo(
         f"groups filtered for a non-version label ('default' after an engine restart): "
-        f"{s['unknown_version_groups']}; regression alerts for the rogue v1: {s['regression_alerts']}"
+        f"{s['unknown_version_groups']}; engine-out-of-sync alerts: {s['engine_out_of_sync_alerts']}; "
+        f"regression alerts for the rogue v1: {s['regression_alerts']}"
     )
     typer.echo(f"report: {out / 'report.json'}, {out / 'report.png'}")
     broken = {name: p for name, p in result.problems.items() if p}

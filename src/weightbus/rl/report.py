@@ -14,7 +14,8 @@ Checks (each a list of problems; any problem makes the demo exit 1):
   ``versions_forward``.
 
 An engine restarted mid-run boots as ``"default"``: its samples must be filtered as ``unknown_version`` (counted in
-``summary.unknown_version_groups`` from the drain reports), and ``staleness_bound`` proves none was trained on.
+``summary.unknown_version_groups`` from the drain reports), and ``staleness_bound`` proves none was trained on;
+``summary.engine_out_of_sync_alerts`` counts the publisher's alerts about engines it found out of sync.
 
 Learning is reported, not checked here: ``reward_first`` and ``reward_last`` are the mean rewards of the first and
 last quarter of the steps.
@@ -174,6 +175,7 @@ def analyse(
         "weightbus_s_mean": statistics.fmean(row["weightbus_s"] for row in rows) if rows else None,
         "wall_s": wall_s,
         "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in drains),
+        "engine_out_of_sync_alerts": sum(1 for r in records if r["event"].get("type") == "alert.engine_out_of_sync"),
         "regression_alerts": len(alerts),
     }
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
