@@ -34,6 +34,7 @@ from weightbus.consumers import (
     VersionTracker,
     buffer_capacity,
 )
+from weightbus.errors import SlowConsumerError
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.task import Task
 from weightbus.schemas import WeightUpdated
@@ -191,10 +192,16 @@ async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | No
         lags: dict[int, float] = {}
 
         async def follow_lags() -> None:
-            async for change in tracker.changes():
-                if change.version is not None and change.lag is not None:
-                    lags[change.version] = change.lag
-                    lags.pop(change.version - 64, None)
+            while True:
+                try:
+                    async for change in tracker.changes():
+                        if change.version is not None and change.lag is not None:
+                            lags[change.version] = change.lag
+                            lags.pop(change.version - 64, None)
+                    return  # the tracker stopped
+                except SlowConsumerError as exc:
+                    # Lags are for the report only; losing some must never stop the rollout.
+                    log.warning("lag listener fell behind; resubscribing", extra={"error": str(exc)})
 
         async def handle(request: BatchRequest) -> BatchReply:
             if request.min_version is not None:
