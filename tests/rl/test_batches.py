@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
@@ -37,7 +39,15 @@ async def test_a_batch_larger_than_max_payload_arrives_whole(nats_url: str, poli
 
     sub = await serve_batches(server.client, policy, handler)
     try:
-        reply = await request_batch(client.client, policy, BatchRequest(size=4, min_version=7), timeout=10)
+        for attempt in range(5):
+            # Observed about once in ten runs: a "no responders" for a request published after the responder's
+            # subscription was flushed. The trainer retries such answers; so does this test, boundedly.
+            try:
+                reply = await request_batch(client.client, policy, BatchRequest(size=4, min_version=7), timeout=10)
+                break
+            except NoRolloutError:
+                assert attempt < 4
+                await asyncio.sleep(0.05)
     finally:
         await sub.unsubscribe()
         await server.close()

@@ -83,7 +83,8 @@ def chunk_payload(data: bytes, max_payload: int) -> list[bytes]:
 
 
 async def serve_batches(nc: Any, policy: str, handler: Callable[[BatchRequest], Awaitable[BatchReply]]) -> Any:
-    """Answer batch requests on ``batch_subject(policy)`` with ``handler``; returns the nats subscription.
+    """Answer batch requests on ``batch_subject(policy)`` with ``handler``; returns the nats subscription, once the
+    server has registered it.
 
     Requests are handled one at a time (a drain takes groups out of the buffer; two at once would split it).
     """
@@ -104,7 +105,10 @@ async def serve_batches(nc: Any, policy: str, handler: Callable[[BatchRequest], 
             await nc.publish(msg.reply, chunk, headers={_HEADER: f"{i}/{len(chunks)}"})
         await nc.flush()
 
-    return await nc.subscribe(batch_subject(policy), cb=on_request)
+    sub = await nc.subscribe(batch_subject(policy), cb=on_request)
+    # Round-trip to the server so the subscription is registered before anyone is told we serve.
+    await nc.flush()
+    return sub
 
 
 async def request_batch(nc: Any, policy: str, request: BatchRequest, *, timeout: float) -> BatchReply:
