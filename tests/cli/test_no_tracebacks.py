@@ -151,12 +151,12 @@ def test_the_demo_without_the_engine_extra() -> None:
         "import sys; sys.modules['starlette'] = None; sys.modules['uvicorn'] = None\n"
         "import importlib.util; real = importlib.util.find_spec\n"
         "importlib.util.find_spec = lambda n, *a: None if n in ('starlette', 'uvicorn') else real(n, *a)\n"
-        "sys.argv = ['weightbus', 'demo', '--model', 'hash']\n"
+        "sys.argv = ['weightbus', 'demo']\n"
         "from weightbus.cli import main; main()"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2, run.stderr
-    assert run.stderr.startswith("error: the demo needs the 'engine' extra") and "Traceback" not in run.stderr
+    assert run.stderr.startswith("error: the demo needs the 'engine' and 'rl' extras") and "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
 
 

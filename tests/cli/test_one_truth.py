@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from weightbus.bus import connect, subjects
 from weightbus.cli import app
 from weightbus.consumers import VersionTracker
-from weightbus.engines.reference import EngineState, create_app
-from weightbus.engines.serve import ServedEngine
+from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
 from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats

@@ -21,7 +21,7 @@ def test_all_is_sorted_and_complete() -> None:
 
 def test_import_is_light() -> None:
     code = (
-        "import sys, weightbus.engines, weightbus.engines.model, weightbus.engines.tiny_model;"
+        "import sys, weightbus.engines, weightbus.refengine.model, weightbus.refengine.tiny_model;"
         "heavy = sorted(m for m in ('starlette', 'uvicorn', 'torch') if m in sys.modules);"
         "print(','.join(heavy))"
     )

@@ -15,10 +15,10 @@ import pytest
 import pytest_asyncio
 
 from weightbus.engines import SGLangClient
-from weightbus.engines.engine_state import version_spans
-from weightbus.engines.model import VOCAB, encode
-from weightbus.engines.reference import EngineState, create_app
 from weightbus.errors import EngineError
+from weightbus.refengine.engine_state import version_spans
+from weightbus.refengine.model import VOCAB, encode
+from weightbus.refengine.reference import EngineState, create_app
 
 BASE = "http://engine"
 

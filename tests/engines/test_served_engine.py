@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from weightbus.cli import engine as engine_cli
 from weightbus.engines import SGLangClient
-from weightbus.engines.reference import EngineState, create_app
-from weightbus.engines.serve import ServedEngine
 from weightbus.errors import EngineError
+from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
 
 
 async def wait_until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]

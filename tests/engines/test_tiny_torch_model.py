@@ -12,14 +12,14 @@ import pytest_asyncio
 torch = pytest.importorskip("torch")
 
 from weightbus.engines import SGLangClient  # noqa: E402
-from weightbus.engines.reference import EngineState, create_app  # noqa: E402
-from weightbus.engines.tiny_model import (  # noqa: E402
+from weightbus.errors import EngineError  # noqa: E402
+from weightbus.refengine.reference import EngineState, create_app  # noqa: E402
+from weightbus.refengine.tiny_model import (  # noqa: E402
     TinyTorchModel,
     random_state_dict,
     save_random_weights,
     serialize_named_tensors,
 )
-from weightbus.errors import EngineError  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -10,8 +10,8 @@ import pytest_asyncio
 
 from weightbus.bus import Deliver
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
-from weightbus.engines.reference import EngineState, create_app
 from weightbus.engines.sglang import SGLangClient
+from weightbus.refengine.reference import EngineState, create_app
 from weightbus.schemas import Event
 
 

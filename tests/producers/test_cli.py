@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from weightbus.bus import connect, free_port
 from weightbus.cli import app
-from weightbus.engines.reference import EngineState, create_app
-from weightbus.engines.serve import ServedEngine
 from weightbus.producers import VersionPublisher
+from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
 
 runner = CliRunner()
 

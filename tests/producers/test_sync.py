@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from weightbus.bus import connect, subjects
-from weightbus.engines.reference import EngineState, create_app
-from weightbus.engines.serve import ServedEngine
 from weightbus.errors import FencedError
 from weightbus.producers import SyncVersionPublisher, VersionPublisher
+from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
 from weightbus.schemas import LoraAdapter, WeightUpdated
 
 

@@ -1,139 +1,148 @@
-"""``weightbus demo``: the main job on an embedded NATS (what ``make demo`` runs).
-
-The command checks for the ``engine`` extra before starting anything, and runs the demo with Python's
-temporary directory pointed at a private one that is removed afterwards, so a run (finished, failed
-or interrupted) leaves nothing under the system's temporary directory. Exit codes: 0 every invariant
-held, 1 an invariant broke or the demo failed, 2 bad arguments or the engine extra is missing,
-130/143 interrupted.
-"""
+"""``weightbus demo``: supervise the fully-async RL loop as separate processes (what ``make demo`` runs)."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from weightbus.cli._common import (
-    EXIT_USAGE,
-    MetricsHostOption,
-    MetricsPortOption,
-    VerboseOption,
-    check_nats_url,
-    fail,
-    run_async,
-    setup_logging,
-)
-from weightbus.errors import BusError
+from weightbus.cli._common import VerboseOption, fail, setup_logging
 
 __all__ = ["register"]
 
-
-@contextmanager
-def _private_tempdir() -> Iterator[str]:
-    """Point ``tempfile`` at a fresh directory for the duration, then remove it with everything in it."""
-    saved = tempfile.tempdir
-    with tempfile.TemporaryDirectory(prefix="weightbus-demo-run-", ignore_cleanup_errors=True) as tmp:
-        tempfile.tempdir = tmp
-        try:
-            yield tmp
-        finally:
-            tempfile.tempdir = saved
+_FaultOption = Annotated[int | None, typer.Option(min=1)]
 
 
-def _missing_engine_extra(model: str) -> list[str]:
-    needed = ["starlette", "uvicorn"] + (["torch"] if model == "torch" else [])
-    return [name for name in needed if importlib.util.find_spec(name) is None]
+#: What the demo's processes import: the reference engine's server, torch, safetensors and the router.
+_EXTRAS = ("starlette", "uvicorn", "torch", "safetensors", "sglang_router")
 
 
 def demo_command(
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Training steps (one drain and one push each).")] = 6,
-    engines: Annotated[int, typer.Option("--engines", min=1, help="CPU reference engines to start.")] = 2,
-    model: Annotated[
-        str, typer.Option("--model", help="Engine model: hash (no torch) or torch (a tiny CPU torch LM).")
-    ] = "torch",
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Training steps.")] = 80,
     max_staleness: Annotated[int, typer.Option("--max-staleness", min=0, help="Largest staleness kept.")] = 1,
     on_stale: Annotated[str, typer.Option("--on-stale", help="recycle or drop groups that are not kept.")] = "recycle",
-    nats: Annotated[
+    seed: Annotated[int, typer.Option("--seed", help="Weights, sampling and prompts.")] = 0,
+    out: Annotated[Path, typer.Option("--out", help="Where report.json and report.png go.")] = Path("demo-report"),
+    failover_at: Annotated[
+        int | None, typer.Option("--failover-at", min=1, help="SIGKILL the trainer after STEP; a new one resumes.")
+    ] = None,
+    kill_nats_at: Annotated[
+        int | None, typer.Option("--kill-nats-at", min=1, help="Kill nats-server after STEP; restart it on its store.")
+    ] = None,
+    restart_rollout_at: Annotated[
+        int | None, typer.Option("--restart-rollout-at", min=1, help="SIGKILL the rollout after STEP; restart it.")
+    ] = None,
+    restart_engine_at: Annotated[
+        int | None, typer.Option("--restart-engine-at", min=1, help="SIGKILL engine 0 after STEP; it boots 'default'.")
+    ] = None,
+    lora: Annotated[
+        int | None, typer.Option("--lora", min=1, help="Train and push a LoRA adapter of this rank.")
+    ] = None,
+    compare_staleness: Annotated[
         str | None,
         typer.Option(
-            "--nats", envvar="WEIGHTBUS_NATS", help="Use this NATS instead of an embedded one.", callback=check_nats_url
+            "--compare-staleness",
+            help="Run once per bound (e.g. 0,1,2,4) and write OUT/staleness-tradeoff.png and .json.",
         ),
     ] = None,
-    metrics_port: MetricsPortOption = None,
-    metrics_host: MetricsHostOption = "127.0.0.1",
     verbose: VerboseOption = 0,
 ) -> None:
-    """Run a fully-async RL loop on this machine and show weightbus controlling its staleness.
+    """Run a fully-async RL loop that learns: NATS, 2 engines, the SGLang router, rollout, trainer, recorder.
 
-    Starts an embedded nats-server and CPU reference engines (SGLang 0.5.23 API), then a trainer that
-    pauses, pushes, stamps, verifies, publishes and resumes the engines each step, and a rollout manager
-    that drains groups judged against the live version. Mid-run the training cell fails over (the new cell
-    resumes the counter, the old one is fenced), one push is a LoRA adapter, and at the end a rogue
-    publisher announces version 1 (held and alerted).
-
-    Exit codes: 0 every invariant held, 1 an invariant broke or the demo failed, 2 bad arguments or the
-    engine extra is missing, 130/143 interrupted.
+    Prints one line per step, writes OUT/report.json and OUT/report.png, and exits 1 if an invariant broke
+    (versions went backwards, a trained group exceeded the bound, an announced version was not on every engine,
+    a fault was not survived).
     """
     setup_logging(verbose)
-    if model not in ("hash", "torch"):
-        raise fail(f"--model must be hash or torch, not {model!r}", EXIT_USAGE)
     if on_stale not in ("recycle", "drop"):
-        raise fail(f"--on-stale must be recycle or drop, not {on_stale!r}", EXIT_USAGE)
-    missing = _missing_engine_extra(model)
+        raise fail("--on-stale must be recycle or drop", 2)
+    missing = [name for name in _EXTRAS if importlib.util.find_spec(name) is None]
     if missing:
         raise fail(
-            f"the demo needs the 'engine' extra ({', '.join(missing)} missing): pip install 'weightbus[engine]'",
-            EXIT_USAGE,
+            f"the demo needs the 'engine' and 'rl' extras ({', '.join(missing)} missing): "
+            "pip install 'weightbus[engine,rl]'",
+            2,
         )
-    try:
-        from weightbus.demo import DemoConfig, run_demo
-    except ImportError as exc:
-        raise fail(f"the demo needs the 'engine' extra: {exc}", EXIT_USAGE) from None
+    from weightbus.demo import DemoConfig, DemoError, run_demo
 
-    # The demo module decides where its metrics bind; pass the host on when it takes one.
-    extra: dict[str, object] = {}
-    if "metrics_host" in {f.name for f in dataclasses.fields(DemoConfig)}:
-        extra["metrics_host"] = metrics_host
-    elif metrics_host != "127.0.0.1":
-        raise fail("this demo serves metrics on 127.0.0.1 only; --metrics-host is not supported", EXIT_USAGE)
+    if compare_staleness is not None:
+        try:
+            bounds = sorted({int(b) for b in compare_staleness.split(",") if b.strip()})
+        except ValueError:
+            raise fail(f"--compare-staleness takes bounds like 0,1,2,4, not {compare_staleness!r}", 2) from None
+        if not bounds or min(bounds) < 0:
+            raise fail("--compare-staleness needs one or more bounds >= 0", 2)
+        _compare(bounds, steps=steps, on_stale=on_stale, seed=seed, out=out)
+        return
+
     config = DemoConfig(
-        **extra,  # type: ignore[arg-type]
         steps=steps,
-        engines=engines,
-        model=model,  # type: ignore[arg-type]
         max_staleness=max_staleness,
-        on_stale=on_stale,  # type: ignore[arg-type]
-        nats_url=nats,
-        metrics_port=metrics_port,
-        failover_at=min(3, steps - 1),
-        lora_at=steps - 1 if steps >= 4 else None,
+        on_stale=on_stale,
+        seed=seed,
+        out_dir=out,
+        failover_at=failover_at,
+        kill_nats_at=kill_nats_at,
+        restart_rollout_at=restart_rollout_at,
+        restart_engine_at=restart_engine_at,
+        lora_rank=lora,
     )
     try:
-        with _private_tempdir():
-            result = run_async(run_demo(config, emit=typer.echo))
-    except ImportError as exc:
-        raise fail(f"the demo needs the 'engine' extra: {exc}", EXIT_USAGE) from None
-    except (BusError, OSError, RuntimeError) as exc:
-        raise fail(f"the demo failed: {exc}", 1) from None
+        result = run_demo(config, emit=typer.echo)
+    except DemoError as exc:
+        raise fail(str(exc), 1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    s = result.summary
     typer.echo("")
     typer.echo(
-        f"final version v{result.final_version}; tracker v{result.tracker_version}; "
-        f"{result.groups_generated} groups generated; regressions counted {result.regressions:.0f}; "
-        + (f"mean publish-to-observe lag {result.lag_mean_ms:.2f} ms" if result.lag_mean_ms is not None else "")
+        f"reward {s['reward_first']:.3f} (first quarter) -> {s['reward_last']:.3f} (last quarter); "
+        f"final v{s['final_version']}; staleness avg {s['staleness_avg'] or 0:.2f} max {s['staleness_max']}; "
+        f"publish-to-record lag p50 {s['propagation_lag_ms_p50'] or 0:.2f} ms; "
+        f"{(s['tokens_wasted_share'] or 0) * 100:.0f}% of tokens not trained on; {s['wall_s']:.0f} s"
     )
-    if result.problems:
-        for problem in result.problems:
-            typer.echo(f"PROBLEM: {problem}", err=True)
-        raise typer.Exit(1)
     typer.echo(
-        "every invariant held: versions only moved forward across the failover, no kept group was "
-        f"older than {max_staleness} version(s), the rogue regression was held and alerted."
+        f"groups filtered for a non-version label ('default' after an engine restart): "
+        f"{s['unknown_version_groups']}; engine-out-of-sync alerts: {s['engine_out_of_sync_alerts']}; "
+        f"regression alerts for the rogue v1: {s['regression_alerts']}"
     )
+    typer.echo(f"report: {out / 'report.json'}, {out / 'report.png'}")
+    broken = {name: p for name, p in result.problems.items() if p}
+    for name, problems in broken.items():
+        for problem in problems[:5]:
+            typer.echo(f"BROKEN {name}: {problem}", err=True)
+    if broken:
+        raise typer.Exit(1)
+    typer.echo("every invariant held: " + ", ".join(result.problems))
+
+
+def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path) -> None:
+    from weightbus.demo import DemoConfig, DemoError, run_demo
+    from weightbus.rl.report import write_tradeoff
+
+    results = {}
+    for bound in bounds:
+        typer.echo(f"== max_staleness {bound}")
+        config = DemoConfig(steps=steps, max_staleness=bound, on_stale=on_stale, seed=seed,
+                            out_dir=out / f"staleness-{bound}")
+        try:
+            results[bound] = run_demo(config, emit=lambda line: None)
+        except DemoError as exc:
+            raise fail(str(exc), 1) from None
+        s = results[bound].summary
+        typer.echo(f"   reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, {s['wall_s']:.0f} s, "
+                   f"{(s['tokens_wasted_share'] or 0) * 100:.0f}% of tokens not trained on")
+    numbers = write_tradeoff(results, out)
+    typer.echo("")
+    typer.echo("max_staleness  reward(last quarter)  training s  tokens not trained on")
+    for bound, entry in numbers.items():
+        typer.echo(f"{bound:>13}  {entry['reward_last']:>20.3f}  {entry['wall_s']:>10.1f}  "
+                   f"{(entry['tokens_wasted_share'] or 0) * 100:>20.0f}%")
+    typer.echo(f"report: {out / 'staleness-tradeoff.png'}, {out / 'staleness-tradeoff.json'}")
+    if not all(r.ok for r in results.values()):
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

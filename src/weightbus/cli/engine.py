@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import socket
 from enum import Enum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from weightbus.cli._common import EXIT_USAGE, check_port, fail, run_async
+
+if TYPE_CHECKING:
+    from weightbus.refengine.model import EngineModel
 
 __all__ = ["register"]
 
@@ -19,6 +22,7 @@ __all__ = ["register"]
 class _ModelChoice(str, Enum):
     hash = "hash"
     torch = "torch"
+    policy = "policy"
 
 
 def engine_command(
@@ -27,8 +31,14 @@ def engine_command(
     ] = 30000,
     host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
     model: Annotated[
-        _ModelChoice, typer.Option("--model", help="hash: pure-Python; torch: tiny torch LM (needs torch).")
+        _ModelChoice,
+        typer.Option(
+            "--model",
+            help="hash: pure-Python; torch: tiny torch LM; policy: the RL loop's WindowLM (safetensors, sampling).",
+        ),
     ] = _ModelChoice.hash,
+    seed: Annotated[int, typer.Option("--seed", help="Initial weights of the policy model (as the trainer's).")] = 0,
+    sampling_seed: Annotated[int, typer.Option("--sampling-seed", help="Seed of the policy model's sampler.")] = 0,
     weight_version: Annotated[
         str, typer.Option("--weight-version", help="Boot weight_version label, as SGLang's --weight-version.")
     ] = "default",
@@ -49,20 +59,23 @@ def engine_command(
     except OSError as exc:
         raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE) from None
     try:
-        from weightbus.engines.reference import EngineState, create_app
-        from weightbus.engines.serve import serve_forever
+        from weightbus.refengine.reference import EngineState, create_app
+        from weightbus.refengine.serve import serve_forever
     except ImportError as exc:
         raise fail(f"the reference engine needs the 'engine' extra (starlette, uvicorn): {exc}") from None
-    if model is _ModelChoice.torch:
-        try:
-            from weightbus.engines.tiny_model import TinyTorchModel
+    engine_model: EngineModel | None = None
+    try:
+        if model is _ModelChoice.torch:
+            from weightbus.refengine.tiny_model import TinyTorchModel
 
             engine_model = TinyTorchModel()
-        except ImportError as exc:
-            raise fail(f"--model torch needs torch (the 'engine' extra): {exc}") from None
-        state = EngineState(model=engine_model, weight_version=weight_version, api_key=api_key, token_delay=token_delay)
-    else:
-        state = EngineState(weight_version=weight_version, api_key=api_key, token_delay=token_delay)
+        elif model is _ModelChoice.policy:
+            from weightbus.refengine.policy_model import WindowLM
+
+            engine_model = WindowLM(seed=seed, sampling_seed=sampling_seed)
+    except ImportError as exc:
+        raise fail(f"--model {model.value} needs torch (the 'engine' extra): {exc}") from None
+    state = EngineState(model=engine_model, weight_version=weight_version, api_key=api_key, token_delay=token_delay)
     typer.echo(f"http://{host}:{port}", color=False)
     typer.echo(f"reference engine ({model.value} model, weight_version {weight_version!r}); Ctrl-C to stop", err=True)
     run_async(serve_forever(create_app(state), host, port))

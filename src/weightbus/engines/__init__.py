@@ -1,8 +1,7 @@
 """SGLang engines: an async HTTP client per engine and worker discovery behind a router.
 
-Importing this package pulls in only httpx and msgspec. The CPU reference engine
-(``weightbus.engines.reference``, needs starlette), its uvicorn runner (``weightbus.engines.serve``) and the
-torch model (``weightbus.engines.tiny_model``) are imported explicitly by those who need them.
+Importing this package pulls in only httpx and msgspec. The CPU reference engine that serves this API in tests,
+the demo and the RL loop lives in its own package, ``weightbus.refengine``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import pickle
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from weightbus.engines.model import VOCAB
+from weightbus.refengine.model import VOCAB
 
 if TYPE_CHECKING:
     import torch

@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from weightbus.engines.model import EngineModel, HashModel
 from weightbus.engines.wire import PauseMode
+from weightbus.refengine.model import EngineModel, HashModel
 
 __all__ = ["EngineState", "InFlightRequest", "LoraAdapter", "RecordedRequest", "version_spans"]
 
@@ -48,6 +48,8 @@ class InFlightRequest:
         rid: the request id.
         prompt: the prompt token ids.
         output_ids: tokens generated so far.
+        logprobs: the logprob of each output token under the weights that generated it (0.0 for a model without
+            a distribution, such as the hash model).
         versions: the weight version each output token was generated under.
         parked: the request is waiting for ``/continue_generation``.
         num_retractions: how often a ``retract`` pause requeued it.
@@ -59,6 +61,7 @@ class InFlightRequest:
         self.rid = rid
         self.prompt = prompt
         self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
         self.versions: list[str] = []
         self.parked = False
         self.num_retractions = 0
@@ -81,7 +84,7 @@ class EngineState:
     """Everything a reference engine knows, plus fault-injection knobs for tests.
 
     Args:
-        model: the LM; a fresh :class:`~weightbus.engines.model.HashModel` if ``None``.
+        model: the LM; a fresh :class:`~weightbus.refengine.model.HashModel` if ``None``.
         weight_version: the boot label (SGLang's ``--weight-version``, default ``"default"``).
         model_path: reported by ``/model_info`` until a disk load replaces it; the model's name if ``None``.
         served_model_name: reported by ``/model_info``; ``model_path`` if ``None``.
@@ -193,10 +196,16 @@ class EngineState:
             request.parked = False
 
     async def generate(
-        self, request: InFlightRequest, max_new_tokens: int, stop_ids: set[int], adapter: str | None
+        self,
+        request: InFlightRequest,
+        max_new_tokens: int,
+        stop_ids: set[int],
+        adapter: str | None,
+        temperature: float = 0.0,
     ) -> dict[str, Any]:
-        """Generate greedily into ``request`` (registered in :attr:`in_flight` meanwhile) and return its
-        ``finish_reason``.
+        """Generate into ``request`` (registered in :attr:`in_flight` meanwhile) and return its ``finish_reason``.
+
+        Tokens are sampled at ``temperature`` when the model can sample (``sample_token``), else greedy.
 
         Raises:
             ValueError: a request with the same id is already in flight.
@@ -205,20 +214,25 @@ class EngineState:
             raise ValueError(f"duplicate request id {request.rid}")
         self.in_flight[request.rid] = request
         try:
-            return await self._generate(request, max_new_tokens, stop_ids, adapter)
+            return await self._generate(request, max_new_tokens, stop_ids, adapter, temperature)
         finally:
             del self.in_flight[request.rid]
 
     async def _generate(
-        self, request: InFlightRequest, max_new_tokens: int, stop_ids: set[int], adapter: str | None
+        self, request: InFlightRequest, max_new_tokens: int, stop_ids: set[int], adapter: str | None, temperature: float
     ) -> dict[str, Any]:
         context = list(request.prompt)
+        sample = getattr(self.model, "sample_token", None)
         while len(request.output_ids) < max_new_tokens:
             await self._wait_if_paused(request)
             if request.abort_message is not None:
                 break
-            token = self.model.next_token(context, adapter)
+            if sample is not None:
+                token, logprob = sample(context, adapter, temperature)
+            else:
+                token, logprob = self.model.next_token(context, adapter), 0.0
             request.output_ids.append(token)
+            request.logprobs.append(logprob)
             request.versions.append(self.weight_version)
             context.append(token)
             if token in stop_ids:

@@ -4,7 +4,7 @@ A model maps a token context to the next token (greedy, deterministic) and can r
 ways SGLang can: from disk, from serialized tensors, from a (simulated) distributed broadcast. A failed load
 raises ``ValueError`` and leaves the old weights in place, so the engine can answer 400 and keep its version.
 Every model shares one tiny character vocabulary (:data:`VOCAB`), so text prompts work without a tokenizer
-download. Nothing here imports torch; see ``weightbus.engines.tiny_model`` for the torch model.
+download. Nothing here imports torch; see ``weightbus.refengine.tiny_model`` for the torch model.
 """
 
 from __future__ import annotations

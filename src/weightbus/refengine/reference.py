@@ -12,9 +12,12 @@ It is strict where 0.5.23 is strict, so client bugs show up in tests rather than
   requests until ``/continue_generation``; ``abort`` mode aborts them. A request whose tokens were generated
   under more than one version reports ``meta_info.weight_versions`` spans (output-token indices, end
   exclusive) and ``weight_version`` equal to the last span's.
+* ``return_logprob`` adds ``meta_info.output_token_logprobs`` (``[logprob, token_id, null]`` per output token).
+  Models that can sample (:class:`~weightbus.refengine.policy_model.WindowLM`) honour ``temperature``
+  (sglang's default 1.0); the others decode greedily.
 * Unknown JSON keys are ignored. With ``api_key`` set, every route but ``/health`` needs ``Bearer <api_key>``.
 
-:class:`~weightbus.engines.engine_state.EngineState` (re-exported here) holds the engine's mutable state, the
+:class:`~weightbus.refengine.engine_state.EngineState` (re-exported here) holds the engine's mutable state, the
 fault-injection knobs and a record of every request (method, path, query, parsed body) for assertions.
 """
 
@@ -32,8 +35,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from weightbus.engines.engine_state import EngineState, InFlightRequest, LoraAdapter, RecordedRequest
-from weightbus.engines.model import decode, encode
+from weightbus.refengine.engine_state import EngineState, InFlightRequest, LoraAdapter, RecordedRequest
+from weightbus.refengine.model import decode, encode
 
 __all__ = ["EngineState", "InFlightRequest", "LoraAdapter", "RecordedRequest", "create_app"]
 
@@ -117,6 +120,8 @@ class _AbortBody(msgspec.Struct, frozen=True):
 class _SamplingParams(msgspec.Struct, frozen=True):
     max_new_tokens: int | None = None
     stop_token_ids: list[int] | None = None
+    # sglang's default; models without a distribution (hash, tiny torch) stay greedy.
+    temperature: float = 1.0
 
 
 class _GenerateBody(msgspec.Struct, frozen=True):
@@ -126,6 +131,7 @@ class _GenerateBody(msgspec.Struct, frozen=True):
     stream: bool = False
     lora_path: str | None = None
     rid: str | None = None
+    return_logprob: bool = False
 
 
 class _BadRequest(Exception):
@@ -321,7 +327,9 @@ def create_app(state: EngineState) -> Starlette:
             adapter = state.lora_adapters[body.lora_path].path
         job = InFlightRequest(body.rid or uuid.uuid4().hex, prompt)
         try:
-            finish = await state.generate(job, max_new_tokens, set(params.stop_token_ids or ()), adapter)
+            finish = await state.generate(
+                job, max_new_tokens, set(params.stop_token_ids or ()), adapter, max(0.0, params.temperature)
+            )
         except ValueError as exc:
             raise _BadRequest(str(exc)) from exc
         version, spans = state.output_version(job)
@@ -337,6 +345,10 @@ def create_app(state: EngineState) -> Starlette:
         }
         if spans is not None:
             meta["weight_versions"] = spans
+        if body.return_logprob:
+            # sglang's shape without return_text_in_logprobs: [logprob, token_id, null] per output token.
+            pairs = zip(job.logprobs, job.output_ids, strict=True)
+            meta["output_token_logprobs"] = [[logprob, token, None] for logprob, token in pairs]
         return _json({"text": decode(job.output_ids), "output_ids": job.output_ids, "meta_info": meta})
 
     routes = [

@@ -1,0 +1,153 @@
+"""Drained batches served by a rollout process to a trainer over NATS request/reply, chunked to the server's limit.
+
+The subject is ``weightbus-rpc.<policy>.batches``: the policy's, but outside ``weightbus.>``, because the
+JetStream stream captures ``weightbus.>`` and would store every request and answer it with its own ack.
+
+A trainer publishes a :class:`BatchRequest` with a private reply inbox; the rollout drains and answers with
+one or more chunks of the encoded :class:`BatchReply`, each at most the server's ``max_payload`` (less a
+margin for headers) and numbered in the ``Weightbus-Chunk`` header (``i/n``). The trainer reassembles the
+chunks in order; a missing chunk is a timeout, never a truncated batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import msgspec
+
+from weightbus.bus.subjects import validate_policy
+from weightbus.schemas.rollouts import Group
+
+__all__ = [
+    "BatchReply",
+    "BatchRequest",
+    "NoRolloutError",
+    "batch_subject",
+    "chunk_payload",
+    "request_batch",
+    "serve_batches",
+]
+
+log = logging.getLogger("weightbus.rl")
+
+_HEADER: Final = "Weightbus-Chunk"
+# Room for the headers and protocol framing of each chunk.
+_MARGIN: Final = 512
+
+
+class NoRolloutError(ConnectionError):
+    """No rollout process is subscribed to the policy's batch subject."""
+
+
+def batch_subject(policy: str) -> str:
+    """``weightbus-rpc.<policy>.batches``."""
+    return f"weightbus-rpc.{validate_policy(policy)}.batches"
+
+
+class BatchRequest(msgspec.Struct, kw_only=True):
+    """A trainer asks for ``size`` kept groups, judged against a tracker that holds at least ``min_version``.
+
+    ``min_version`` is the version the trainer has just published: a drain judged against an older tracker
+    would admit a group one version too stale by the time it is trained on.
+    """
+
+    size: int
+    min_version: int | None = None
+    trainer_id: str = ""
+
+
+class BatchReply(msgspec.Struct, kw_only=True):
+    """The drained groups and the drain's numbers; ``error`` is set instead when the rollout could not drain."""
+
+    groups: list[Group] = []
+    judged_at: int | None = None
+    kept: int = 0
+    recycled: int = 0
+    dropped: int = 0
+    staleness_avg: float | None = None
+    staleness_max: int | None = None
+    tokens_generated: int = 0
+    tokens_wasted: int = 0
+    lag_s: float | None = None
+    """How long the rollout's tracker took to see ``min_version`` after it was published (None if replayed)."""
+    error: str | None = None
+
+
+def chunk_payload(data: bytes, max_payload: int) -> list[bytes]:
+    """``data`` cut into pieces of at most ``max_payload - margin`` bytes (at least one piece)."""
+    size = max(1, max_payload - _MARGIN)
+    return [data[i : i + size] for i in range(0, len(data), size)] or [b""]
+
+
+async def serve_batches(nc: Any, policy: str, handler: Callable[[BatchRequest], Awaitable[BatchReply]]) -> Any:
+    """Answer batch requests on ``batch_subject(policy)`` with ``handler``; returns the nats subscription, once the
+    server has registered it.
+
+    Requests are handled one at a time (a drain takes groups out of the buffer; two at once would split it).
+    """
+    lock = asyncio.Lock()
+
+    async def on_request(msg: Any) -> None:
+        if not msg.reply:
+            return
+        try:
+            request = msgspec.json.decode(msg.data, type=BatchRequest)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            reply = BatchReply(error=f"invalid batch request: {exc}")
+        else:
+            async with lock:
+                reply = await handler(request)
+        chunks = chunk_payload(msgspec.json.encode(reply), nc.max_payload)
+        for i, chunk in enumerate(chunks):
+            await nc.publish(msg.reply, chunk, headers={_HEADER: f"{i}/{len(chunks)}"})
+        await nc.flush()
+
+    sub = await nc.subscribe(batch_subject(policy), cb=on_request)
+    # Round-trip to the server so the subscription is registered before anyone is told we serve.
+    await nc.flush()
+    return sub
+
+
+async def request_batch(nc: Any, policy: str, request: BatchRequest, *, timeout: float) -> BatchReply:
+    """Ask the rollout for a batch and reassemble its chunks.
+
+    Raises:
+        TimeoutError: no complete answer within ``timeout`` seconds.
+        NoRolloutError: nobody serves the subject (the server answered "no responders").
+        ValueError: the answer does not decode.
+    """
+    inbox = nc.new_inbox()
+    chunks: dict[int, bytes] = {}
+    total: list[int] = []
+    done = asyncio.Event()
+    failure: list[str] = []
+
+    async def on_chunk(msg: Any) -> None:
+        headers = msg.headers or {}
+        if _HEADER not in headers:
+            # The server's "no responders" status (503, empty body): nobody serves this policy right now.
+            failure.append(f"no rollout answers on {batch_subject(policy)} (status {headers.get('Status', '?')})")
+            done.set()
+            return
+        index, _, count = headers[_HEADER].partition("/")
+        chunks[int(index)] = msg.data
+        total[:] = [int(count)]
+        if len(chunks) == total[0]:
+            done.set()
+
+    sub = await nc.subscribe(inbox, cb=on_chunk)
+    try:
+        await nc.publish(batch_subject(policy), msgspec.json.encode(request), reply=inbox)
+        await asyncio.wait_for(done.wait(), timeout)
+    finally:
+        await sub.unsubscribe()
+    if failure:
+        raise NoRolloutError(failure[0])
+    data = b"".join(chunks[i] for i in range(total[0]))
+    try:
+        return msgspec.json.decode(data, type=BatchReply)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"invalid batch reply: {exc}") from None

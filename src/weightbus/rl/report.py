@@ -1,0 +1,294 @@
+"""The demo's verdict: invariants computed from the bus recording and from what the trainer actually trained on.
+
+Checks (each a list of problems; any problem makes the demo exit 1):
+
+* ``versions_forward``: the ``WeightUpdated`` versions on the bus strictly increase, across failovers and NATS
+  restarts (recorded events are de-duplicated by stream sequence, since a resubscribe replays history).
+* ``staleness_bound``: every group the trainer trained on had only numeric version labels, and
+  ``trained_under - oldest <= max_staleness`` by its recorded sample versions.
+* ``engines_in_sync``: every announced version has an ok ``WeightApplied`` read-back from every engine it names.
+* ``faults_survived``: training reached its last step after every fault, and after a failover the new trainer
+  continued the counter above the old one's last version.
+* ``regression_caught``: the rogue v1 announced at the end (by :data:`ROGUE_ID`, bypassing the counter) was held
+  by the rollout's tracker and alerted as ``VersionRegressed``. It is the only announcement exempt from
+  ``versions_forward``.
+
+An engine restarted mid-run boots as ``"default"``: its samples must be filtered as ``unknown_version`` (counted in
+``summary.unknown_version_groups`` from the drain reports), and ``staleness_bound`` proves none was trained on;
+``summary.engine_out_of_sync_alerts`` counts the publisher's alerts about engines it found out of sync.
+
+Learning is reported, not checked here: ``reward_first`` and ``reward_last`` are the mean rewards of the first and
+last quarter of the steps.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ROGUE_ID",
+    "DemoResult",     "analyse",
+    "tradeoff_numbers",
+    "write_report",
+    "write_tradeoff",
+]
+
+#: The trainer id of the demo's rogue publisher, which bypasses the counter to announce v1 at the end.
+ROGUE_ID = "rogue-script"
+
+
+@dataclass
+class DemoResult:
+    """What a demo run measured and which invariants broke.
+
+    Attributes:
+        rows: one record per training step (from ``steps.jsonl``).
+        problems: every broken invariant, by check name.
+        faults: the faults injected (kind, step, time).
+        summary: headline numbers (rewards, staleness, lag, waste, wall time).
+    """
+
+    rows: list[dict[str, Any]]
+    problems: dict[str, list[str]]
+    faults: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    announced: list[dict[str, Any]] = field(default_factory=list)
+    """Every ``WeightUpdated`` recorded, in stream order (wire JSON)."""
+    read_backs: list[dict[str, Any]] = field(default_factory=list)
+    """Every ``WeightApplied`` recorded (wire JSON)."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether every invariant held."""
+        return not any(self.problems.values())
+
+
+def _recorded(path: Path) -> list[dict[str, Any]]:
+    seen: set[tuple[str, int | None, str]] = set()
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        key = (rec.get("subject", ""), rec.get("seq"), json.dumps(rec.get("event"), sort_keys=True))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(rec)
+    return out
+
+
+def _quarter_means(rewards: list[float]) -> tuple[float | None, float | None]:
+    if not rewards:
+        return None, None
+    q = max(1, len(rewards) // 4)
+    return statistics.fmean(rewards[:q]), statistics.fmean(rewards[-q:])
+
+
+def analyse(
+    config: Any, *, rows: list[dict[str, Any]], recording: Path, faults: list[dict[str, Any]], engines: list[str],
+    wall_s: float,
+) -> DemoResult:
+    """Check the invariants of one run (see the module docstring)."""
+    records = _recorded(recording)
+    all_updates = sorted(
+        (r for r in records if r["event"].get("type") == "weight.updated"), key=lambda r: r.get("seq") or 0
+    )
+    updates = [r for r in all_updates if r["event"]["trainer_id"] != ROGUE_ID]
+    rogue = [r["event"] for r in all_updates if r["event"]["trainer_id"] == ROGUE_ID]
+    alerts = [r["event"] for r in records if r["event"].get("type") == "alert.version_regressed"]
+    drains = [r["event"] for r in records if r["event"].get("type") == "drain.report"]
+    applied = [r["event"] for r in records if r["event"].get("type") == "weight.applied"]
+    problems: dict[str, list[str]] = {
+        "versions_forward": [],
+        "staleness_bound": [],
+        "engines_in_sync": [],
+        "faults_survived": [],
+        "regression_caught": [],
+    }
+    if rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in alerts):
+        problems["regression_caught"].append("the rogue v1 was not held and alerted by the rollout's tracker")
+
+    versions = [r["event"]["version"] for r in updates]
+    for before, after in zip(versions, versions[1:], strict=False):
+        if after <= before:
+            problems["versions_forward"].append(f"v{after} announced after v{before}")
+    if not versions:
+        problems["versions_forward"].append("no WeightUpdated was recorded")
+
+    for row in rows:
+        for i, group in enumerate(row["groups"]):
+            if group["unknown"] or group["oldest"] is None:
+                problems["staleness_bound"].append(f"step {row['step']} group {i} has a non-version label")
+            elif row["trained_under"] - group["oldest"] > config.max_staleness:
+                problems["staleness_bound"].append(
+                    f"step {row['step']} group {i}: v{group['oldest']} trained under v{row['trained_under']}"
+                )
+
+    ok_reads = {(a["engine"], a["version"]) for a in applied if a.get("ok") and a.get("read_back") == str(a["version"])}
+    for r in updates:
+        event = r["event"]
+        for engine in event.get("engines") or engines:
+            if (engine, event["version"]) not in ok_reads:
+                problems["engines_in_sync"].append(
+                    f"v{event['version']} has no ok read-back from {engine}"
+                )
+
+    last_step = max((row["step"] for row in rows), default=0)
+    if last_step < config.steps:
+        problems["faults_survived"].append(f"training stopped at step {last_step} of {config.steps}")
+    for fault in faults:
+        if fault["kind"] == "failover":
+            before = [r["event"] for r in updates if r["event"]["trainer_id"] == "trainer-0"]
+            after = [r["event"] for r in updates if r["event"]["trainer_id"] == "trainer-1"]
+            if not after:
+                problems["faults_survived"].append("the replacement trainer never published")
+            elif before and after[0]["version"] <= before[-1]["version"]:
+                problems["faults_survived"].append(
+                    f"the replacement trainer published v{after[0]['version']} after v{before[-1]['version']}"
+                )
+
+    rewards = [row["reward"] for row in rows]
+    first, last = _quarter_means(rewards)
+    lags = [r["received_at"] - r["event"]["published_at"] for r in updates if r.get("received_at")]
+    tokens = rows[-1]["tokens_generated"] if rows else 0
+    wasted = rows[-1]["tokens_wasted"] if rows else 0
+    staleness = [row["staleness_avg"] for row in rows if row["staleness_avg"] is not None]
+    summary = {
+        "steps": last_step,
+        "final_version": versions[-1] if versions else None,
+        "reward_first": first,
+        "reward_last": last,
+        "staleness_avg": statistics.fmean(staleness) if staleness else None,
+        "staleness_max": max((row["staleness_max"] or 0 for row in rows), default=None),
+        "propagation_lag_ms_p50": statistics.median(lags) * 1000 if lags else None,
+        "tokens_generated": tokens,
+        "tokens_wasted_share": wasted / tokens if tokens else None,
+        "weightbus_s_mean": statistics.fmean(row["weightbus_s"] for row in rows) if rows else None,
+        "wall_s": wall_s,
+        "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in drains),
+        "engine_out_of_sync_alerts": sum(1 for r in records if r["event"].get("type") == "alert.engine_out_of_sync"),
+        "regression_alerts": len(alerts),
+    }
+    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    return DemoResult(
+        rows=rows,
+        problems=problems,
+        faults=faults,
+        summary=summary,
+        config=cfg,
+        announced=[r["event"] for r in updates],
+        read_backs=applied,
+    )
+
+
+def _trained_staleness(row: dict[str, Any]) -> int | None:
+    known = [row["trained_under"] - g["oldest"] for g in row["groups"] if g["oldest"] is not None]
+    return max(known) if known else None
+
+
+def write_report(result: DemoResult, out_dir: Path) -> None:
+    """Write ``report.json`` and ``report.png`` (reward and staleness per step, faults marked) into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = [
+        {k: row[k] for k in ("step", "version", "reward", "staleness_avg", "staleness_max", "kept", "recycled",
+                             "dropped", "step_s", "weightbus_s", "batch_wait_s", "trained_under")}
+        | {"lag_s": row.get("lag_s")}
+        | {"trained_staleness_max": _trained_staleness(row)}
+        for row in result.rows
+    ]
+    body = {"config": result.config, "summary": result.summary, "faults": result.faults,
+            "problems": result.problems, "ok": result.ok, "steps": steps}
+    (out_dir / "report.json").write_text(json.dumps(body, indent=2) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = [row["step"] for row in result.rows]
+    ax.plot(xs, [row["reward"] for row in result.rows], color="tab:blue", label="mean reward")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.step(xs, [_trained_staleness(row) or 0 for row in result.rows], color="tab:orange", where="mid",
+             label="max staleness trained on")
+    ax2.plot(xs, [row["staleness_max"] or 0 for row in result.rows], color="tab:orange", alpha=0.5, ls=":",
+             label="max staleness judged (recycled too)")
+    ax2.set_ylabel("staleness (versions)", color="tab:orange")
+    ax2.legend(loc="lower right", fontsize=7)
+    for fault in result.faults:
+        ax.axvline(fault["step"], color="red", ls="--", lw=1)
+        ax.annotate(fault["kind"], (fault["step"], ax.get_ylim()[1]), fontsize=7, color="red", rotation=90,
+                    va="top", ha="right")
+    ax.set_title("weightbus demo: reward and staleness per step")
+    fig.tight_layout()
+    fig.savefig(out_dir / "report.png", dpi=100)
+    plt.close(fig)
+
+
+def _training_clock(rows: list[dict[str, Any]]) -> list[float]:
+    """Seconds since the first step began, at the end of each step."""
+    if not rows:
+        return []
+    origin = rows[0]["time"] - rows[0]["step_s"]
+    return [row["time"] - origin for row in rows]
+
+
+def tradeoff_numbers(results: dict[int, DemoResult]) -> dict[str, Any]:
+    """Per staleness bound: reward against wall time, the final reward, and the share of tokens not trained on."""
+    out: dict[str, Any] = {}
+    for bound, result in sorted(results.items()):
+        clock = _training_clock(result.rows)
+        out[str(bound)] = {
+            "reward_first": result.summary["reward_first"],
+            "reward_last": result.summary["reward_last"],
+            "wall_s": clock[-1] if clock else None,
+            "tokens_generated": result.summary["tokens_generated"],
+            "tokens_wasted_share": result.summary["tokens_wasted_share"],
+            "staleness_avg": result.summary["staleness_avg"],
+            "ok": result.ok,
+            "curve": [[t, row["reward"]] for t, row in zip(clock, result.rows, strict=True)],
+        }
+    return out
+
+
+def write_tradeoff(results: dict[int, DemoResult], out_dir: Path) -> dict[str, Any]:
+    """Write ``staleness-tradeoff.json`` and ``staleness-tradeoff.png`` (reward against wall time per bound, and
+    the share of generated tokens wasted on recycled or dropped groups); returns the numbers."""
+    numbers = tradeoff_numbers(results)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "staleness-tradeoff.json").write_text(json.dumps(numbers, indent=2) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
+    for bound, entry in numbers.items():
+        curve = entry["curve"]
+        window = 5
+        smooth = [
+            statistics.fmean(r for _, r in curve[max(0, i - window + 1) : i + 1]) for i in range(len(curve))
+        ]
+        left.plot([t for t, _ in curve], smooth, label=f"max_staleness {bound}")
+    left.set_xlabel("wall time since training began (s)")
+    left.set_ylabel("mean reward (5-step moving average)")
+    left.legend()
+    bounds = list(numbers)
+    right.bar(bounds, [(numbers[b]["tokens_wasted_share"] or 0) * 100 for b in bounds], color="tab:red")
+    right.set_xlabel("max_staleness")
+    right.set_ylabel("% of generated tokens not trained on")
+    fig.suptitle("weightbus: the staleness trade-off")
+    fig.tight_layout()
+    fig.savefig(out_dir / "staleness-tradeoff.png", dpi=100)
+    plt.close(fig)
+    return numbers

@@ -1,0 +1,272 @@
+"""The trainer process: GRPO-style steps on drained batches, then a weight push stamped and published by weightbus.
+
+Each step: ask the rollout for a batch judged against the version just published (``min_version``), take a
+clipped policy-gradient step with group-relative advantages and an importance ratio against the logprobs
+the engines recorded (batches are off-policy by up to the staleness bound), checkpoint, then push:
+``async with publisher.update() as version`` writes a safetensors file and loads it on every engine with
+``/update_weights_from_disk`` carrying ``weight_version=str(version)`` (load and label in one call), after which
+weightbus stamps, verifies and publishes. In LoRA mode the adapter is what trains; each version is loaded with
+``/load_lora_adapter`` under its own name (``<lora_name>-v<version>``, announced in ``WeightUpdated.lora``, which
+rollouts pass as ``lora_path``), stamped from the same counter.
+
+Invariants:
+
+* The version counter is the bus's: a replacement trainer resumes it (``VersionPublisher.start``) and the
+  model and optimizer from the checkpoint, and first pushes what it holds, so engines and trainer agree.
+* Every step appends one JSON line to ``steps.jsonl`` (the supervisor's record of what was trained on):
+  the version trained under, each group's oldest and newest sample version and any non-version label.
+  The line is written before the checkpoint, so a step is never trained, kept and unrecorded; after a
+  failover a step number may appear twice (trained by the old trainer, redone by the new one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weightbus.bus import connect
+from weightbus.errors import EngineError, PublishError
+from weightbus.producers import EngineFleet, VersionPublisher
+from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch
+from weightbus.schemas import LoraAdapter
+from weightbus.schemas.rollouts import Group
+
+__all__ = ["TrainerConfig", "grpo_loss", "run_trainer"]
+
+log = logging.getLogger("weightbus.rl")
+
+_BATCH_TIMEOUT = 5.0
+_BATCH_RETRY_DELAY = 0.2
+_PUSH_PATIENCE = 60.0
+_PUSH_RETRY_DELAY = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerConfig:
+    """What ``weightbus trainer`` runs.
+
+    Attributes:
+        nats_url: the NATS to use.
+        router_url: the router whose ``/workers`` are the engines to push to.
+        policy: the policy id.
+        run_dir: holds ``checkpoint.pt``, ``steps.jsonl`` and the weight files (must be readable by the engines).
+        steps: train until the checkpointed step count reaches this.
+        batch: groups per step.
+        seed: the initial weights (the engines' ``--seed``).
+        lr: Adam's learning rate.
+        clip: the PPO clip range of the importance ratio.
+        lora_rank: train and push a LoRA adapter of this rank instead of the full weights.
+        lora_name: the adapters' name prefix on the engines (``<lora_name>-v<version>``).
+        trainer_id: identity on the bus (default ``<hostname>:<pid>``).
+    """
+
+    nats_url: str
+    router_url: str
+    policy: str
+    run_dir: Path
+    steps: int = 40
+    batch: int = 8
+    seed: int = 0
+    lr: float = 0.05
+    clip: float = 0.2
+    lora_rank: int | None = None
+    lora_name: str = "policy-lora"
+    trainer_id: str | None = None
+
+
+def grpo_loss(policy: Any, groups: list[Group], clip: float) -> tuple[Any, float]:
+    """The clipped surrogate loss over ``groups`` and their mean reward.
+
+    Advantages are group-relative (reward minus the group mean, over the group's standard deviation); the ratio is
+    ``exp(logp_now - logp_engine)`` per token, clipped to ``[1 - clip, 1 + clip]`` as in PPO.
+    """
+    import torch
+
+    from weightbus.rl.policy import token_windows
+
+    windows: list[list[int]] = []
+    tokens: list[int] = []
+    old: list[float] = []
+    adv: list[float] = []
+    rewards: list[float] = []
+    for group in groups:
+        r = torch.tensor([s.reward or 0.0 for s in group.samples])
+        a = (r - r.mean()) / (r.std() + 1e-4) if len(group.samples) > 1 else r * 0
+        rewards.extend(r.tolist())
+        for sample, advantage in zip(group.samples, a.tolist(), strict=True):
+            response = sample.tokens[len(sample.tokens) - sample.response_length :]
+            logprobs = sample.metadata.get("logprobs") or [0.0] * len(response)
+            windows.extend(token_windows(sample.tokens, sample.response_length))
+            tokens.extend(response)
+            old.extend(logprobs[: len(response)])
+            adv.extend([advantage] * len(response))
+    new = policy.token_logprobs(windows, tokens)
+    ratio = torch.exp(new - torch.tensor(old))
+    advantages = torch.tensor(adv)
+    surrogate = torch.minimum(ratio * advantages, torch.clamp(ratio, 1 - clip, 1 + clip) * advantages)
+    return -surrogate.mean(), sum(rewards) / max(1, len(rewards))
+
+
+def _group_versions(group: Group) -> dict[str, Any]:
+    oldest = [s.oldest_version for s in group.samples]
+    newest = [s.newest_version for s in group.samples]
+    known = [v for v in oldest if v is not None]
+    return {
+        "oldest": min(known) if known else None,
+        "newest": max((v for v in newest if v is not None), default=None),
+        "unknown": any(s.has_unknown_version or s.oldest_version is None for s in group.samples),
+    }
+
+
+class _Trainer:
+    def __init__(self, config: TrainerConfig) -> None:
+        import torch
+
+        from weightbus.rl.policy import Policy
+
+        self.config = config
+        self.policy = Policy(seed=config.seed, lora_rank=config.lora_rank)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
+        self.step = 0
+        self.checkpoint = config.run_dir / "checkpoint.pt"
+        self.weights_dir = config.run_dir / "weights"
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        if self.checkpoint.exists():
+            state = torch.load(self.checkpoint, weights_only=True)
+            self.policy.load_state(state["policy"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step = int(state["step"])
+
+    def save_checkpoint(self) -> None:
+        import torch
+
+        tmp = self.checkpoint.with_suffix(".tmp")
+        torch.save({"policy": self.policy.state(), "optimizer": self.optimizer.state_dict(), "step": self.step}, tmp)
+        # A trainer killed mid-write leaves the previous checkpoint whole.
+        os.replace(tmp, self.checkpoint)
+
+    async def push(self, pub: VersionPublisher, fleet: EngineFleet) -> tuple[int, float]:
+        """Push until it lands (an engine restarting, NATS restarting); returns the version and weightbus's seconds.
+
+        A failed update publishes nothing and does not use the version up, so a retry pushes the same number.
+        """
+        deadline = time.monotonic() + _PUSH_PATIENCE
+        while True:
+            try:
+                return await self._push_once(pub, fleet)
+            except (EngineError, PublishError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("push failed; retrying", extra={"error": str(exc), "version": pub.next_version})
+                await asyncio.sleep(_PUSH_RETRY_DELAY)
+
+    async def _push_once(self, pub: VersionPublisher, fleet: EngineFleet) -> tuple[int, float]:
+        config = self.config
+        started = time.perf_counter()
+        push_s = 0.0
+        lora = None
+        if config.lora_rank is not None:
+            # One adapter name per version: loading never has to unload the name rollouts are using.
+            path = self.weights_dir / f"adapter-v{pub.next_version}.safetensors"
+            lora = LoraAdapter(name=f"{config.lora_name}-v{pub.next_version}", path=str(path))
+        async with pub.update(lora=lora) as version:
+            pushed = time.perf_counter()
+            if lora is None:
+                path = self.weights_dir / f"weights-v{version}.safetensors"
+                self.policy.save_weights(str(path))
+                for client in fleet.clients:
+                    await client.update_weights_from_disk(str(path), weight_version=str(version))
+            else:
+                self.policy.save_adapter(str(path))
+                for client in fleet.clients:
+                    await client.load_lora_adapter(lora.name, str(path))
+            push_s = time.perf_counter() - pushed
+        if lora is not None:
+            # The adapter two versions back is no longer announced; requests already running keep their weights.
+            stale = f"{config.lora_name}-v{version - 2}"
+            for client in fleet.clients:
+                with contextlib.suppress(EngineError):
+                    await client.unload_lora_adapter(stale)
+        return version, time.perf_counter() - started - push_s
+
+
+async def run_trainer(config: TrainerConfig) -> int:
+    """Train until ``config.steps``; returns the last published version.
+
+    Raises:
+        FencedError: another trainer took the counter over.
+        EngineError, EngineOutOfSyncError: a push did not land on every engine.
+    """
+    trainer = _Trainer(config)
+    bus = await connect(config.nats_url, name=f"weightbus-trainer-{config.policy}")
+    fleet = await EngineFleet.from_router(config.router_url)
+    steps_log = (config.run_dir / "steps.jsonl").open("a", encoding="utf-8")
+    try:
+        pub = VersionPublisher(bus, config.policy, fleet=fleet, pause="retract", trainer_id=config.trainer_id)
+        await pub.start()
+        version, _ = await trainer.push(pub, fleet)
+        log.info("trainer ready", extra={"step": trainer.step, "version": version})
+        while trainer.step < config.steps:
+            started = time.perf_counter()
+            trained_under = version
+            reply = await _batch(bus.client, config, trained_under, pub.trainer_id)
+            got_batch = time.perf_counter()
+            loss, reward = grpo_loss(trainer.policy, reply.groups, config.clip)
+            trainer.optimizer.zero_grad()
+            loss.backward()
+            trainer.optimizer.step()
+            trainer.step += 1
+            version, weightbus_s = await trainer.push(pub, fleet)
+            record = {
+                "step": trainer.step,
+                "trainer_id": pub.trainer_id,
+                "trained_under": trained_under,
+                "version": version,
+                "reward": reward,
+                "groups": [_group_versions(g) for g in reply.groups],
+                "judged_at": reply.judged_at,
+                "kept": reply.kept,
+                "recycled": reply.recycled,
+                "dropped": reply.dropped,
+                "staleness_avg": reply.staleness_avg,
+                "staleness_max": reply.staleness_max,
+                "tokens_generated": reply.tokens_generated,
+                "tokens_wasted": reply.tokens_wasted,
+                "lag_s": reply.lag_s,
+                "batch_wait_s": got_batch - started,
+                "weightbus_s": weightbus_s,
+                "step_s": time.perf_counter() - started,
+                "time": time.time(),
+            }
+            steps_log.write(json.dumps(record) + "\n")
+            steps_log.flush()
+            # Checkpoint last: a trainer killed before this line leaves a step that the next one redoes (a
+            # repeated step number in steps.jsonl), never a trained step missing from the record.
+            trainer.save_checkpoint()
+        return version
+    finally:
+        steps_log.close()
+        await fleet.aclose()
+        await bus.close()
+
+
+async def _batch(nc: Any, config: TrainerConfig, min_version: int, trainer_id: str) -> BatchReply:
+    request = BatchRequest(size=config.batch, min_version=min_version, trainer_id=trainer_id)
+    while True:
+        try:
+            reply = await request_batch(nc, config.policy, request, timeout=_BATCH_TIMEOUT)
+        except (TimeoutError, NoRolloutError, ValueError) as exc:
+            # A rollout restarting, NATS restarting, or a reply cut by a crash: ask again.
+            log.warning("no batch from the rollout; asking again", extra={"policy": config.policy, "error": repr(exc)})
+            await asyncio.sleep(_BATCH_RETRY_DELAY)
+            continue
+        if reply.error is None:
+            return reply
+        log.warning("the rollout could not drain; asking again", extra={"error": reply.error})

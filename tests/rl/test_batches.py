@@ -1,0 +1,67 @@
+"""Batches over NATS request/reply: chunked to the server's max_payload and reassembled; no rollout is an error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from weightbus.bus import connect
+from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, chunk_payload, request_batch, serve_batches
+from weightbus.schemas.rollouts import Group, Sample
+
+pytestmark = pytest.mark.nats
+
+
+def test_chunks_respect_the_limit_and_rejoin() -> None:
+    data = bytes(range(256)) * 40
+    chunks = chunk_payload(data, 1024)
+    assert len(chunks) > 1 and all(len(c) <= 1024 for c in chunks)
+    assert b"".join(chunks) == data
+    assert chunk_payload(b"", 1024) == [b""]
+
+
+async def test_a_batch_larger_than_max_payload_arrives_whole(nats_url: str, policy: str) -> None:
+    server = await connect(nats_url)
+    client = await connect(nats_url)
+    limit = server.client.max_payload
+    # Groups whose encoding is several times the server's max_payload.
+    groups = [
+        Group(prompt_index=i, samples=[Sample(index=i * 8 + j, tokens=list(range(20_000))) for j in range(8)])
+        for i in range(4)
+    ]
+    seen: list[BatchRequest] = []
+
+    async def handler(request: BatchRequest) -> BatchReply:
+        seen.append(request)
+        return BatchReply(groups=groups[: request.size], judged_at=7, kept=request.size)
+
+    sub = await serve_batches(server.client, policy, handler)
+    try:
+        for attempt in range(5):
+            # Observed about once in ten runs: a "no responders" for a request published after the responder's
+            # subscription was flushed. The trainer retries such answers; so does this test, boundedly.
+            try:
+                reply = await request_batch(client.client, policy, BatchRequest(size=4, min_version=7), timeout=10)
+                break
+            except NoRolloutError:
+                assert attempt < 4
+                await asyncio.sleep(0.05)
+    finally:
+        await sub.unsubscribe()
+        await server.close()
+        await client.close()
+    assert len(seen) == 1 and seen[0].min_version == 7
+    assert reply.judged_at == 7 and reply.kept == 4
+    assert [g.samples[3].tokens[-1] for g in reply.groups] == [19_999] * 4
+    assert len(msgspec.json.encode(reply)) > 3 * limit
+
+
+async def test_no_rollout_is_a_typed_error_not_a_hang(nats_url: str, policy: str) -> None:
+    client = await connect(nats_url)
+    try:
+        with pytest.raises(NoRolloutError):
+            await request_batch(client.client, policy, BatchRequest(size=1), timeout=5)
+    finally:
+        await client.close()

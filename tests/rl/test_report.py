@@ -1,0 +1,96 @@
+"""The demo's checker flags each broken invariant from a recording and the trained rows (it must be able to fail)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from weightbus.demo import DemoConfig
+from weightbus.rl.report import ROGUE_ID, analyse, tradeoff_numbers, write_report, write_tradeoff
+
+ENGINES = ["http://e0", "http://e1"]
+
+
+def _updated(seq: int, version: int, trainer: str = "trainer-0") -> dict[str, Any]:
+    event = {"type": "weight.updated", "policy": "demo", "version": version, "epoch": 0, "trainer_id": trainer,
+             "published_at": 100.0 + seq, "engines": ENGINES}
+    return {"subject": "weightbus.demo.weights", "seq": seq, "received_at": 100.001 + seq, "event": event}
+
+
+def _applied(seq: int, version: int, engine: str, read_back: str | None = None) -> dict[str, Any]:
+    read = str(version) if read_back is None else read_back
+    event = {"type": "weight.applied", "policy": "demo", "version": version, "engine": engine, "read_back": read,
+             "ok": read == str(version), "published_at": 100.0 + seq}
+    return {"subject": "weightbus.demo.applied", "seq": seq, "received_at": 100.0 + seq, "event": event}
+
+
+def _row(step: int, trained_under: int, oldest: list[int | None], unknown: bool = False) -> dict[str, Any]:
+    groups = [{"oldest": o, "newest": o, "unknown": unknown or o is None} for o in oldest]
+    return {"step": step, "trainer_id": "trainer-0", "trained_under": trained_under, "version": trained_under + 1,
+            "reward": 0.1 * step, "groups": groups, "judged_at": trained_under, "kept": len(groups), "recycled": 0,
+            "dropped": 0, "staleness_avg": 0.5, "staleness_max": 1, "tokens_generated": 100, "tokens_wasted": 10,
+            "batch_wait_s": 0.1, "weightbus_s": 0.02, "step_s": 0.2, "time": 1000.0 + step}
+
+
+def _write(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _healthy() -> list[dict[str, Any]]:
+    records = []
+    for i, v in enumerate((1, 2, 3)):
+        records += [_applied(10 * i + 1, v, ENGINES[0]), _applied(10 * i + 2, v, ENGINES[1]), _updated(10 * i + 3, v)]
+    return records
+
+
+def test_a_healthy_run_has_no_problems_and_writes_its_report(tmp_path: Path) -> None:
+    config = DemoConfig(steps=2, out_dir=None)
+    rows = [_row(1, 2, [1, 2]), _row(2, 3, [2, 3])]
+    # A resubscribing recorder may write an event twice: de-duplicated, not a regression.
+    recording = _write(tmp_path / "bus.jsonl", _healthy() + [_updated(23, 3)])
+    result = analyse(config, rows=rows, recording=recording, faults=[], engines=ENGINES, wall_s=1.0)
+    assert result.ok, result.problems
+    assert result.summary["reward_first"] == pytest.approx(0.1)
+    assert result.summary["tokens_wasted_share"] == pytest.approx(0.1)
+    write_report(result, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["ok"] is True
+    assert (tmp_path / "out" / "report.png").stat().st_size > 0
+
+
+def test_each_broken_invariant_is_named(tmp_path: Path) -> None:
+    config = DemoConfig(steps=3, max_staleness=1, out_dir=None)
+    records = _healthy()
+    records.append(_updated(40, 2))  # a version going backwards from a trainer
+    records.append(_applied(41, 2, ENGINES[1], read_back="default"))
+    records.append(_updated(42, 4))  # announced without engine read-backs
+    records.append(_updated(43, 1, trainer=ROGUE_ID))  # the rogue, with no alert recorded
+    rows = [_row(1, 3, [1]), _row(2, 3, [None], unknown=True)]  # staleness 2 > 1; a "default" label
+    recording = _write(tmp_path / "bus.jsonl", records)
+    result = analyse(config, rows=rows, recording=recording, faults=[], engines=ENGINES, wall_s=1.0)
+    assert not result.ok
+    assert result.problems["versions_forward"] == ["v2 announced after v3"]
+    assert any("v1 trained under v3" in p for p in result.problems["staleness_bound"])
+    assert any("non-version label" in p for p in result.problems["staleness_bound"])
+    assert any("v4 has no ok read-back" in p for p in result.problems["engines_in_sync"])
+    assert result.problems["faults_survived"] == ["training stopped at step 2 of 3"]
+    assert result.problems["regression_caught"]
+
+
+def test_tradeoff_numbers_and_plot(tmp_path: Path) -> None:
+    config = DemoConfig(steps=2, out_dir=None)
+    recording = _write(tmp_path / "bus.jsonl", _healthy())
+    results = {
+        b: analyse(config, rows=[_row(1, 2, [2]), _row(2, 3, [3])], recording=recording, faults=[], engines=ENGINES,
+                   wall_s=1.0)
+        for b in (0, 2)
+    }
+    numbers = tradeoff_numbers(results)
+    assert list(numbers) == ["0", "2"]
+    assert numbers["0"]["curve"][0] == [pytest.approx(0.2), pytest.approx(0.1)]
+    write_tradeoff(results, tmp_path / "out")
+    assert (tmp_path / "out" / "staleness-tradeoff.png").stat().st_size > 0
+    assert json.loads((tmp_path / "out" / "staleness-tradeoff.json").read_text())["2"]["ok"] is True
