@@ -13,9 +13,9 @@ import pytest
 
 from weightbus.bus import connect, subjects
 from weightbus.bus.protocol import Deliver
+from weightbus.engines.sglang import SGLangClient
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
-from weightbus.engines.sglang import SGLangClient
 from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats

@@ -60,10 +60,11 @@ async def test_update_order_is_pause_push_stamp_verify_publish_resume(engines: E
     async with pub.update() as version:
         assert state.pause_mode == "in_place"
         await a.update_weights_from_disk("/ckpt/step-1")
-    assert seen == [("publish", ("1", "in_place", 6))]
+    assert seen == [("publish", ("1", "in_place", 7))]
     assert engines.paths("http://a") == [
         "/model_info",  # start(): the counter resumes above any label an engine carries
         "/pause_generation",
+        "/model_info",  # before the push: a restarted engine's "default" is alerted, not hidden by the push
         "/update_weights_from_disk",
         "/model_info",
         "/update_weight_version",
@@ -77,8 +78,9 @@ async def test_update_order_is_pause_push_stamp_verify_publish_resume(engines: E
     # A push that carries weight_version folds the stamp into the load: one read, no relabel.
     async with pub.update() as version:
         await a.update_weights_from_disk("/ckpt/step-2", weight_version=version)
-    assert engines.paths("http://a")[-4:] == [
+    assert engines.paths("http://a")[-5:] == [
         "/pause_generation",
+        "/model_info",
         "/update_weights_from_disk",
         "/model_info",
         "/continue_generation",
@@ -98,10 +100,11 @@ async def test_exception_inside_update_quarantines_resumes_and_announces_nothing
     assert engines.paths("http://a") == [
         "/model_info",
         "/pause_generation",
+        "/model_info",
         "/update_weight_version",
         "/continue_generation",
     ]
-    assert engines.states["http://a"].requests[2].body == {"new_version": "quarantine:1", "abort_all_requests": False}
+    assert engines.states["http://a"].requests[3].body == {"new_version": "quarantine:1", "abort_all_requests": False}
     assert engines.states["http://a"].weight_version == "quarantine:1"
     assert isinstance((await bus.last(subjects.weights(policy))).event, VersionReserved)
     assert pub.version is None and pub.next_version == 2
@@ -173,8 +176,9 @@ async def test_lora_push_loads_stamps_reads_back_and_names_the_adapter(engines: 
         state = engines.states[url]
         assert state.weight_version == "2"
         assert state.lora_adapters["math"].path == "/adapters/math-1"
-        assert engines.paths(url)[-6:] == [
+        assert engines.paths(url)[-7:] == [
             "/pause_generation",
+            "/model_info",
             "/load_lora_adapter",
             "/model_info",
             "/update_weight_version",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -35,7 +35,7 @@ from weightbus.engines.sglang import PauseMode, SGLangClient
 from weightbus.errors import EngineError, EngineOutOfSyncError, PublishError
 from weightbus.schemas import QUARANTINE_PREFIX, EngineOutOfSync, LoraAdapter, WeightApplied, now
 
-__all__ = ["EngineFleet", "EngineStamp", "stamp_and_verify"]
+__all__ = ["EngineFleet", "EngineStamp", "alert_unexpected_labels", "stamp_and_verify"]
 
 log = logging.getLogger("weightbus.producers")
 
@@ -310,17 +310,9 @@ async def stamp_and_verify(
         raise ValueError("stamp_and_verify needs the policy to publish to the bus")
     stamps = await fleet.stamp(version)
     if bus is not None and policy is not None:
-        expected_before = {str(version), *(() if previous is None else (str(previous),))}
-        # Before the first announcement there is nothing an engine should carry ("default" at boot is fine).
-        unexpected = [
-            s
-            for s in stamps
-            if previous is not None
-            and s.before is not None
-            and s.before not in expected_before
-            and not s.before.startswith(QUARANTINE_PREFIX)
-        ]
-        await _alert_unexpected(bus, policy, trainer_id, version, previous, unexpected)
+        await alert_unexpected_labels(
+            bus, policy, trainer_id, version, previous, {s.engine: s.before for s in stamps if s.before is not None}
+        )
         applied = subjects.applied(policy)
 
         async def _applied(s: EngineStamp) -> None:
@@ -375,30 +367,49 @@ async def stamp_and_verify(
     raise first
 
 
-async def _alert_unexpected(
-    bus: Bus, policy: str, trainer_id: str, version: int, previous: int | None, unexpected: list[EngineStamp]
-) -> None:
-    """Publish an ``EngineOutOfSync`` (``unexpected_label``) per engine found with a label it should not carry."""
-    for s in unexpected:
+async def alert_unexpected_labels(
+    bus: Bus,
+    policy: str,
+    trainer_id: str,
+    version: int,
+    previous: int | None,
+    labels: Mapping[str, str | EngineError],
+) -> list[str]:
+    """Alert (``EngineOutOfSync``, ``unexpected_label``) every engine whose label it should not carry.
+
+    An engine may carry the previously announced version, ``str(version)`` or a quarantine label;
+    anything else (``"default"`` after a restart) is alerted, once per update, engine and label.
+    Before the first announcement (``previous`` None) nothing is unexpected.
+
+    Returns:
+        The engines alerted.
+    """
+    if previous is None:
+        return []
+    allowed = {str(version), str(previous)}
+    flagged: list[str] = []
+    for engine, label in labels.items():
+        if isinstance(label, EngineError) or label in allowed or label.startswith(QUARANTINE_PREFIX):
+            continue
+        flagged.append(engine)
         log.error(
-            "engine carried an unexpected label before the stamp (restarted?)",
-            extra={"policy": policy, "engine": s.engine, "label": s.before, "previous": previous, "version": version},
+            "engine carries an unexpected label (restarted?)",
+            extra={"policy": policy, "engine": engine, "label": label, "previous": previous, "version": version},
         )
         alert = EngineOutOfSync(
             policy=policy,
-            engine=s.engine,
-            expected=str(previous) if previous is not None else "none",
-            actual=s.before,
+            engine=engine,
+            expected=str(previous),
+            actual=label,
             trainer_id=trainer_id,
             published_at=now(),
             reason="unexpected_label",
         )
         try:
-            await bus.publish(
-                subjects.alerts(policy), alert, msg_id=f"{policy}:unexpected:{version}:{s.engine}:{s.before}"
-            )
+            await bus.publish(subjects.alerts(policy), alert, msg_id=f"{policy}:unexpected:{version}:{engine}:{label}")
         except PublishError as exc:
             log.error("could not publish the unexpected-label alert", extra={"policy": policy, "error": str(exc)})
+    return flagged
 
 
 def _first_with_notes(errors: list[EngineError], op: str) -> EngineError:

@@ -8,10 +8,12 @@ The order, and why (docs/design.md has the long form):
 2. **pause** the fleet (after the reservation, not concurrently: a fenced publisher that had paused
    could neither resume, which breaks the owner's update window, nor leave the fleet paused);
 3. the trainer **pushes** inside the block;
+   Then each engine's label is read: a label that is neither the last announced version, ``v`` nor a
+   quarantine label (``"default"`` after a restart) is alerted (``EngineOutOfSync``,
+   ``unexpected_label``) before the push could hide it, and again before the stamp; never silently
+   re-stamped;
 4. **check** ownership with one read, then **stamp**: read each engine's label, skip engines already
-   at ``v`` (a push that carried ``weight_version``), stamp the others, read them back; a label that
-   is neither the last announced version, ``v`` nor a quarantine label (``"default"`` after a
-   restart) is alerted, never silently re-stamped;
+   at ``v`` (a push that carried ``weight_version``), stamp the others, read them back;
 5. **announce** ``WeightUpdated(v)``: the only bus round trip after the engines carry ``v``;
 6. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
    drain before ``v`` is on the bus.
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING
 from weightbus.bus import subjects
 from weightbus.bus.history import read_history
 from weightbus.errors import BusError, EngineError, FencedError, PublishError
-from weightbus.producers.stamping import EngineStamp, stamp_and_verify
+from weightbus.producers.stamping import EngineStamp, alert_unexpected_labels, stamp_and_verify
 from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, VersionReserved, WeightUpdated, now
 
 if TYPE_CHECKING:
@@ -88,6 +90,10 @@ class VersionUpdate:
             if pub.fleet is not None and pub.pause_mode is not None:
                 await pub.fleet.pause(pub.pause_mode)
                 self._paused = True
+            if pub.fleet is not None:
+                # Before the push: a push that carries weight_version would hide a restarted engine's "default".
+                labels = await pub.fleet.read_versions()
+                await alert_unexpected_labels(pub.bus, pub.policy, pub.trainer_id, version, pub.version, labels)
         except BaseException:
             pub.active = False
             raise
