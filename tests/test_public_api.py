@@ -23,6 +23,7 @@ PACKAGES = [
     "weightbus.engines",
     "weightbus.cli",
     "weightbus.demo",
+    "weightbus.overhead",
 ]
 
 
