@@ -19,7 +19,7 @@ Workers are started once, and are subscribed and ready (a line on their stdout) 
 Results: ``bench/results/propagation.json``, ``.md`` (table and ratios) and ``.png``; the machine's 1-minute load
 average is recorded before and after each trial.
 
-Usage: python bench/propagation.py [--versions N] [--subscribers 1,8,64] [--repeats 3] [--quick]
+Usage: python bench/propagation.py [--versions N] [--subscribers 1,8,64] [--repeats 3] [--quick] [--replot]
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ RAW_STREAM = "BENCH"
 POLL_TTL = 1.0
 # Versions per trial for each M, so that 3 repeats x 5 rows x 3 M (with drain and update) stay under 15 minutes on
 # 2 cores: at M = 64 each version is 64 deliveries, and the subscribers share the 2 cores with the server.
-DEFAULT_VERSIONS = {1: 500, 8: 500, 64: 300}
+DEFAULT_VERSIONS = {1: 500, 8: 500, 64: 500}
 TARGETS = {
     "weightbus_over_jetstream_p50_max": 1.3,
     "poll_over_weightbus_p50_min": 250.0,
@@ -363,6 +363,7 @@ def _trial(
         lost=lost,
         publish_call_p50_ms=1000 * statistics.median(calls),
         heavy_imports=sorted({m for r in received for m in r["heavy_imports"]}),
+        subscriber_cpu_us_per_version=1e6 * statistics.median(r["cpu_s"] for r in received) / n,
         load_after=os.getloadavg()[0],
         error=None,
     )
@@ -387,11 +388,17 @@ def _summary(pooled: dict[tuple[str, int], list[float]], trials: list[dict[str, 
             stats.update(
                 lost=sum(t.get("lost", 0) for t in mine),
                 trial_p50_ms=[t.get("p50_ms") for t in mine],
+                subscriber_cpu_us_per_version=_median([t.get("subscriber_cpu_us_per_version") for t in mine]),
                 load=[t["load_before"] for t in mine],
                 error="; ".join(errors) or None,
             )
             out[row][str(m)] = stats
     return out
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def _ratios(summary: dict[str, Any], ms: list[int]) -> dict[str, Any]:
@@ -483,6 +490,17 @@ def _markdown(result: dict[str, Any]) -> str:
             )
         ]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "CPU one subscriber process spends per version, µs (median over processes and repeats; the HTTP poll "
+        "spends it per poll, not per version):",
+        "",
+        "| row | " + " | ".join(f"M = {m}" for m in ms) + " |",
+        "|---|" + "---|" * len(ms),
+    ]
+    for row in ROWS:
+        cells = [_fmt(summary[row][str(m)]["subscriber_cpu_us_per_version"]) for m in ms]
+        lines.append(f"| {LABELS[row]} | " + " | ".join(cells) + " |")
     lines += ["", f"Whole run: {result['duration_s']:.0f} s. Raw data: propagation.json; plot: propagation.png.", ""]
     return "\n".join(lines)
 
@@ -496,7 +514,7 @@ def _plot(result: dict[str, Any], path: Path) -> str | None:
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[bench]'); no plot"
     ms = result["config"]["subscribers"]
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=(9, 5.6))
     width = 0.8 / len(ROWS)
     for i, row in enumerate(ROWS):
         xs = [j + (i - (len(ROWS) - 1) / 2) * width for j in range(len(ms))]
@@ -508,7 +526,7 @@ def _plot(result: dict[str, Any], path: Path) -> str | None:
     ax.set_xticks(range(len(ms)), [f"M = {m} subscribers" for m in ms])
     ax.set_ylabel("publish → held, ms (bar: p50, tick: p99)")
     ax.set_title("Version propagation, same run, interleaved")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, frameon=False)
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -530,7 +548,7 @@ def _print_ratios(result: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", type=int, help="versions per trial at every M (default: 500, 500, 300)")
+    parser.add_argument("--versions", type=int, help="versions per trial at every M (default: 500 at every M)")
     parser.add_argument("--subscribers", default="1,8,64", help="comma-separated M values")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--interval", type=float, default=0.010, help="seconds between publishes")
@@ -538,7 +556,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="100 versions, 1 repeat (a smoke run)")
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() in every subscriber after imports")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--replot", action="store_true", help="rewrite the .md and .png from the .json in --out")
     args = parser.parse_args()
+    if args.replot:
+        _write_reports(json.loads((args.out / "propagation.json").read_text()), args.out)
+        return
     ms = [int(x) for x in args.subscribers.split(",")]
     rows = [r for r in args.rows.split(",") if r]
     if unknown := set(rows) - set(ROWS):
@@ -613,13 +635,17 @@ def main() -> None:
     result["ratios"] = _ratios(result["summary"], ms)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "propagation.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "propagation.md").write_text(_markdown(result))
-    problem = _plot(result, args.out / "propagation.png")
+    _write_reports(result, args.out)
+
+
+def _write_reports(result: dict[str, Any], out: Path) -> None:
+    (out / "propagation.md").write_text(_markdown(result))
+    problem = _plot(result, out / "propagation.png")
     print(_markdown(result))
     _print_ratios(result)
     if problem:
         print(problem)
-    print(f"wrote {args.out}/propagation.json, .md" + ("" if problem else ", .png"))
+    print(f"wrote {out}/propagation.json, .md" + ("" if problem else ", .png"))
 
 
 async def _ensure_weightbus_stream(url: str) -> None:

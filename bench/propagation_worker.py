@@ -2,8 +2,9 @@
 
 Protocol (JSON lines): the parent writes one command per trial on stdin, ``{"row": ..., "n": N, "timeout": s,
 ...}``; the worker subscribes, prints ``{"ready": true}`` once it cannot miss a later publish, then prints
-``{"recv": [t_1, ..., t_N], "error": null, "heavy_imports": []}``: ``t_v`` is ``time.time_ns()`` when this
-process first held a version ``>= v`` (None if it never did before the timeout). EOF on stdin ends the worker.
+``{"recv": [t_1, ..., t_N], "error": null, "heavy_imports": [], "cpu_s": s}``: ``t_v`` is ``time.time_ns()`` when
+this process first held a version ``>= v`` (None if it never did before the timeout); ``cpu_s`` is the CPU time it
+spent from ready to the end of the trial. EOF on stdin ends the worker.
 
 Only the modules of the row run are imported, never torch: 64 of these share 2 cores. The garbage collector is
 left as each library leaves it unless the parent passes ``--gc-freeze`` (then every row gets the same frozen
@@ -214,16 +215,21 @@ def main() -> None:
         gc.collect()
         gc.freeze()
     print(json.dumps({"started": True}), flush=True)
+    cpu_at_ready = [0.0]
+
+    def ready() -> None:
+        print(json.dumps({"ready": True}), flush=True)
+        cpu_at_ready[0] = time.process_time()
+
     for line in sys.stdin:
         cmd = json.loads(line)
-
-        def ready() -> None:
-            print(json.dumps({"ready": True}), flush=True)
 
         try:
             recv = ROWS[cmd["row"]](cmd, ready)
             heavy = [m for m in _HEAVY if m in sys.modules]
-            print(json.dumps({"recv": recv, "error": None, "heavy_imports": heavy}), flush=True)
+            # CPU this process spent from ready to the last version (teardown included): the per-event cost.
+            cpu = time.process_time() - cpu_at_ready[0]
+            print(json.dumps({"recv": recv, "error": None, "heavy_imports": heavy, "cpu_s": cpu}), flush=True)
         except Exception as exc:  # reported to the parent, which records it in the row
             print(json.dumps({"recv": None, "error": repr(exc)}), flush=True)
 
