@@ -31,7 +31,7 @@ def test_propagation_delivers_every_version_to_every_subscriber_process(tmp_path
         *("--rows", "weightbus,nats_core,jetstream,http_poll", "--out", str(tmp_path)),
     )
     result = json.loads((tmp_path / "propagation.json").read_text())
-    assert (tmp_path / "propagation.md").read_text().count("| raw JetStream") == 1
+    assert (tmp_path / "propagation.md").read_text().count("| raw JetStream") == 2  # latency and CPU tables
     trials = result["trials"]
     assert {(t["row"], t["M"]) for t in trials} == {
         (row, m) for row in ("weightbus", "nats_core", "jetstream", "http_poll") for m in (1, 3)
