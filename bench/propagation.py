@@ -160,14 +160,19 @@ class _Workers:
     def __init__(self, count: int, log_dir: Path, gc_freeze: bool) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         args = [sys.executable, str(WORKER)] + (["--gc-freeze"] if gc_freeze else [])
-        for i in range(count):
-            log = open(log_dir / f"worker-{i}.log", "w")  # noqa: SIM115 (closed with the process)
-            self.procs.append(
-                subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
-            )
-            log.close()
-        for proc in self.procs:
-            self._expect(proc, "started")
+        try:
+            for i in range(count):
+                with open(log_dir / f"worker-{i}.log", "w") as log:
+                    self.procs.append(
+                        subprocess.Popen(
+                            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1
+                        )
+                    )
+            for proc in self.procs:
+                self._expect(proc, "started")
+        except BaseException:
+            self.close()
+            raise
 
     @staticmethod
     def _expect(proc: subprocess.Popen[str], key: str) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 An embedded nats-server and two ``weightbus engine`` processes (hash model, no token delay) on free ports.
 ``VersionPublisher(bus, policy, fleet=EngineFleet(urls, http=client), pause="retract")``; each round runs
-``async with pub.update() as v:`` around the trainer's push (``update_weights_from_disk`` to both engines at once).
-The fleet's ``httpx.AsyncClient`` carries ``OverheadMeter.http_hooks()``, so every engine request is timed from
-outside weightbus, by path. Phases per round, on one clock:
+``async with pub.update() as v:`` around the trainer's push (``update_weights_from_disk(path, weight_version=v)`` to
+both engines at once). The fleet's ``httpx.AsyncClient`` carries ``OverheadMeter.http_hooks()``, so every engine
+request is timed from outside weightbus, by path. Phases per round, on one clock:
 
 * ``pause``: entering ``update()`` until the body runs (ownership check, ``/pause_generation``);
 * ``push``: the trainer's ``/update_weights_from_disk`` calls (the body);
@@ -94,8 +94,13 @@ async def _rounds(nats_url: str, engine_urls: list[str], rounds: int, warmup: in
                 t0 = meter.now()
                 async with pub.update() as version:
                     t1 = meter.now()
+                    # The label travels with the load, as miles sends it; whether the publisher still needs its
+                    # own stamp call afterwards shows in the stamp phase.
                     await asyncio.gather(
-                        *(c.update_weights_from_disk(f"/checkpoints/step-{version}") for c in fleet.clients)
+                        *(
+                            c.update_weights_from_disk(f"/checkpoints/step-{version}", weight_version=version)
+                            for c in fleet.clients
+                        )
                     )
                     t2 = meter.now()
                 t5 = meter.now()
