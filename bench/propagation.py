@@ -159,10 +159,11 @@ class _Workers:
 
     def __init__(self, count: int, log_dir: Path, gc_freeze: bool) -> None:
         self.procs: list[subprocess.Popen[str]] = []
+        self.logs = [log_dir / f"worker-{i}.log" for i in range(count)]
         args = [sys.executable, str(WORKER)] + (["--gc-freeze"] if gc_freeze else [])
         try:
             for i in range(count):
-                with open(log_dir / f"worker-{i}.log", "w") as log:
+                with open(self.logs[i], "w") as log:
                     self.procs.append(
                         subprocess.Popen(
                             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1
@@ -326,6 +327,7 @@ def _trial(
     workers: _Workers = env["workers"]
     redis_server: _Redis = env["redis"]
     record: dict[str, Any] = {"row": row, "M": m, "versions": n, "load_before": os.getloadavg()[0]}
+    trial_start = time.monotonic()
     if row == "redis" and redis_server.absent is not None:
         record.update(error=f"absent: {redis_server.absent}", load_after=os.getloadavg()[0])
         return record, []
@@ -357,15 +359,25 @@ def _trial(
         return record, []
     latencies: list[float] = []
     lost = 0
-    for answer in received:
+    stalled = []
+    for i, answer in enumerate(received):
+        missing = 0
         for v, t in enumerate(answer["recv"], start=1):
             if t is None:
-                lost += 1
+                missing += 1
             else:
                 latencies.append((t - sent[v - 1]) / 1e6)
+        if missing:
+            # Which process stopped where, and what it logged: a lost version is a finding, not noise.
+            held = max((v for v, t in enumerate(answer["recv"], start=1) if t is not None), default=0)
+            log_tail = workers.logs[i].read_text(errors="replace")[-2000:]
+            stalled.append({"worker": i, "held": held, "missing": missing, "log_tail": log_tail})
+        lost += missing
     record.update(_quantiles(latencies))
     record.update(
         lost=lost,
+        stalled=stalled,
+        duration_s=time.monotonic() - trial_start,
         publish_call_p50_ms=1000 * statistics.median(calls),
         heavy_imports=sorted({m for r in received for m in r["heavy_imports"]}),
         subscriber_cpu_us_per_version=1e6 * statistics.median(r["cpu_s"] for r in received) / n,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -211,6 +212,8 @@ def _http_poll(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
 
 def main() -> None:
     """Serve trial commands from stdin until EOF."""
+    # Warnings (a resubscribe, a slow consumer) go to this process's log, which the parent keeps for stalled trials.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     if "--gc-freeze" in sys.argv[1:]:
         gc.collect()
         gc.freeze()
