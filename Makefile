@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.weightbus-installed
+BENCH_STAMP := $(VENV)/.weightbus-bench-installed
 
 .PHONY: venv test demo bench lint clean
 
@@ -25,9 +26,17 @@ test: venv
 demo: venv
 	$(BIN)/weightbus demo
 
-bench: venv
-	$(BIN)/python bench/drain.py
-	$(BIN)/python bench/propagation.py
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[dev,engine,rl,bench]"
+	touch $(BENCH_STAMP)
+
+# All benchmarks, about 10 minutes on 2 cores; results in bench/results/ (json, md, png).
+bench: venv $(BENCH_STAMP)
+	@start=$$(date +%s); \
+	$(BIN)/python bench/drain.py && \
+	$(BIN)/python bench/update.py && \
+	$(BIN)/python bench/propagation.py && \
+	echo "make bench: all benchmarks took $$(( $$(date +%s) - start )) s"
 
 lint: venv
 	$(BIN)/ruff check src tests bench

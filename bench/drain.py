@@ -6,7 +6,7 @@ one ``GET /model_info`` per drained group; here that is a sync ``httpx.Client`` 
 against a local stdlib ``ThreadingHTTPServer`` answering ``{"weight_version": "10"}``, plus the same
 comparison. Results go to stdout and ``bench/results/drain.json``. Stdlib, weightbus and httpx only.
 
-Usage: python bench/drain.py [--groups N] [--http-groups M] [--repeat R]
+Usage: python bench/drain.py [--groups N] [--http-groups M] [--repeat R] [--out DIR]
 """
 
 from __future__ import annotations
@@ -115,14 +115,17 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=200_000)
     parser.add_argument("--http-groups", type=int, default=2_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS.parent, help="directory for drain.json")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     stage = bench_stage(args.groups, args.repeat)
     http = bench_http_poll(args.http_groups)
     ratio = stage["groups_per_s"] / http["groups_per_s"]
     print(f"stage (in-memory version, pre-parsed labels): {stage['groups_per_s']:>12,.0f} groups/s")
     print(f"old   (GET /model_info per group, keep-alive): {http['groups_per_s']:>12,.0f} groups/s")
     print(f"ratio: {ratio:,.0f}x  (target for the stage: >= 300,000 groups/s)")
+    print(f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after (2 cores: above 2 is shared)")
     result = {
         "samples_per_group": SAMPLES_PER_GROUP,
         "stage": stage,
@@ -133,10 +136,12 @@ def main() -> None:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / RESULTS.name).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out / RESULTS.name}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ PACKAGES = [
     "weightbus.rl.task",
     "weightbus.rl.batches",
     "weightbus.rl.report",
+    "weightbus.overhead",
 ]
 
 

@@ -1,0 +1,71 @@
+"""The benchmarks still run against the current public API and record what they claim (a small run of each).
+
+``make bench`` is not part of the suite; these keep its scripts from rotting when the publisher, tracker or stage
+change: every published version must reach every subscriber process, and the update's phases must account for the
+engine requests actually made.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+pytestmark = [pytest.mark.slow, pytest.mark.nats]
+
+
+def _run(script: str, *args: str, timeout: float = 120) -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_propagation_delivers_every_version_to_every_subscriber_process(tmp_path: Path) -> None:
+    _run(
+        "propagation.py",
+        *("--versions", "30", "--subscribers", "1,3", "--repeats", "1", "--interval", "0.005"),
+        *("--rows", "weightbus,nats_core,jetstream,http_poll", "--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "propagation.json").read_text())
+    assert (tmp_path / "propagation.md").read_text().count("| raw JetStream") == 2  # latency and CPU tables
+    trials = result["trials"]
+    assert {(t["row"], t["M"]) for t in trials} == {
+        (row, m) for row in ("weightbus", "nats_core", "jetstream", "http_poll") for m in (1, 3)
+    }
+    for t in trials:
+        assert t["error"] is None, t
+        assert t["lost"] == 0, t
+        assert t["heavy_imports"] == [], t  # 64 of these share 2 cores: no torch on the subscriber path
+        assert t["samples"] == 30 * t["M"], t
+        # Received after it was published (shared CLOCK_REALTIME), and within the trial.
+        assert 0 < t["p50_ms"] <= t["p99_ms"] <= t["max_ms"] < 10_000, t
+    poll, bus = result["summary"]["http_poll"]["1"], result["summary"]["weightbus"]["1"]
+    assert poll["p50_ms"] > bus["p50_ms"]
+    assert set(result["ratios"]["3"]) >= {"weightbus_over_jetstream_p50", "poll_over_weightbus_p50"}
+
+
+def test_update_phases_account_for_every_engine_request(tmp_path: Path) -> None:
+    _run("update.py", "--rounds", "5", "--warmup", "1", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "update.json").read_text())
+    requests = result["requests_per_update"]
+    assert requests["/pause_generation"] == requests["/continue_generation"] == 2
+    assert requests["/update_weights_from_disk"] == 2
+    summary = result["summary"]
+    assert set(summary) == {"pause", "push", "stamp", "announce", "resume", "update"}
+    for phase in summary.values():
+        assert phase["own_p50_ms"] >= 0 and phase["engine_http_p50_ms"] >= 0
+    # The push is the trainer's HTTP: nearly all of it is engine time.
+    assert summary["push"]["engine_http_p50_ms"] > summary["push"]["own_p50_ms"]
+    assert summary["update"]["wall_p50_ms"] >= summary["update"]["engine_http_p50_ms"] > 0
+
+
+def test_drain_reports_groups_per_second_and_the_ratio(tmp_path: Path) -> None:
+    _run("drain.py", "--groups", "2000", "--http-groups", "50", "--repeat", "1", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "drain.json").read_text())
+    assert result["stage"]["groups_per_s"] > 0 and result["http_poll"]["groups_per_s"] > 0
+    assert result["ratio"] == pytest.approx(result["stage"]["groups_per_s"] / result["http_poll"]["groups_per_s"])
+    assert result["stage"]["kept"] == 1500  # a quarter of the groups are too stale
