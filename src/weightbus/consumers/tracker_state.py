@@ -160,20 +160,24 @@ def _max(a: int | None, b: int | None) -> int | None:
     return max(a, b)
 
 
-def decide(state: TrackerState, event: WeightsEvent, mode: RegressionMode = RegressionMode.HOLD) -> TrackerDecision:
+def decide(
+    state: TrackerState, event: WeightsEvent, mode: RegressionMode = RegressionMode.HOLD, *, rebase: bool = False
+) -> TrackerDecision:
     """Apply one weights-family event to ``state``.
 
     Args:
         state: what is known before the event.
         event: a ``WeightUpdated``, ``PublisherClaimed`` or ``VersionReserved`` of the same policy.
         mode: how a lower version is handled.
+        rebase: the follower missed events (its history was evicted while it was away): the owner's
+            next reservation or update may jump, as the first event of a fresh follower may.
 
     Raises:
         TypeError: ``event`` is not a weights-family event.
     """
     match event:
         case WeightUpdated(version=incoming):
-            return _updated(state, event, incoming, mode)
+            return _updated(state, event, incoming, mode, rebase)
         case VersionReserved(version=incoming):
             if not state.has_owner:
                 first = replace(_owner_of(state, event), reserved=incoming)
@@ -181,7 +185,7 @@ def decide(state: TrackerState, event: WeightsEvent, mode: RegressionMode = Regr
             if not state.owns(event):
                 return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "not_owner")
             ceiling = max(state.reserved or 0, state.version or 0) + 1
-            if incoming > ceiling:
+            if incoming > ceiling and not rebase:
                 return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_jump")
             noted = replace(state, reserved=_max(state.reserved, incoming))
             return TrackerDecision(TrackerAction.RESERVED, noted, state, incoming)
@@ -203,7 +207,9 @@ def decide(state: TrackerState, event: WeightsEvent, mode: RegressionMode = Regr
     raise TypeError(f"not a weights-family event: {type(event).__name__}")
 
 
-def _updated(state: TrackerState, event: WeightUpdated, incoming: int, mode: RegressionMode) -> TrackerDecision:
+def _updated(
+    state: TrackerState, event: WeightUpdated, incoming: int, mode: RegressionMode, rebase: bool
+) -> TrackerDecision:
     current = state.version
     taken = replace(
         state,
@@ -223,7 +229,9 @@ def _updated(state: TrackerState, event: WeightUpdated, incoming: int, mode: Reg
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "not_owner")
     if incoming == current:
         return TrackerDecision(TrackerAction.REPEATED, state, state, incoming)
-    explained = incoming == (current or 0) + 1 or (state.reserved is not None and incoming <= state.reserved)
+    explained = (
+        rebase or incoming == (current or 0) + 1 or (state.reserved is not None and incoming <= state.reserved)
+    )
     if not explained:
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_jump")
     action = TrackerAction.ADOPTED if current is None else TrackerAction.ADVANCED
