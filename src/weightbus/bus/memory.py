@@ -31,7 +31,7 @@ class MemoryBus:
         dedup_window: how many recent ``msg_id`` values are remembered for deduplication.
     """
 
-    def __init__(self, metrics: BusMetrics | None = None, *, history: int = 64, dedup_window: int = 100_000) -> None:
+    def __init__(self, metrics: BusMetrics | None = None, *, history: int = 256, dedup_window: int = 100_000) -> None:
         self.metrics = metrics if metrics is not None else BusMetrics()
         self._history = history
         self._seq = 0

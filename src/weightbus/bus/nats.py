@@ -59,7 +59,7 @@ async def connect(
     metrics: BusMetrics | None = None,
     connect_timeout: float = 5.0,
     stream: str = DEFAULT_STREAM,
-    history: int = 64,
+    history: int = 256,
     duplicate_window: float = 120.0,
     publish_timeout: float = 2.0,
     publish_attempts: int = 5,
@@ -164,7 +164,7 @@ class NatsBus:
         self._publish_attempts = max(1, publish_attempts)
         self._subs: list[QueueSubscription] = []
 
-    async def ensure_stream(self, *, history: int = 64, duplicate_window: float = 120.0) -> None:
+    async def ensure_stream(self, *, history: int = 256, duplicate_window: float = 120.0) -> None:
         """Create the stream, or update it to this configuration if it exists.
 
         Raises:
