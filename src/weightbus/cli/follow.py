@@ -1,7 +1,8 @@
 """``weightbus follow``: run a ``VersionTracker`` for one policy and print each version change.
 
 A long-running consumer process: it learns the current version from the stream at once, prints one
-line per change (and per held regression), serves the tracker's metrics with ``--metrics-port`` (on
+line per change (and per held regression or rejected event, and whenever the tracker goes deaf or
+comes back), serves the tracker's metrics with ``--metrics-port`` (on
 ``--metrics-host``), and exits with code 3 when ``--regression raise`` sees a lower version.
 Exit codes: 0 done (``--duration``), 2 bad arguments, 3 regression in ``raise`` mode, 5 NATS unreachable.
 """
@@ -30,7 +31,7 @@ from weightbus.cli._common import (
     setup_logging,
     start_metrics,
 )
-from weightbus.consumers.tracker import VersionChange, VersionTracker
+from weightbus.consumers.tracker import TrackerStatus, VersionChange, VersionTracker
 from weightbus.consumers.tracker_metrics import TrackerMetrics
 from weightbus.consumers.tracker_state import RegressionMode
 from weightbus.errors import BusError, InvalidPolicyError, VersionRegressionError
@@ -53,6 +54,11 @@ def format_change(change: VersionChange, *, json_out: bool = False) -> str:
         parts.append("replayed")
     if change.action == "held":
         return f"{change.policy}: held v{change.version}, ignored v{change.incoming} ({', '.join(parts)})"
+    if change.action == "rejected":
+        return (
+            f"{change.policy}: held v{change.version}, rejected v{change.incoming}: {change.reason} "
+            f"({', '.join(parts)})"
+        )
     return f"{change.policy}: v{change.version} ({', '.join(parts)})"
 
 
@@ -92,7 +98,18 @@ def follow_command(
         start_metrics(metrics_port, registry, metrics_host)
         bus = await connect(nats, name="weightbus-follow", metrics=BusMetrics(registry))
         try:
-            tracker = VersionTracker(bus, policy, regression=regression, metrics=metrics, observer=observer)
+            def _status(status: TrackerStatus) -> None:
+                if status in (TrackerStatus.DEAF, TrackerStatus.NO_VALID_VERSION):
+                    _emit(f"{policy}: tracker {status.value}, not ready ({tracker.deaf_reason or 'no valid event'})")
+                elif status in (TrackerStatus.CURRENT, TrackerStatus.NEVER_PUBLISHED) and seen_unready:
+                    _emit(f"{policy}: tracker ready again ({status.value})")
+                if status not in (TrackerStatus.CURRENT, TrackerStatus.NEVER_PUBLISHED, TrackerStatus.STARTING):
+                    seen_unready.append(status)
+
+            seen_unready: list[TrackerStatus] = []
+            tracker = VersionTracker(
+                bus, policy, regression=regression, metrics=metrics, observer=observer, on_status=_status
+            )
             async with tracker:
                 try:
                     async with asyncio.timeout(duration):

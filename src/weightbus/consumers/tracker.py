@@ -110,6 +110,7 @@ class VersionTracker:
             collector's permanent generation (``gc.freeze``, once per process), so that a long-running
             consumer's full collections do not stall event delivery (about 0.5 s per collection seen
             with 8 tracker processes; all of them collecting at the same moment).
+        on_status: called synchronously with every status change (``deaf``, ``current``...).
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
@@ -132,6 +133,7 @@ class VersionTracker:
         check_interval: float = 2.0,
         on_change: Callable[[VersionChange], None] | None = None,
         freeze_heap: bool = True,
+        on_status: Callable[[TrackerStatus], None] | None = None,
     ) -> None:
         if metrics is not None and registry is not None:
             raise ValueError("pass metrics or registry, not both (metrics already has a registry)")
@@ -169,6 +171,7 @@ class VersionTracker:
         self._rebase = False
         self._first_of_subscription = False
         self._freeze_heap = freeze_heap
+        self._on_status = on_status
         self.deaf_reason: str | None = None
         """Why the tracker is deaf (the last subscription failure), else None."""
 
@@ -234,6 +237,8 @@ class VersionTracker:
             _freeze_startup_heap()
         self._was_ready = self._was_ready or ready
         self._m.set_ready(ready)
+        if self._on_status is not None:
+            self._on_status(status)
         if log.isEnabledFor(logging.INFO):
             log.info(
                 "tracker status", extra={"policy": self.policy, "status": status.value, "version": self._state.version}
