@@ -7,21 +7,25 @@ scheme, an embedded nats-server, and record/replay of event traces.
 from weightbus.bus.memory import MemoryBus
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.nats import NatsBus, connect
+from weightbus.bus.options import ConnectOptions, redact_url
 from weightbus.bus.protocol import Bus, Deliver, Envelope, PublishAck, Subscription
-from weightbus.bus.server import EmbeddedNats, NatsServerNotFound, find_nats_server, free_port
+from weightbus.bus.server import EmbeddedNats, NatsServerNotFound, NatsServerStartError, find_nats_server, free_port
 
 __all__ = [
     "Bus",
     "BusMetrics",
+    "ConnectOptions",
     "Deliver",
     "EmbeddedNats",
     "Envelope",
     "MemoryBus",
     "NatsBus",
     "NatsServerNotFound",
+    "NatsServerStartError",
     "PublishAck",
     "Subscription",
     "connect",
     "find_nats_server",
     "free_port",
+    "redact_url",
 ]

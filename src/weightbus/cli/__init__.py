@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from weightbus.cli import demo, engine, follow, publish, schema, server, status, trace, watch
+from weightbus.cli import demo, engine, follow, publish, schema, server, status, stream, trace, watch
 
 __all__ = ["app", "main"]
 
@@ -23,7 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _module in (server, schema, trace, publish, status, watch, follow, engine, demo):
+for _module in (server, stream, schema, trace, publish, status, watch, follow, engine, demo):
     _module.register(app)
 
 

@@ -17,6 +17,7 @@ import typer
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus.metrics import BusMetrics
+from weightbus.bus.options import ConnectOptions
 from weightbus.cli._common import (
     DEFAULT_NATS,
     MetricsPortOption,
@@ -26,6 +27,7 @@ from weightbus.cli._common import (
     run_async,
     setup_logging,
     start_metrics,
+    with_connection,
 )
 from weightbus.consumers.tracker import VersionChange, VersionTracker
 from weightbus.consumers.tracker_metrics import TrackerMetrics
@@ -70,6 +72,7 @@ def follow_command(
     ] = None,
     metrics_port: MetricsPortOption = None,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     verbose: VerboseOption = 0,
 ) -> None:
     """Follow POLICY's weight version and print each change (the current one first)."""
@@ -81,7 +84,7 @@ def follow_command(
         registry = CollectorRegistry()
         metrics = TrackerMetrics(registry)
         start_metrics(metrics_port, registry)
-        bus = await connect(nats, name="weightbus-follow", metrics=BusMetrics(registry))
+        bus = await connect(nats, name="weightbus-follow", metrics=BusMetrics(registry), options=connection)
         try:
             tracker = VersionTracker(bus, policy, regression=regression, metrics=metrics, observer=observer)
             async with tracker:
@@ -108,4 +111,4 @@ def follow_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``follow`` to ``app``."""
-    app.command("follow")(follow_command)
+    app.command("follow")(with_connection(follow_command))

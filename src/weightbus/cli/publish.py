@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from weightbus.bus.nats import connect
+from weightbus.bus.options import ConnectOptions
 from weightbus.bus.subjects import validate_policy
 from weightbus.cli._common import (
     DEFAULT_NATS,
@@ -23,6 +24,7 @@ from weightbus.cli._common import (
     fail,
     run_async,
     setup_logging,
+    with_connection,
 )
 from weightbus.errors import BusError, EngineError, FencedError, InvalidPolicyError
 from weightbus.producers import EngineFleet, VersionPublisher, default_trainer_id
@@ -44,8 +46,9 @@ async def _publish(
     trainer_id: str | None,
     pause: str | None,
     connect_timeout: float,
+    connection: ConnectOptions | None = None,
 ) -> int:
-    bus = await connect(nats, name="weightbus-publish", connect_timeout=connect_timeout)
+    bus = await connect(nats, name="weightbus-publish", connect_timeout=connect_timeout, options=connection)
     fleet: EngineFleet | None = None
     try:
         if router:
@@ -74,6 +77,7 @@ async def _publish(
 def publish_command(
     policy: PolicyOption,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     engine: Annotated[
         list[str] | None, typer.Option("--engine", help="SGLang worker URL to stamp and verify (repeatable).")
     ] = None,
@@ -113,7 +117,7 @@ def publish_command(
     adapter = LoraAdapter(name=lora, path=lora_path) if lora is not None else None
     try:
         version = run_async(
-            _publish(nats, policy, list(engine or []), router, adapter, trainer_id, pause, connect_timeout)
+            _publish(nats, policy, list(engine or []), router, adapter, trainer_id, pause, connect_timeout, connection)
         )
     except FencedError as exc:
         raise fail(str(exc), EXIT_FENCED) from None
@@ -131,4 +135,4 @@ def _with_notes(exc: BaseException) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add ``publish`` to ``app``."""
-    app.command("publish")(publish_command)
+    app.command("publish")(with_connection(publish_command))

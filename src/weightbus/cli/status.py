@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from weightbus.bus.nats import connect
+from weightbus.bus.options import ConnectOptions
 from weightbus.bus.subjects import validate_policy
 from weightbus.cli._common import (
     DEFAULT_NATS,
@@ -23,6 +24,7 @@ from weightbus.cli._common import (
     fail,
     run_async,
     setup_logging,
+    with_connection,
 )
 from weightbus.errors import BusError, EngineError, InvalidPolicyError
 from weightbus.producers import EngineFleet, PolicyStatus, read_status
@@ -31,10 +33,17 @@ __all__ = ["register"]
 
 
 async def _status(
-    nats: str, policy: str, engines: list[str], router: str | None, connect_timeout: float
+    nats: str,
+    policy: str,
+    engines: list[str],
+    router: str | None,
+    connect_timeout: float,
+    connection: ConnectOptions | None = None,
 ) -> PolicyStatus:
     # ensure_stream=False: a status read must not create or reconfigure anything.
-    bus = await connect(nats, name="weightbus-status", ensure_stream=False, connect_timeout=connect_timeout)
+    bus = await connect(
+        nats, name="weightbus-status", ensure_stream=False, connect_timeout=connect_timeout, options=connection
+    )
     fleet: EngineFleet | None = None
     try:
         if router:
@@ -87,6 +96,7 @@ def _render(status: PolicyStatus) -> str:
 def status_command(
     policy: PolicyOption,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     engine: Annotated[
         list[str] | None, typer.Option("--engine", help="SGLang worker URL to read back (repeatable).")
     ] = None,
@@ -104,7 +114,7 @@ def status_command(
     if engine and router:
         raise fail("pass --engine or --router, not both", 2)
     try:
-        status = run_async(_status(nats, policy, list(engine or []), router, connect_timeout))
+        status = run_async(_status(nats, policy, list(engine or []), router, connect_timeout, connection))
     except EngineError as exc:
         raise fail(str(exc), 4) from None
     except BusError as exc:
@@ -117,4 +127,4 @@ def status_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``status`` to ``app``."""
-    app.command("status")(status_command)
+    app.command("status")(with_connection(status_command))

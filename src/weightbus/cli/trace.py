@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from weightbus.bus.options import ConnectOptions
 from weightbus.bus.protocol import Deliver
 from weightbus.bus.trace import read_trace
 from weightbus.bus.trace import record as record_events
@@ -21,6 +22,7 @@ from weightbus.cli._common import (
     run_async,
     setup_logging,
     start_metrics,
+    with_connection,
 )
 from weightbus.errors import BusError
 
@@ -36,6 +38,7 @@ def record_command(
     count: Annotated[int | None, typer.Option("--count", help="Stop after this many events.")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Stop after this many seconds.")] = None,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     metrics_port: MetricsPortOption = None,
     verbose: VerboseOption = 0,
 ) -> None:
@@ -53,7 +56,7 @@ def record_command(
 
         registry = CollectorRegistry()
         start_metrics(metrics_port, registry)
-        bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry))
+        bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
         try:
             if str(out) == "-":
                 return await record_events(
@@ -80,6 +83,7 @@ def replay_command(
         bool, typer.Option("--new-ids", help="Suffix message ids, to replay into the stream the trace came from.")
     ] = False,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     verbose: VerboseOption = 0,
 ) -> None:
     """Republish a recorded trace, in order, into a NATS (keeping each event's Nats-Msg-Id unless --new-ids)."""
@@ -94,7 +98,7 @@ def replay_command(
             records = list(read_trace(trace))
         except ValueError as exc:
             raise fail(str(exc)) from None
-        bus = await connect(nats, name="weightbus-replay")
+        bus = await connect(nats, name="weightbus-replay", options=connection)
         try:
             suffix = f":replay-{time.time_ns()}" if new_ids else None
             acks = await replay_events(records, bus, speed=speed or None, msg_id_suffix=suffix)
@@ -111,5 +115,5 @@ def replay_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``record`` and ``replay`` to ``app``."""
-    app.command("record")(record_command)
-    app.command("replay")(replay_command)
+    app.command("record")(with_connection(record_command))
+    app.command("replay")(with_connection(replay_command))
