@@ -134,7 +134,8 @@ async def test_admin_command_upgrades_and_check_reports(server: EmbeddedNats, ad
 async def test_admin_command_creates_a_missing_stream(server: EmbeddedNats, admin) -> None:
     done = _cli("create", "--nats", server.url, "--allow-purge")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("created:") and "deny_delete true" in done.stdout and "deny_purge false" in done.stdout
+    assert done.stdout.startswith("created:")
+    assert "deny_delete true" in done.stdout and "deny_purge false" in done.stdout
     config = (await admin.stream_info("WEIGHTBUS")).config
     assert config.deny_delete and not config.deny_purge
 
