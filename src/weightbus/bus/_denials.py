@@ -42,8 +42,11 @@ class Denials:
                 fut.set_result((action, subject))
         return True
 
-    async def guard(self, match: Match, op: Awaitable[T]) -> T:
+    async def guard(self, match: Match, op: Awaitable[T], *, subject: str | None = None) -> T:
         """Await ``op``; if the server refuses a matching action first, cancel it and raise.
+
+        nats-py lower-cases the server's error text, so matching ignores case and the error names
+        ``subject`` (the caller's spelling) when given.
 
         Raises:
             PermissionDeniedError: a refusal matching ``match`` arrived before ``op`` finished.
@@ -55,14 +58,10 @@ class Denials:
         task = asyncio.ensure_future(op)
         try:
             await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
-            if refused.done() and not task.done():
-                task.cancel()
-                action, subject = refused.result()
-                raise PermissionDeniedError(action, subject)
-            if refused.done() and task.exception() is not None:
-                # The operation failed (typically a timeout) because the server refused it.
-                action, subject = refused.result()
-                raise PermissionDeniedError(action, subject)
+            if refused.done():
+                # Refused: the operation would only time out (or already failed because of it).
+                action, refused_subject = refused.result()
+                raise PermissionDeniedError(action, subject or refused_subject)
             return task.result()
         finally:
             self._waiters.remove(entry)
@@ -72,9 +71,11 @@ class Denials:
     @staticmethod
     def publish_to(subject: str) -> Match:
         """Refusals of a publish to exactly ``subject``."""
-        return lambda action, refused: action == "publish" and refused == subject
+        wanted = subject.lower()
+        return lambda action, refused: action == "publish" and refused.lower() == wanted
 
     @staticmethod
     def api_or_inbox(api_prefix: str) -> Match:
         """Refusals of a publish under ``api_prefix`` (a JetStream API call) or of any subscription."""
-        return lambda action, refused: action == "subscribe" or refused.startswith(api_prefix)
+        prefix = api_prefix.lower()
+        return lambda action, refused: action == "subscribe" or refused.lower().startswith(prefix)

@@ -298,6 +298,7 @@ class NatsBus:
                 ack = await self._denials.guard(
                     Denials.publish_to(subject),
                     self.js.publish(subject, data, timeout=self._publish_timeout, headers=dict(hdrs)),
+                    subject=subject,
                 )
                 return PublishAck(ack.seq, bool(ack.duplicate))
             except nats.errors.TimeoutError:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -43,6 +45,7 @@ _INSTALL_HINT = (
 )
 _READY: Final = b"Server is ready"
 _PR_SET_PDEATHSIG: Final = 1
+_STORE_DIR: Final = re.compile(r"""(\bstore_dir\s*[:=]\s*)("[^"]*"|'[^']*'|[^\s}]+)""")
 _STORE_PREFIX: Final = "weightbus-nats-"
 # Runs in its own process: wait for the owner's pipe to close; unless told "stop" first, kill the
 # server and remove its temporary store. Kept in one line of Python so no file has to be installed.
@@ -153,6 +156,8 @@ class EmbeddedNats:
         self._lines: deque[str] = deque(maxlen=200)
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
+        self._saw_ready = False
+        self._config_copy: Path | None = None
 
     @property
     def url(self) -> str:
@@ -172,10 +177,19 @@ class EmbeddedNats:
     def command(self) -> list[str]:
         """The nats-server command line this instance runs."""
         cmd = [self.binary]
+        store = ["-sd", str(self.store_dir)]
         if self.config is not None:
-            cmd += ["-c", str(self.config)]
-        cmd += ["-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir), *self.args]
-        return cmd
+            text = Path(self.config).read_text()
+            if _STORE_DIR.search(text):
+                # nats-server refuses -sd beside a config's store_dir: run a copy pointing at our store.
+                copy = self.store_dir.parent / f"{self.store_dir.name}.conf"
+                copy.write_text(_STORE_DIR.sub(lambda m: f"{m.group(1)}{json.dumps(str(self.store_dir))}", text))
+                self._config_copy = copy
+                store = []
+                cmd += ["-c", str(copy)]
+            else:
+                cmd += ["-c", str(self.config)]
+        return [*cmd, "-js", "-a", "127.0.0.1", "-p", str(self.port), *store, *self.args]
 
     def start(self) -> EmbeddedNats:
         """Start the server and return once it reports ready.
@@ -188,6 +202,7 @@ class EmbeddedNats:
             return self
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._ready.clear()
+        self._saw_ready = False
         self._lines.clear()
         on_main = threading.current_thread() is threading.main_thread()
         self.process = subprocess.Popen(
@@ -206,11 +221,14 @@ class EmbeddedNats:
             target=self._read_output, args=(self.process.stdout,), name=f"nats-server-{self.port}", daemon=True
         )
         self._reader.start()
-        if not self._ready.wait(self.startup_timeout):
+        if not (self._ready.wait(self.startup_timeout) and self._saw_ready):
             proc = self.process
-            code = proc.poll() if proc is not None else None
             if self._reader is not None:
                 self._reader.join(timeout=1)  # the server's last lines, when it exited
+            code = None
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = proc.wait(timeout=1)
             reason = _reason(self._lines)
             self.stop(remove_store=self._own_store)
             if code is not None:
@@ -231,6 +249,7 @@ class EmbeddedNats:
                     sink.flush()
                 self._lines.append(raw.decode(errors="replace").rstrip())
                 if _READY in raw:
+                    self._saw_ready = True
                     self._ready.set()
         finally:
             if sink is not None:
@@ -281,6 +300,8 @@ class EmbeddedNats:
             self._reader = None
         if self._own_store if remove_store is None else remove_store:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+            if self._config_copy is not None:
+                self._config_copy.unlink(missing_ok=True)
 
     def kill(self) -> None:
         """Kill the server abruptly (chaos tests); the store is kept so ``start()`` resumes it."""

@@ -83,7 +83,7 @@ def with_connection(command: Callable[..., T]) -> Callable[..., T]:
     The command sees one ``connection`` argument built from the flags (and their environment variables)
     and passes it to ``connect(..., options=connection)``. Invalid combinations exit with code 2.
     """
-    signature = inspect.signature(command)
+    signature = inspect.signature(command, eval_str=True)
     params = [p for p in signature.parameters.values() if p.name != "connection"]
     flags = [p.name for p in CONNECTION_FLAGS]
 
