@@ -202,3 +202,22 @@ def test_every_connecting_command_takes_the_connection_flags(command: str) -> No
     for flag in ("--creds", "--nkey", "--token", "--user", "--password", "--tls-ca", "--tls-cert", "--tls-key"):
         assert flag in out.stdout, (command, flag)
     assert "--replicas" in out.stdout and "WEIGHTBUS_REPLICAS" in out.stdout
+
+
+@pytest.mark.nats
+async def test_nkey_seed_file_authenticates(tmp_path: Path) -> None:
+    nkeys = pytest.importorskip("nkeys")
+    import os
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    seed_file = tmp_path / "user.nk"
+    seed_file.write_bytes(seed)
+    conf = tmp_path / "nkey.conf"
+    conf.write_text(f"authorization {{ users: [ {{nkey: {public}}} ] }}\n")
+    with EmbeddedNats(config=conf) as server:
+        bus = await connect(server.url, options=ConnectOptions(nkey_seed=str(seed_file)))
+        await bus.close()
+        with pytest.raises(BusConnectError) as info:
+            await connect(server.url, options=ConnectOptions(), connect_timeout=3)
+        assert info.value.cause == "auth"

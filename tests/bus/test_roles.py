@@ -156,6 +156,7 @@ async def test_every_forbidden_action_is_refused(server: EmbeddedNats, stream: N
         async def _sniff() -> None:
             await bus.client.subscribe("weightbus.>")
             await bus.client.flush()
+            await bus.client.flush()  # a second round trip: the refusal is on the wire by then
 
         err = await refused(bus, _sniff())
         assert err.action == "subscribe"

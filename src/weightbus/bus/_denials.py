@@ -2,8 +2,9 @@
 
 The server answers a forbidden publish or subscribe with ``-ERR 'Permissions Violation for Publish to
 "<subject>"'`` and drops the message, so the request that carried it would only time out. nats-py hands
-that error to the connection's error callback; ``Denials.record`` keeps it, and ``Denials.guard`` races an
-operation against a refusal of its subject, so the caller gets a typed error as soon as the server says no.
+that error to the connection's error callback; ``Denials.record`` interrupts the guarded operation whose
+subject was refused, and ``Denials.guard`` turns that into ``PermissionDeniedError``, so the caller gets a
+typed error as soon as the server says no.
 """
 
 from __future__ import annotations
@@ -24,49 +25,66 @@ _PATTERN: Final = re.compile(r'permissions violation for (?P<kind>publish|subscr
 Match = Callable[[str, str], bool]
 
 
+class _Waiter:
+    """One guarded operation: what it watches for, the task running it, and the refusal if one came."""
+
+    __slots__ = ("match", "refused", "task")
+
+    def __init__(self, match: Match, task: asyncio.Task[object] | None) -> None:
+        self.match = match
+        self.task = task
+        self.refused: tuple[str, str] | None = None
+
+
 class Denials:
     """Refusals seen on one connection, and the operations waiting to hear about them."""
 
     def __init__(self) -> None:
-        self._waiters: list[tuple[Match, asyncio.Future[tuple[str, str]]]] = []
+        self._waiters: list[_Waiter] = []
 
     def record(self, message: str) -> bool:
-        """Parse a server error; wake the operations it refuses. True when it was a permission refusal."""
+        """Parse a server error; interrupt the operations it refuses. True when it was a permission refusal."""
         found = _PATTERN.search(message)
         if found is None:
             return False
         action = "publish" if found.group("kind").lower() == "publish" else "subscribe"
         subject = found.group("subject")
-        for match, fut in list(self._waiters):
-            if not fut.done() and match(action, subject):
-                fut.set_result((action, subject))
+        for waiter in list(self._waiters):
+            if waiter.refused is None and waiter.match(action, subject):
+                waiter.refused = (action, subject)
+                if waiter.task is not None:
+                    waiter.task.cancel()
         return True
 
     async def guard(self, match: Match, op: Awaitable[T], *, subject: str | None = None) -> T:
-        """Await ``op``; if the server refuses a matching action first, cancel it and raise.
+        """Await ``op`` in this task; if the server refuses a matching action meanwhile, interrupt it and raise.
 
-        nats-py lower-cases the server's error text, so matching ignores case and the error names
-        ``subject`` (the caller's spelling) when given.
+        No task is created (the happy path costs a list append): a refusal cancels the running task, and
+        that cancellation is turned into the error here. nats-py lower-cases the server's error text, so
+        matching ignores case and the error names ``subject`` (the caller's spelling) when given.
 
         Raises:
             PermissionDeniedError: a refusal matching ``match`` arrived before ``op`` finished.
         """
-        loop = asyncio.get_running_loop()
-        refused: asyncio.Future[tuple[str, str]] = loop.create_future()
-        entry = (match, refused)
-        self._waiters.append(entry)
-        task = asyncio.ensure_future(op)
+        waiter = _Waiter(match, asyncio.current_task())
+        self._waiters.append(waiter)
         try:
-            await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
-            if refused.done():
-                # Refused: the operation would only time out (or already failed because of it).
-                action, refused_subject = refused.result()
-                raise PermissionDeniedError(action, subject or refused_subject)
-            return task.result()
+            result = await op
+        except asyncio.CancelledError:
+            if waiter.refused is None:
+                raise
+            if waiter.task is not None:
+                waiter.task.uncancel()
+            raise PermissionDeniedError(waiter.refused[0], subject or waiter.refused[1]) from None
+        except Exception:
+            if waiter.refused is None:
+                raise
+            raise PermissionDeniedError(waiter.refused[0], subject or waiter.refused[1]) from None
         finally:
-            self._waiters.remove(entry)
-            if not task.done():
-                task.cancel()
+            self._waiters.remove(waiter)
+        if waiter.refused is not None:  # refused although the operation returned (a subscribe, say)
+            raise PermissionDeniedError(waiter.refused[0], subject or waiter.refused[1])
+        return result
 
     @staticmethod
     def publish_to(subject: str) -> Match:

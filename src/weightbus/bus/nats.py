@@ -54,6 +54,7 @@ log = logging.getLogger("weightbus.bus")
 
 DEFAULT_STREAM: Final = "WEIGHTBUS"
 T = TypeVar("T")
+_DEFINITE: Final = ("auth", "tls", "dns")
 _WRONG_LAST_SEQUENCE: Final = 10071
 _DELIVER: Final = {
     Deliver.LAST_PER_SUBJECT: DeliverPolicy.LAST_PER_SUBJECT,
@@ -134,8 +135,10 @@ async def connect(
             log.warning("NATS refused an action (permissions)", extra={"error": opts.redact(text, url)})
             return
         if client.is_connecting or not client.is_connected:
-            last_error[:] = [exc]
             cause, _ = _classify(exc, shown)
+            # Keep the most telling cause: the reset that follows a refused login must not hide it.
+            if not last_error or _classify(last_error[0], shown)[0] not in _DEFINITE:
+                last_error[:] = [exc]
             if cause in ("auth", "tls") and len(servers) == 1:
                 fatal.set()
         log.debug("nats client error", extra={"error": opts.redact(repr(exc), url)})
