@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Final
@@ -93,13 +93,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """``preexec_fn``: ask Linux to SIGKILL this child when the thread that forked it ends."""
+def _pdeathsig_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGKILL the child when the forking thread ends, or None elsewhere.
+
+    libc is opened here, in the parent: the child (forked from a process with threads) only makes the call.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return  # not Linux: the watchdog process covers it
+        return None  # the watchdog process covers it
+
+    def _hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return _hook
 
 
 def _reason(lines: Sequence[str]) -> str:
@@ -214,7 +223,7 @@ class EmbeddedNats:
             env={**os.environ, **self.env},
             # PDEATHSIG follows the forking *thread*: from a worker thread it would kill the server when
             # that thread ends, so there only the watchdog guards against a dead owner.
-            preexec_fn=_die_with_parent if on_main and sys.platform.startswith("linux") else None,
+            preexec_fn=_pdeathsig_hook() if on_main else None,
         )
         self._start_watchdog(self.process.pid)
         self._reader = threading.Thread(
