@@ -9,8 +9,8 @@ updates that failed and were retried by the loop.
 
 Bounds: nats-server's raft waits a randomised 4-9 s election timeout before followers elect a new
 leader after a leader dies without a word (constants in server/raft.go, not configurable), so a SIGKILL
-costs that much whatever the client does; the test bounds it at 12 s (9 s + campaign + one client
-retry) and records the figure. A step-down (or a graceful stop) hands leadership over at once, and there
+costs that much whatever the client does; the test bounds it at 15 s (9 s + campaign + client retries,
+with room for a loaded CI machine) and records the figure. A step-down (or a graceful stop) hands leadership over at once, and there
 the < 3 s target is asserted.
 """
 
@@ -34,7 +34,7 @@ WARMUP_S = 2.0
 AFTER_RECOVERY_S = 2.0
 CAP_S = 20.0
 TARGET_GAP_S = 3.0
-KILL_BOUND_S = 12.0
+KILL_BOUND_S = 15.0
 
 
 @pytest.mark.parametrize("how", ["sigkill", "stepdown"])
@@ -47,7 +47,7 @@ async def test_stream_leader_lost_mid_stream(cluster: EmbeddedCluster, open_buse
     assert info.config.num_replicas == 3
 
     recorder_bus = await connect(url, name="chaos-recorder")
-    trainer_bus = await connect(url, name="chaos-trainer", publish_timeout=1.0, publish_attempts=3)
+    trainer_bus = await connect(url, name="chaos-trainer", publish_timeout=0.5, publish_attempts=3)
     tracker_buses = [await connect(url, name=f"chaos-tracker-{i}") for i in range(3)]
     open_buses.extend([recorder_bus, trainer_bus, *tracker_buses])
     recorder = await EventRecorder(recorder_bus, policy).start()
@@ -96,6 +96,8 @@ async def test_stream_leader_lost_mid_stream(cluster: EmbeddedCluster, open_buse
         # The stream itself (read back from a surviving node) holds the same sequence.
         new_leader = await stream_leader(admin)
         assert new_leader is not None and new_leader != killed
+        # Five clients connected with the default replicas (1) meanwhile: the stream is still R3.
+        assert (await admin.js.stream_info("WEIGHTBUS")).config.num_replicas == 3
     finally:
         for tracker in trackers:
             await tracker.stop()
