@@ -221,3 +221,14 @@ async def test_nkey_seed_file_authenticates(tmp_path: Path) -> None:
         with pytest.raises(BusConnectError) as info:
             await connect(server.url, options=ConnectOptions(), connect_timeout=3)
         assert info.value.cause == "auth"
+
+
+def test_options_become_the_nats_py_arguments(tmp_path: Path) -> None:
+    creds = tmp_path / "user.creds"
+    creds.write_text("-----BEGIN NATS USER JWT-----\n")
+    kwargs = ConnectOptions(creds=str(creds), token=TOKEN).nats_kwargs()
+    assert kwargs == {"user_credentials": str(creds), "token": TOKEN}
+    kwargs = ConnectOptions(user="u", password=SECRET).nats_kwargs()
+    assert kwargs == {"user": "u", "password": SECRET}
+    with pytest.raises(BusConfigError, match="creds file not found"):
+        ConnectOptions(creds=str(tmp_path / "missing.creds")).nats_kwargs()

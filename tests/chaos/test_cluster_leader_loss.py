@@ -10,8 +10,8 @@ updates that failed and were retried by the loop.
 Bounds: nats-server's raft waits a randomised 4-9 s election timeout before followers elect a new
 leader after a leader dies without a word (constants in server/raft.go, not configurable), so a SIGKILL
 costs that much whatever the client does; the test bounds it at 15 s (9 s + campaign + client retries,
-with room for a loaded CI machine) and records the figure. A step-down (or a graceful stop) hands leadership over at once, and there
-the < 3 s target is asserted.
+with room for a loaded CI machine) and records the figure. A step-down (or a graceful stop) hands
+leadership over at once, and there the < 3 s target is asserted.
 """
 
 from __future__ import annotations
