@@ -167,6 +167,7 @@ async def test_every_forbidden_action_is_refused(server: EmbeddedNats, stream: N
                 bus.js.add_consumer(
                     "WEIGHTBUS",
                     ConsumerConfig(deliver_subject="weightbus.policy-b.weights", filter_subject="weightbus.*.drains"),
+                    timeout=10,
                 ),
             )
         assert "cycle" in str(loop.value) or isinstance(loop.value, PermissionDeniedError)

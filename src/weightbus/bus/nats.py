@@ -179,8 +179,7 @@ async def connect(
         failure = attempt.exception()
     else:
         attempt.cancel()
-        with contextlib.suppress(BaseException):
-            await attempt
+        await asyncio.gather(attempt, return_exceptions=True)  # reap it; an outer cancel still propagates
         failure = last_error[0] if last_error else TimeoutError()
     if failure is not None:
         with contextlib.suppress(Exception):
