@@ -196,7 +196,9 @@ async def _run(
                     pub = await VersionPublisher(
                         cell1_bus, policy, trainer_id="cell-1", fleet=fleet1, pause=config.pause
                     ).start()
-                    emit(f"  cell-1 resumed at v{pub.version} (epoch {pub.epoch}); next version v{pub.next_version}")
+                    emit(
+                        f"  cell-1 resumed at v{pub.version} (epoch {pub.epoch}); next version v{pub.next_version}"
+                    )
                     try:
                         async with old.update() as stale_version:
                             result.problems.append(f"the old cell was allowed to publish v{stale_version}")
