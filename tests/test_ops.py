@@ -1,65 +1,213 @@
-"""ops/ stays true to the code: every metric the rules and dashboard query is one weightbus exports."""
+"""ops/ stays true to the code: the rules and dashboard query only series weightbus really emits, with
+label names and values the code really uses; the nats configs parse and match what the tests start.
+
+The emitted series come from running the code (a tracker over a ``MemoryBus`` through an update, a live
+update and a regression; stages judging fresh, stale, unknown and aborted groups, dropping and
+recycling; an invalid payload on a subscription), not from a hand-written list.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
+import shutil
+import subprocess
+import time
+from collections import defaultdict
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
-from weightbus.bus import BusMetrics
-from weightbus.consumers import StalenessMetrics, TrackerMetrics
+from weightbus.bus import BusMetrics, Deliver, MemoryBus, find_nats_server, subjects
+from weightbus.bus.cluster import CLUSTER_CONF
+from weightbus.consumers import StalenessMetrics, StalenessStage, VersionTracker
+from weightbus.schemas import WeightUpdated
+from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 OPS = Path(__file__).parent.parent / "ops"
+RULES = OPS / "prometheus" / "weightbus-rules.yml"
+RULES_TEST = OPS / "prometheus" / "weightbus-rules.test.yml"
+_SELECTOR = re.compile(r"\b(weightbus_[a-z_]+)\b(\{[^}]*\})?")
+_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+_BY = re.compile(r"\bby\s*\(([^)]*)\)")
 
 
-def exported_series() -> set[str]:
+def _group(index: int, versions: list[str], status: SampleStatus = SampleStatus.COMPLETED) -> Group:
+    samples = [
+        Sample(index=index * 10, weight_versions=versions, status=status, response="r", tokens=[1], response_length=1)
+    ]
+    return Group(prompt_index=index, samples=samples, status=status)
+
+
+def _wu(policy: str, version: int, epoch: int = 1, published_at: float | None = None) -> WeightUpdated:
+    return WeightUpdated(
+        policy=policy, version=version, epoch=epoch, trainer_id="t", published_at=published_at or time.time()
+    )
+
+
+async def _run_the_code(registry: CollectorRegistry) -> None:
+    policy = "p"
+    bus = MemoryBus(BusMetrics(registry))
+    w = subjects.weights(policy)
+    await bus.publish(w, _wu(policy, 5), msg_id="ops:5")
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        await tracker.wait_ready(5)
+        await bus.publish(w, _wu(policy, 6), msg_id="ops:6")  # live: lag observed
+        await tracker.wait_for(6, 5)
+        changes = tracker.changes(include_regressions=True)
+        await anext(changes)
+        await bus.publish(w, _wu(policy, 1, epoch=2), msg_id="ops:1")  # a regression
+        await asyncio.wait_for(anext(changes), 5)
+        await changes.aclose()
+    sub = bus.subscribe(w, deliver=Deliver.NEW)
+    await bus.publish_raw(w, b"{not json", msg_id="ops:bad")
+    await bus.publish(w, _wu(policy, 7, epoch=2), msg_id="ops:7")
+    await asyncio.wait_for(anext(sub), 5)  # skips the invalid payload, counting it
+    await sub.close()
+    await bus.close()
+
+    metrics = StalenessMetrics(registry)
+    groups = [
+        _group(0, ["7"]),
+        _group(1, ["3"]),
+        _group(2, ["default"]),
+        _group(3, ["7"], SampleStatus.ABORTED),
+    ]
+    for on_stale in ("drop", "recycle"):
+        StalenessStage(max_staleness=1, on_stale=on_stale, metrics=metrics.for_policy(f"p-{on_stale}")).judge(groups, 7)
+    StalenessStage(max_staleness=None, metrics=metrics.for_policy("p-unmeasured")).judge([_group(4, ["7"])], None)
+
+
+def emitted() -> dict[str, dict[str, set[str]]]:
+    """Every series name the code emits, with each label's values."""
     registry = CollectorRegistry()
-    BusMetrics(registry).invalid_events.labels("weights", "invalid").inc()
-    drain = StalenessMetrics(registry).for_policy("p")
-    drain.count_groups("kept", "fresh")
-    drain.observe_staleness([1])
-    drain.set_buffer(1, 1.0, 1)
-    tracker = TrackerMetrics(registry).for_policy("p")
-    tracker.observe_lag(0.01)
-    tracker.count_regression()
-    tracker.set_state(1, 0, 1.0)
-    return {sample.name for family in registry.collect() for sample in family.samples}
+    asyncio.run(_run_the_code(registry))
+    out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for family in registry.collect():
+        for sample in family.samples:
+            labels = out[sample.name]
+            for key, value in sample.labels.items():
+                labels[key].add(value)
+    return out
 
 
-def referenced(path: Path) -> set[str]:
-    return set(re.findall(r"\bweightbus_[a-z_]+", path.read_text()))
+def rule_exprs() -> list[tuple[str, str, str]]:
+    """``(alert, expr, annotations text)`` of every rule, read without a YAML library."""
+    rules: list[tuple[str, str, str]] = []
+    lines = RULES.read_text().splitlines()
+    current: dict[str, str] = {}
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        if stripped.startswith("- alert:"):
+            if current:
+                rules.append((current["alert"], current["expr"], current.get("rest", "")))
+            current = {"alert": stripped.split(":", 1)[1].strip(), "rest": ""}
+        elif stripped.startswith("expr:"):
+            value = stripped.split(":", 1)[1].strip()
+            if value == "|":
+                indent = len(lines[i + 1]) - len(lines[i + 1].lstrip())
+                block = []
+                while i + 1 < len(lines) and (len(lines[i + 1]) - len(lines[i + 1].lstrip()) >= indent):
+                    i += 1
+                    block.append(lines[i].strip())
+                value = " ".join(block)
+            current["expr"] = value
+        elif current:
+            current["rest"] += line + "\n"
+        i += 1
+    if current:
+        rules.append((current["alert"], current["expr"], current.get("rest", "")))
+    return rules
 
 
-def test_rules_and_dashboard_query_only_exported_metrics() -> None:
-    series = exported_series()
-    files = [OPS / "prometheus" / "weightbus-rules.yml", OPS / "grafana" / "weightbus-dashboard.json"]
-    for path in files:
-        names = referenced(path)
-        assert names, path
-        assert names <= series, f"{path.name} queries unknown series: {sorted(names - series)}"
+def _check_expr(alert: str, expr: str, annotations: str, series: dict[str, dict[str, set[str]]]) -> list[str]:
+    problems: list[str] = []
+    names = []
+    for name, matchers in _SELECTOR.findall(expr):
+        names.append(name)
+        if name not in series:
+            problems.append(f"{alert}: unknown series {name}")
+            continue
+        for label, op, value in _MATCHER.findall(matchers or ""):
+            values = series[name].get(label)
+            if not values:
+                problems.append(f"{alert}: {name} has no label {label!r}")
+            elif op in ("=", "!=") and value not in values:
+                problems.append(f"{alert}: {name}{{{label}{op}{value!r}}} but the code emits {sorted(values)}")
+            elif op in ("=~", "!~") and not any(re.fullmatch(value, v) for v in values):
+                problems.append(f"{alert}: {label}{op}{value!r} matches none of {sorted(values)}")
+    labels_known = set().union(*(series[n].keys() for n in names if n in series)) if names else set()
+    for group in _BY.findall(expr):
+        for label in (x.strip() for x in group.split(",") if x.strip()):
+            if label not in labels_known:
+                problems.append(f"{alert}: groups by {label!r}, which {names} do not carry")
+    for label in re.findall(r"\$labels\.(\w+)", annotations):
+        if label not in labels_known:
+            problems.append(f"{alert}: annotation uses $labels.{label}, which {names} do not carry")
+    return problems
 
 
-def test_dashboard_is_valid_json_with_panels() -> None:
-    dashboard = json.loads((OPS / "grafana" / "weightbus-dashboard.json").read_text())
+def test_every_alert_rule_uses_emitted_names_and_label_values() -> None:
+    series = emitted()
+    # The run really exercised what the rules look at.
+    assert series["weightbus_groups_total"]["action"] == {"kept", "recycled", "dropped"}
+    assert series["weightbus_version_regressions_total"]["policy"] == {"p"}
+    assert "weightbus_propagation_lag_seconds_bucket" in series
+    rules = rule_exprs()
+    assert {r[0] for r in rules} >= {"WeightbusStaleGroupsHigh", "WeightbusVersionRegressed"}
+    problems = [p for alert, expr, notes in rules for p in _check_expr(alert, expr, notes, series)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_checker_catches_the_old_keep_mistake() -> None:
+    series = emitted()
+    old = 'sum by (policy) (rate(weightbus_groups_total{action!="keep"}[10m]))'
+    assert any("keep" in p for p in _check_expr("Old", old, "", series))
+
+
+def test_dashboard_queries_only_emitted_series() -> None:
+    series = emitted()
+    text = (OPS / "grafana" / "weightbus-dashboard.json").read_text()
+    names = set(re.findall(r"\bweightbus_[a-z_]+", text)) - {"weightbus"}
+    assert names and names <= set(series), f"unknown series: {sorted(names - set(series))}"
+    dashboard = json.loads(text)
     assert dashboard["uid"] == "weightbus" and len(dashboard["panels"]) >= 6
 
 
-def test_nats_configs_enable_jetstream_and_bind_loopback_where_single() -> None:
-    single = (OPS / "nats" / "single.conf").read_text()
-    assert "jetstream" in single and "listen: 127.0.0.1:" in single
-    for name in ("cluster.conf", "auth.conf"):
-        assert "jetstream" in (OPS / "nats" / name).read_text()
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_checks_and_tests_the_rules() -> None:
+    check = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    tested = subprocess.run(["promtool", "test", "rules", str(RULES_TEST)], capture_output=True, text=True)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
 def test_nats_configs_parse_with_the_real_server() -> None:
-    import os
-    import subprocess
-
-    from weightbus.bus import find_nats_server
-
-    env = {**os.environ, "TRAINER_PASSWORD": "t", "ROLLOUT_PASSWORD": "r"}
+    env = {
+        **os.environ,
+        **{f"{r}_PASSWORD": "x" for r in ("TRAINER", "TRAINER_A", "ROLLOUT", "MONITOR", "ADMIN")},
+        "WEIGHTBUS_NODE": "weightbus-a",
+        "WEIGHTBUS_CLIENT_LISTEN": "127.0.0.1:4222",
+        "WEIGHTBUS_HTTP_LISTEN": "127.0.0.1:8222",
+        "WEIGHTBUS_CLUSTER_LISTEN": "127.0.0.1:6222",
+        "WEIGHTBUS_STORE": "/tmp/weightbus-conf-check",
+        **{f"WEIGHTBUS_ROUTE_{n}": f"nats-route://127.0.0.1:{6222 + i}" for i, n in enumerate("ABC")},
+    }
     for conf in sorted((OPS / "nats").glob("*.conf")):
         out = subprocess.run([find_nats_server(), "-t", "-c", str(conf)], capture_output=True, text=True, env=env)
         assert out.returncode == 0 and "is valid" in out.stdout + out.stderr, (conf, out.stderr)
+
+
+def test_single_server_config_binds_loopback_with_jetstream() -> None:
+    single = (OPS / "nats" / "single.conf").read_text()
+    assert "jetstream" in single and "listen: 127.0.0.1:" in single
+
+
+def test_shipped_cluster_config_is_what_the_tests_start() -> None:
+    shipped = [ln for ln in (OPS / "nats" / "cluster.conf").read_text().splitlines() if not ln.startswith("#")]
+    assert "\n".join(shipped).strip() == CLUSTER_CONF.strip()

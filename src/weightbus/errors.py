@@ -6,7 +6,10 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     ├── InvalidPolicyError (ValueError)       policy id is not a single NATS subject token
     ├── InvalidEventError (ValueError)        a payload failed the typed decode at the bus boundary
     ├── BusError
-    │   ├── BusConnectError (ConnectionError) nothing answered at the URL within the connect budget
+    │   ├── BusConnectError (ConnectionError) NATS could not be reached or used; ``cause`` says why
+    │   │   └── StreamConfigError             the WEIGHTBUS stream exists but lacks what weightbus needs
+    │   ├── BusConfigError (ValueError)       connection options that cannot work (a missing file, ...)
+    │   ├── PermissionDeniedError             the server refused a publish or subscribe for this user
     │   ├── PublishError                      the bus refused or could not confirm a publish
     │   │   └── SequenceConflictError         a conditional publish lost: the subject moved on
     │   └── SlowConsumerError                 a subscriber fell behind its bounded queue
@@ -23,6 +26,7 @@ Translation from nats-py and msgspec errors happens in ``weightbus.bus`` only; f
 from __future__ import annotations
 
 __all__ = [
+    "BusConfigError",
     "BusConnectError",
     "BusError",
     "EngineError",
@@ -30,9 +34,11 @@ __all__ = [
     "FencedError",
     "InvalidEventError",
     "InvalidPolicyError",
+    "PermissionDeniedError",
     "PublishError",
     "SequenceConflictError",
     "SlowConsumerError",
+    "StreamConfigError",
     "TrackerNotReadyError",
     "VersionRegressionError",
     "WeightbusError",
@@ -75,12 +81,58 @@ class BusError(WeightbusError):
 
 
 class BusConnectError(BusError, ConnectionError):
-    """Nothing answered at ``url`` within the connect budget."""
+    """NATS at ``url`` could not be reached or used.
 
-    def __init__(self, url: str, detail: str) -> None:
+    Attributes:
+        url: the URL, with any password or token already replaced by ``***``.
+        detail: what happened.
+        cause: a short label: ``refused``, ``dns``, ``auth``, ``tls``, ``no_jetstream``, ``timeout``,
+            ``permission``, ``stream`` or ``config``.
+    """
+
+    def __init__(self, url: str, detail: str, cause: str = "timeout") -> None:
         self.url = url
         self.detail = detail
+        self.cause = cause
         super().__init__(f"cannot connect to NATS at {url}: {detail}")
+
+
+class StreamConfigError(BusConnectError):
+    """The stream exists but does not give weightbus what it relies on; it was left unchanged.
+
+    Attributes:
+        stream: the stream name.
+        mismatches: one line per problem, e.g. ``max_msgs_per_subject is 8, needs at least 64``.
+    """
+
+    def __init__(self, url: str, stream: str, mismatches: list[str]) -> None:
+        self.stream = stream
+        self.mismatches = list(mismatches)
+        super().__init__(
+            url,
+            f"stream {stream} does not fit weightbus: {'; '.join(mismatches)} "
+            "(left unchanged; an admin fixes it with `weightbus stream create --upgrade`)",
+            cause="stream",
+        )
+
+
+class BusConfigError(BusError, ValueError):
+    """Connection options that cannot work: a missing creds or certificate file, a password without a user."""
+
+
+class PermissionDeniedError(BusError):
+    """The NATS server refused an action for this user (its permissions do not allow it).
+
+    Attributes:
+        action: ``publish`` or ``subscribe``.
+        subject: the subject that was refused.
+    """
+
+    def __init__(self, action: str, subject: str, detail: str = "") -> None:
+        self.action = action
+        self.subject = subject
+        extra = f" ({detail})" if detail else ""
+        super().__init__(f"permission denied: this NATS user may not {action} to {subject!r}{extra}")
 
 
 class PublishError(BusError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from weightbus.bus import Deliver, EmbeddedNats, connect, subjects
-from weightbus.bus.server import find_nats_server, free_port
+from weightbus.bus.server import NatsServerStartError, find_nats_server, free_port
 from weightbus.errors import BusConnectError, InvalidPolicyError
 from weightbus.schemas import WeightUpdated
 
@@ -120,3 +121,74 @@ async def test_subscription_and_publisher_survive_a_server_restart(tmp_path: Pat
         await bus.close()
     finally:
         server.stop()
+
+
+def test_port_in_use_is_reported_with_its_reason() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = EmbeddedNats(port=port)
+        with pytest.raises(NatsServerStartError) as info:
+            server.start()
+        assert "address already in use" in info.value.reason
+        assert not server.store_dir.exists()
+        # The CLI says the same in one line, with exit code 1.
+        out = subprocess.run(
+            [sys.executable, "-m", "weightbus.cli", "server", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 1 and "address already in use" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ready_means_the_server_said_so_not_a_tcp_probe() -> None:
+    """A foreign listener on the port satisfies a TCP probe; start() must still fail, not report ready."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as impostor:
+        impostor.bind(("127.0.0.1", 0))
+        impostor.listen()
+        server = EmbeddedNats(port=impostor.getsockname()[1], startup_timeout=5)
+        with pytest.raises(NatsServerStartError):
+            server.start()
+
+
+def _children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def _wait_gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP, signal.SIGTERM])
+def test_cli_server_never_leaks_its_nats_server(sig: signal.Signals) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-m", "weightbus.cli", "server"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            url = proc.stdout.readline().strip()
+            assert url.startswith("nats://127.0.0.1:")
+            info = proc.stderr.readline()  # "nats-server pid N, store DIR; Ctrl-C to stop"
+            child = int(info.split("pid ", 1)[1].split(",", 1)[0])
+            store = Path(info.split("store ", 1)[1].split(";", 1)[0])
+            assert _alive(child) and store.exists()
+            proc.send_signal(sig)
+            proc.wait(timeout=15)
+        finally:
+            proc.kill()
+            proc.wait()
+    assert _wait_gone(child), f"nats-server {child} outlived its parent after {sig.name}"
+    deadline = time.monotonic() + 10
+    while store.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not store.exists(), f"temporary store left behind after {sig.name}"
+    if sig != signal.SIGKILL:
+        assert proc.returncode == 0

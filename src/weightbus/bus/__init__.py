@@ -8,12 +8,14 @@ from weightbus.bus.history import History, read_history
 from weightbus.bus.memory import MemoryBus
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.nats import NatsBus, connect
+from weightbus.bus.options import ConnectOptions, redact_url
 from weightbus.bus.protocol import Bus, Deliver, Envelope, PublishAck, Skipped, Subscription
-from weightbus.bus.server import EmbeddedNats, NatsServerNotFound, find_nats_server, free_port
+from weightbus.bus.server import EmbeddedNats, NatsServerNotFound, NatsServerStartError, find_nats_server, free_port
 
 __all__ = [
     "Bus",
     "BusMetrics",
+    "ConnectOptions",
     "Deliver",
     "EmbeddedNats",
     "Envelope",
@@ -21,6 +23,7 @@ __all__ = [
     "MemoryBus",
     "NatsBus",
     "NatsServerNotFound",
+    "NatsServerStartError",
     "PublishAck",
     "Skipped",
     "Subscription",
@@ -28,4 +31,5 @@ __all__ = [
     "find_nats_server",
     "free_port",
     "read_history",
+    "redact_url",
 ]

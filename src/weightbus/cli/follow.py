@@ -19,6 +19,7 @@ import typer
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus.metrics import BusMetrics
+from weightbus.bus.options import ConnectOptions
 from weightbus.cli._common import (
     DEFAULT_NATS,
     EXIT_USAGE,
@@ -30,6 +31,7 @@ from weightbus.cli._common import (
     run_async,
     setup_logging,
     start_metrics,
+    with_connection,
 )
 from weightbus.consumers.tracker import TrackerStatus, VersionChange, VersionTracker
 from weightbus.consumers.tracker_metrics import TrackerMetrics
@@ -81,6 +83,7 @@ def follow_command(
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "127.0.0.1",
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     verbose: VerboseOption = 0,
 ) -> None:
     """Follow POLICY's weight version and print each change (the current one first).
@@ -96,7 +99,7 @@ def follow_command(
         registry = CollectorRegistry()
         metrics = TrackerMetrics(registry)
         start_metrics(metrics_port, registry, metrics_host)
-        bus = await connect(nats, name="weightbus-follow", metrics=BusMetrics(registry))
+        bus = await connect(nats, name="weightbus-follow", metrics=BusMetrics(registry), options=connection)
         try:
             def _status(status: TrackerStatus) -> None:
                 if status in (TrackerStatus.DEAF, TrackerStatus.NO_VALID_VERSION):
@@ -134,4 +137,4 @@ def follow_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``follow`` to ``app``."""
-    app.command("follow")(follow_command)
+    app.command("follow")(with_connection(follow_command))

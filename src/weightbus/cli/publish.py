@@ -26,6 +26,7 @@ from typing import Annotated, Final
 import typer
 
 from weightbus.bus.nats import connect
+from weightbus.bus.options import ConnectOptions
 from weightbus.bus.subjects import validate_policy
 from weightbus.cli._common import (
     DEFAULT_NATS,
@@ -40,6 +41,7 @@ from weightbus.cli._common import (
     fail,
     run_async,
     setup_logging,
+    with_connection,
 )
 from weightbus.consumers.history import read_history
 from weightbus.engines._http import normalize_url
@@ -99,6 +101,7 @@ class _Request:
     alive_window: float
     engine_timeout: float
     api_key: str | None
+    connection: ConnectOptions | None = None
 
 
 async def _resume(fleet: EngineFleet) -> None:
@@ -109,7 +112,9 @@ async def _resume(fleet: EngineFleet) -> None:
 
 
 async def _publish(req: _Request) -> int:
-    bus = await connect(req.nats, name="weightbus-publish", connect_timeout=req.connect_timeout)
+    bus = await connect(
+        req.nats, name="weightbus-publish", connect_timeout=req.connect_timeout, options=req.connection
+    )
     fleet: EngineFleet | None = None
     paused = False
     try:
@@ -149,6 +154,7 @@ async def _publish(req: _Request) -> int:
 def publish_command(
     policy: PolicyOption,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     engine: Annotated[
         list[str] | None, typer.Option("--engine", help="SGLang worker URL to stamp and verify (repeatable).")
     ] = None,
@@ -238,6 +244,7 @@ def publish_command(
         alive_window=alive_window,
         engine_timeout=engine_timeout,
         api_key=api_key,
+        connection=connection,
     )
     try:
         version = run_async(_publish(request))
@@ -261,4 +268,4 @@ def _with_notes(exc: BaseException) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add ``publish`` to ``app``."""
-    app.command("publish")(publish_command)
+    app.command("publish")(with_connection(publish_command))

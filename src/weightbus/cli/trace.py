@@ -21,6 +21,7 @@ import msgspec
 import typer
 
 from weightbus.bus import subjects
+from weightbus.bus.options import ConnectOptions
 from weightbus.bus.protocol import Deliver
 from weightbus.bus.trace import TraceRecord, read_trace
 from weightbus.bus.trace import record as record_events
@@ -37,6 +38,7 @@ from weightbus.cli._common import (
     run_async,
     setup_logging,
     start_metrics,
+    with_connection,
 )
 from weightbus.errors import BusError, InvalidEventError, InvalidPolicyError
 from weightbus.schemas import decode, encode
@@ -61,6 +63,7 @@ def record_command(
     count: Annotated[int | None, typer.Option("--count", min=1, help="Stop after this many events.")] = None,
     duration: Annotated[float | None, typer.Option("--duration", min=0.0, help="Stop after this many seconds.")] = None,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "127.0.0.1",
     verbose: VerboseOption = 0,
@@ -83,7 +86,7 @@ def record_command(
 
         registry = CollectorRegistry()
         start_metrics(metrics_port, registry, metrics_host)
-        bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry))
+        bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
         try:
             if str(out) == "-":
                 return await record_events(
@@ -185,6 +188,7 @@ def replay_command(
         typer.Option("--force", help="Replay into a policy that already has events (re-stores old versions)."),
     ] = False,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     verbose: VerboseOption = 0,
 ) -> None:
     """Republish a recorded trace, in order, into a NATS (keeping each event's Nats-Msg-Id unless --new-ids).
@@ -207,7 +211,7 @@ def replay_command(
 
         from weightbus.bus.nats import connect
 
-        bus = await connect(nats, name="weightbus-replay")
+        bus = await connect(nats, name="weightbus-replay", options=connection)
         try:
             if not force:
                 for target in targets:
@@ -237,5 +241,5 @@ def replay_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``record`` and ``replay`` to ``app``."""
-    app.command("record")(record_command)
-    app.command("replay")(replay_command)
+    app.command("record")(with_connection(record_command))
+    app.command("replay")(with_connection(replay_command))

@@ -29,6 +29,7 @@ from rich.table import Table
 
 from weightbus.bus import subjects
 from weightbus.bus.metrics import BusMetrics
+from weightbus.bus.options import ConnectOptions
 from weightbus.bus.protocol import Bus, Deliver, Envelope
 from weightbus.cli._common import (
     DEFAULT_NATS,
@@ -41,6 +42,7 @@ from weightbus.cli._common import (
     run_async,
     setup_logging,
     start_metrics,
+    with_connection,
 )
 from weightbus.consumers.monitor import MonitorState, PolicyView, reduce
 from weightbus.consumers.tracker_metrics import TrackerMetrics
@@ -261,6 +263,7 @@ def watch_command(
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "127.0.0.1",
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     verbose: VerboseOption = 0,
 ) -> None:
     """Watch versions, epochs, publishers, lag, drains and alerts of every policy (or one), live.
@@ -283,7 +286,7 @@ def watch_command(
         registry = CollectorRegistry()
         metrics = TrackerMetrics(registry) if metrics_port is not None else None
         start_metrics(metrics_port, registry, metrics_host)
-        bus = await connect(nats, name="weightbus-watch", metrics=BusMetrics(registry))
+        bus = await connect(nats, name="weightbus-watch", metrics=BusMetrics(registry), options=connection)
         try:
             await watch(bus, pattern, json_out=json_out, duration=duration, count=count, metrics=metrics)
         finally:
@@ -297,4 +300,4 @@ def watch_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``watch`` to ``app``."""
-    app.command("watch")(watch_command)
+    app.command("watch")(with_connection(watch_command))

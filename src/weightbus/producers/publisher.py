@@ -7,9 +7,11 @@ read before it, decides who owns the counter. Invariants:
 * **A number names at most one set of weights.** An update first stores ``VersionReserved(v)``;
   only then may any engine carry ``v``. A reserved number is never issued again, whatever happens
   to its update (exception, failed stamp, lost or refused announcement, cancellation): the next
-  update takes ``v + 1``. ``start()`` resumes above the highest number ever issued that the
-  retained history shows, and, with a fleet, above the highest numeric label any engine carries,
-  so a lost history (purge, recreated stream, evicted events) never reissues a number.
+  update takes ``v + 1``. A reservation that was not confirmed touched no engine, so the next
+  update retries it with the same number and message id (stored once, whatever happened).
+  ``start()`` resumes above the highest number ever issued that the retained history shows, and, with a
+  fleet, above the highest numeric label any engine carries, so a lost history (purge, recreated stream,
+  evicted events) never reissues a number.
 * **One owner, per instance.** ``start()`` claims with epoch + 1 and a random ``incarnation``; two
   processes with the same ``trainer_id`` are two claimants, and the bus lets exactly one own the
   counter. Once another publisher has claimed, this one's next conditional publish is refused and
@@ -418,9 +420,10 @@ class VersionPublisher:
             incarnation=self.incarnation,
             lora=lora,
         )
-        # Used up before the publish: a reservation in doubt may have landed, and skipping a number is harmless.
-        self._issued = max(self._issued, version)
+        # A reservation that fails is retried by the next update with the same number and message id: if it
+        # had landed, the bus deduplicates it (and resolve() adopts it), so an outage does not burn numbers.
         await self.conditional(event, f"{self._policy}:reserve:{self.incarnation}:{version}")
+        self._issued = max(self._issued, version)
 
     async def announce(self, version: int, lora: LoraAdapter | None) -> WeightUpdated:
         """Store ``WeightUpdated(version)``: the engines serve it and trackers may take it.

@@ -1,0 +1,166 @@
+"""``weightbus stream create|check``: the admin side of the ``WEIGHTBUS`` stream.
+
+Clients only create the stream when it is missing and never change an existing one. ``create`` is the
+explicit admin action: it creates the stream, or upgrades an existing one to what weightbus relies on,
+with the replicas asked for and ``deny_delete``/``deny_purge`` on by default; settings weightbus does not
+rely on (limits, placement) are kept. ``check`` only reads. Exit codes: 0 fine, 1 the stream does not fit
+(check) or the server refused the change (create), 2 bad arguments, 5 NATS unreachable or permission denied.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+import typer
+
+from weightbus.bus.options import ConnectOptions
+from weightbus.cli._common import (
+    DEFAULT_NATS,
+    ConnectTimeoutOption,
+    NatsOption,
+    VerboseOption,
+    fail,
+    run_async,
+    setup_logging,
+    with_connection,
+)
+from weightbus.errors import BusConnectError, BusError
+
+__all__ = ["EXIT_BUS", "EXIT_MISMATCH", "register"]
+
+EXIT_MISMATCH: Final = 1
+EXIT_BUS: Final = 5
+
+HistoryOption = Annotated[int, typer.Option("--history", min=1, help="Events kept per subject (at least).")]
+WindowOption = Annotated[
+    float, typer.Option("--duplicate-window", min=1.0, help="Seconds a Nats-Msg-Id is remembered (at least).")
+]
+StreamOption = Annotated[str, typer.Option("--stream", help="Stream name.")]
+
+stream_app = typer.Typer(
+    name="stream",
+    help="Create, upgrade or check the WEIGHTBUS JetStream stream (admin).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _describe(info: Any) -> str:
+    config = info.config
+    cluster = getattr(info, "cluster", None)
+    leader = getattr(cluster, "leader", None) if cluster is not None else None
+    parts = [
+        f"stream {config.name}",
+        f"subjects {','.join(config.subjects or [])}",
+        f"replicas {config.num_replicas or 1}",
+        f"history {config.max_msgs_per_subject}",
+        f"duplicate_window {config.duplicate_window:g}s",
+        f"deny_delete {str(bool(config.deny_delete)).lower()}",
+        f"deny_purge {str(bool(config.deny_purge)).lower()}",
+    ]
+    if leader:
+        parts.append(f"leader {leader}")
+    return ", ".join(parts)
+
+
+def create_command(
+    allow_delete: Annotated[bool, typer.Option("--allow-delete", help="Leave deny_delete off.")] = False,
+    allow_purge: Annotated[bool, typer.Option("--allow-purge", help="Leave deny_purge off.")] = False,
+    history: HistoryOption = 256,  # weightbus.bus.stream.DEFAULT_HISTORY (not imported: nats-py is lazy here)
+    duplicate_window: WindowOption = 120.0,
+    stream: StreamOption = "WEIGHTBUS",
+    nats: NatsOption = DEFAULT_NATS,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+    verbose: VerboseOption = 0,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
+) -> None:
+    """Create the stream, or upgrade it: subjects, history, duplicate window, replicas (--replicas),
+    deny_delete and deny_purge.
+
+    Prints what was done: created, upgraded or unchanged, and the resulting configuration.
+    """
+    setup_logging(verbose)
+    from weightbus.bus.nats import connect
+    from weightbus.bus.stream import StreamRequirements, create_or_upgrade
+
+    async def _run() -> str:
+        bus = await connect(
+            nats, name="weightbus-stream", connect_timeout=connect_timeout, ensure_stream=False, options=connection
+        )
+        try:
+            req = StreamRequirements(history=history, duplicate_window=duplicate_window)
+            outcome, info = await bus.guard(
+                lambda action, subject: True,
+                create_or_upgrade(
+                    bus.js,
+                    stream,
+                    req,
+                    replicas=connection.replicas,
+                    deny_delete=not allow_delete,
+                    deny_purge=not allow_purge,
+                    url=bus._url(),
+                ),
+            )
+            return f"{outcome}: {_describe(info)}"
+        finally:
+            await bus.close()
+
+    try:
+        typer.echo(run_async(_run()))
+    except BusConnectError as exc:
+        code = EXIT_MISMATCH if exc.cause == "stream" else EXIT_BUS
+        raise fail(str(exc), code) from None
+    except BusError as exc:
+        raise fail(str(exc), EXIT_BUS) from None
+
+
+def check_command(
+    history: HistoryOption = 256,  # weightbus.bus.stream.DEFAULT_HISTORY (not imported: nats-py is lazy here)
+    duplicate_window: WindowOption = 120.0,
+    stream: StreamOption = "WEIGHTBUS",
+    nats: NatsOption = DEFAULT_NATS,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+    verbose: VerboseOption = 0,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
+) -> None:
+    """Check, without changing anything, that the stream exists and gives weightbus what it relies on."""
+    setup_logging(verbose)
+    from nats.js import errors as js_errors
+
+    from weightbus.bus.nats import connect
+    from weightbus.bus.stream import StreamRequirements, mismatches
+
+    async def _run() -> tuple[str, list[str]]:
+        bus = await connect(
+            nats, name="weightbus-stream", connect_timeout=connect_timeout, ensure_stream=False, options=connection
+        )
+        try:
+            info = await bus.guard(lambda action, subject: True, bus.js.stream_info(stream))
+            return _describe(info), mismatches(info.config, StreamRequirements(history, duplicate_window))
+        finally:
+            await bus.close()
+
+    try:
+        described, problems = run_async(_run())
+    except BusError as exc:
+        raise fail(str(exc), EXIT_BUS) from None
+    except js_errors.NotFoundError:
+        raise fail(
+            f"stream {stream} does not exist (create it with `weightbus stream create`)", EXIT_MISMATCH
+        ) from None
+    except js_errors.APIError as exc:
+        raise fail(f"cannot read stream {stream}: {exc.description}", EXIT_MISMATCH) from None
+    typer.echo(described)
+    if problems:
+        raise fail("; ".join(problems), EXIT_MISMATCH)
+    typer.echo("ok: the stream fits weightbus")
+
+
+stream_app.command("create")(with_connection(create_command))
+stream_app.command("check")(with_connection(check_command))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``stream create|check`` to ``app``."""
+    app.add_typer(stream_app, name="stream")

@@ -1,0 +1,145 @@
+"""Connecting never rewrites an operator's stream; the admin command creates or upgrades it explicitly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig, SubjectTransform
+
+from weightbus.bus import EmbeddedNats, connect
+from weightbus.errors import StreamConfigError
+
+pytestmark = pytest.mark.nats
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedNats]:
+    """A server per test: deny_delete, once set, cannot be taken back."""
+    with EmbeddedNats() as srv:
+        yield srv
+
+
+@pytest_asyncio.fixture
+async def admin(server: EmbeddedNats) -> AsyncIterator[nats.js.JetStreamContext]:
+    """A raw nats-py JetStream context on a server with no WEIGHTBUS stream yet."""
+    nc = await nats.connect(server.url)
+    yield nc.jetstream()
+    await nc.close()
+
+
+def operator_stream(**overrides: object) -> StreamConfig:
+    base: dict[str, object] = {
+        "name": "WEIGHTBUS",
+        "subjects": ["weightbus.>"],
+        "storage": StorageType.FILE,
+        "max_msgs_per_subject": 300,
+        "duplicate_window": 300.0,
+        "max_bytes": 50_000_000,
+        "discard": DiscardPolicy.OLD,
+    }
+    base.update(overrides)
+    return StreamConfig(**base)  # type: ignore[arg-type]
+
+
+async def test_connect_creates_a_missing_stream_with_the_replicas_asked(server: EmbeddedNats, admin) -> None:
+    bus = await connect(server.url)
+    await bus.close()
+    info = await admin.stream_info("WEIGHTBUS")
+    assert info.config.subjects == ["weightbus.>"]
+    assert info.config.storage == StorageType.FILE
+    assert info.config.max_msgs_per_subject == 256 and info.config.duplicate_window == 120
+    assert info.config.num_replicas == 1
+
+
+async def test_connect_leaves_an_operator_stream_alone(server: EmbeddedNats, admin) -> None:
+    await admin.add_stream(operator_stream(deny_delete=True, deny_purge=True))
+    before = (await admin.stream_info("WEIGHTBUS")).config
+    for history in (4, 64):  # a client needing less history must not trim everyone's
+        bus = await connect(server.url, history=history)
+        await bus.close()
+    after = (await admin.stream_info("WEIGHTBUS")).config
+    assert after == before
+    assert after.max_bytes == 50_000_000 and after.max_msgs_per_subject == 300
+    assert after.deny_delete and after.deny_purge
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"max_msgs_per_subject": 8}, "max_msgs_per_subject is 8, needs at least 256"),
+        ({"duplicate_window": 10.0}, "duplicate_window is 10s, needs at least 120s"),
+        ({"storage": StorageType.MEMORY}, "storage is memory, needs file"),
+        ({"subjects": ["weightbus.a.>"]}, "do not cover weightbus.>"),
+        (
+            {"subject_transform": SubjectTransform(src="weightbus.*.drains", dest="weightbus.{{wildcard(1)}}.weights")},
+            "subject transform",
+        ),
+        ({"discard": DiscardPolicy.NEW}, "discard is new"),
+    ],
+)
+async def test_connect_refuses_a_stream_that_does_not_fit_and_names_why(
+    server: EmbeddedNats, admin, overrides: dict[str, object], named: str
+) -> None:
+    await admin.add_stream(operator_stream(**overrides))
+    before = (await admin.stream_info("WEIGHTBUS")).config
+    with pytest.raises(StreamConfigError) as info:
+        await connect(server.url)
+    assert named in str(info.value) and info.value.cause == "stream"
+    assert any(named in m for m in info.value.mismatches)
+    assert (await admin.stream_info("WEIGHTBUS")).config == before  # left unchanged
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "weightbus.cli", "stream", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+async def test_admin_command_upgrades_and_check_reports(server: EmbeddedNats, admin) -> None:
+    await admin.add_stream(operator_stream(max_msgs_per_subject=8, duplicate_window=10.0))
+    bad = _cli("check", "--nats", server.url)
+    assert bad.returncode == 1, bad.stderr
+    assert "max_msgs_per_subject is 8" in bad.stderr and "duplicate_window is 10s" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+    done = _cli("create", "--nats", server.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("upgraded:")
+    config = (await admin.stream_info("WEIGHTBUS")).config
+    assert config.max_msgs_per_subject == 256 and config.duplicate_window == 120
+    assert config.deny_delete and config.deny_purge
+    assert config.max_bytes == 50_000_000  # an operator's limit is kept
+
+    again = _cli("create", "--nats", server.url)
+    assert again.returncode == 0 and again.stdout.startswith("unchanged:"), again.stderr
+    ok = _cli("check", "--nats", server.url)
+    assert ok.returncode == 0 and "ok" in ok.stdout, ok.stderr
+    # With deny_delete/deny_purge on, weightbus clients still connect (they used to fail).
+    bus = await connect(server.url)
+    await bus.close()
+    # deny_purge refuses purges; deny_delete refuses deleting single events (deleting the whole stream
+    # is kept from non-admins by permissions, see test_roles.py).
+    await admin.publish("weightbus.p.weights", b"{}")
+    with pytest.raises(nats.js.errors.APIError, match="purge not permitted"):
+        await admin.purge_stream("WEIGHTBUS")
+    with pytest.raises(nats.js.errors.APIError, match="not permitted"):
+        await admin.delete_msg("WEIGHTBUS", 1)
+
+
+async def test_admin_command_creates_a_missing_stream(server: EmbeddedNats, admin) -> None:
+    done = _cli("create", "--nats", server.url, "--allow-purge")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("created:")
+    assert "deny_delete true" in done.stdout and "deny_purge false" in done.stdout
+    config = (await admin.stream_info("WEIGHTBUS")).config
+    assert config.deny_delete and not config.deny_purge
+
+
+def test_check_of_a_missing_stream_is_one_line(server: EmbeddedNats) -> None:
+    out = _cli("check", "--nats", server.url)
+    assert out.returncode == 1 and "does not exist" in out.stderr and len(out.stderr.strip().splitlines()) == 1

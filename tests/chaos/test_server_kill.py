@@ -1,0 +1,96 @@
+"""Chaos: the single nats-server is killed with SIGKILL mid-stream and restarted on its store.
+
+A trainer updates in a loop, three trackers and a recorder follow on their own connections. The server is
+killed by pid, stays down for ``OUTAGE_S``, and comes back on the same port and store. Checked from the
+recording: versions 1..last exactly once and in order (the counter resumes from the store, nothing is
+lost or duplicated across the outage); every tracker ends at the last version. Measured: the time from
+the restart to the first successful update, and the updates that failed during the outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, wait_until
+from weightbus.bus import EmbeddedNats, NatsBus, connect
+from weightbus.consumers import VersionTracker
+from weightbus.errors import BusError, WeightbusError
+from weightbus.producers import VersionPublisher
+
+pytestmark = [pytest.mark.slow, pytest.mark.nats]
+
+OUTAGE_S = 1.0  # how long the server stays dead: a scenario parameter, not a readiness wait
+RECOVERY_BOUND_S = 5.0
+
+
+async def test_server_sigkill_and_restart_mid_stream(own_server: EmbeddedNats, open_buses: list[NatsBus]) -> None:
+    policy = "chaos-kill9"
+    url = own_server.url
+    recorder_bus = await connect(url, name="chaos-recorder")
+    trainer_bus = await connect(url, name="chaos-trainer", publish_timeout=1.0, publish_attempts=2)
+    tracker_buses = [await connect(url, name=f"chaos-tracker-{i}") for i in range(3)]
+    open_buses.extend([recorder_bus, trainer_bus, *tracker_buses])
+    recorder = await EventRecorder(recorder_bus, policy).start()
+    pub = await VersionPublisher(trainer_bus, policy, trainer_id="chaos-trainer").start()
+    trackers = [await VersionTracker(bus, policy).start() for bus in tracker_buses]
+
+    last = 0
+    failures = 0
+    restarted_at: float | None = None
+    first_after: float | None = None
+    outage_task: asyncio.Task[None] | None = None
+
+    async def outage() -> None:
+        nonlocal restarted_at
+        own_server.kill()  # SIGKILL by pid; the store stays
+        await asyncio.sleep(OUTAGE_S)
+        await asyncio.to_thread(own_server.start)
+        restarted_at = time.monotonic()
+
+    try:
+        started = time.monotonic()
+        while True:
+            if outage_task is None and time.monotonic() - started > 1.0:
+                outage_task = asyncio.create_task(outage())
+            if first_after is not None and time.monotonic() - first_after > 1.0:
+                break
+            assert time.monotonic() - started < 30, "the trainer never recovered"
+            try:
+                async with pub.update() as version:
+                    pass
+            except (BusError, WeightbusError):
+                failures += 1
+                continue
+            assert version == last + 1, f"update returned {version} after {last}"
+            last = version
+            if restarted_at is not None and first_after is None:
+                first_after = time.monotonic()
+            await asyncio.sleep(0.02)
+        for tracker in trackers:
+            await tracker.wait_for(last, timeout=15)
+            assert tracker.current == last
+        await wait_until(lambda: last in recorder.weight_versions(), 15, f"the recorder to receive v{last}")
+        assert_versions_exact(recorder.weight_versions(), last)
+    finally:
+        if outage_task is not None:
+            await asyncio.gather(outage_task, return_exceptions=True)
+        for tracker in trackers:
+            await tracker.stop()
+        await recorder.stop()
+
+    assert restarted_at is not None and first_after is not None
+    recovery = first_after - restarted_at
+    report(
+        "nats-server kill -9 and restart",
+        versions=last,
+        lost=0,
+        duplicated=0,
+        regressed=0,
+        outage_s=OUTAGE_S,
+        failed_updates=failures,
+        recovery_after_restart_s=round(recovery, 2),
+    )
+    assert recovery < RECOVERY_BOUND_S, f"first update {recovery:.2f}s after the restart"
