@@ -25,13 +25,35 @@ from typing import Any
 RESULTS_DIR = Path(__file__).parent / "results"
 #: Per-step fields of the demo's report.json kept here, in seconds there and in milliseconds here.
 STEP_FIELDS = (
-    "step_s", "weightbus_s", "engine_http_s", "update_s", "update_own_s", "push_s", "rollout_wait_s", "drain_s",
+    "step_s",
+    "weightbus_s",
+    "engine_http_s",
+    "update_s",
+    "update_own_s",
+    "push_s",
+    "rollout_wait_s",
+    "drain_s",
     "batch_wait_s",
 )
 SUMMARY_FIELDS = (
-    "steps", "final_version", "reward_first", "reward_last", "wall_s", "weightbus_share", "engine_http_share",
-    "push_share", "step_ms_mean", "weightbus_ms_mean", "weightbus_ms_p50", "weightbus_ms_p99", "engine_http_ms_mean",
-    "update_ms_mean", "update_own_ms_mean", "push_ms_mean", "rollout_wait_ms_mean", "drain_ms_mean",
+    "steps",
+    "final_version",
+    "reward_first",
+    "reward_last",
+    "wall_s",
+    "weightbus_share",
+    "engine_http_share",
+    "push_share",
+    "step_ms_mean",
+    "weightbus_ms_mean",
+    "weightbus_ms_p50",
+    "weightbus_ms_p99",
+    "engine_http_ms_mean",
+    "update_ms_mean",
+    "update_own_ms_mean",
+    "push_ms_mean",
+    "rollout_wait_ms_mean",
+    "drain_ms_mean",
 )
 
 

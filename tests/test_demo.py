@@ -88,8 +88,11 @@ def test_the_loop_learns_and_survives_every_fault(tmp_path: Path, monkeypatch: p
     restart = result.faults[-1]
     restarted = restart["engine"]
     alerted = [
-        a for a in result.alerts
-        if a["type"] == "alert.engine_out_of_sync" and a.get("reason") == "unexpected_label" and a["engine"] == restarted
+        a
+        for a in result.alerts
+        if a["type"] == "alert.engine_out_of_sync"
+        and a.get("reason") == "unexpected_label"
+        and a["engine"] == restarted
         and a["published_at"] >= restart["time"]
     ]
     assert alerted and alerted[0]["actual"] == "default", result.alerts

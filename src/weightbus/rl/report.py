@@ -210,7 +210,8 @@ def analyse(
             continue
         engine = fault.get("engine")
         named = [
-            a for a in out_of_sync
+            a
+            for a in out_of_sync
             if a.get("reason") == "unexpected_label" and a["engine"] == engine and a["published_at"] >= fault["time"]
         ]
         restart_alerts += named
@@ -241,8 +242,12 @@ def analyse(
         "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in drains),
         "engine_out_of_sync_alerts": len(out_of_sync),
         "restart_alerts": [
-            {"engine": a["engine"], "actual": a.get("actual"), "expected": a.get("expected"),
-             "published_at": a["published_at"]}
+            {
+                "engine": a["engine"],
+                "actual": a.get("actual"),
+                "expected": a.get("expected"),
+                "published_at": a["published_at"],
+            }
             for a in restart_alerts
         ],
         "regression_alerts": len(alerts),
