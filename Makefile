@@ -36,6 +36,7 @@ bench: venv $(BENCH_STAMP)
 	$(BIN)/python bench/drain.py && \
 	$(BIN)/python bench/update.py && \
 	$(BIN)/python bench/propagation.py && \
+	$(BIN)/python bench/demo_overhead.py && \
 	echo "make bench: all benchmarks took $$(( $$(date +%s) - start )) s"
 
 lint: venv

@@ -69,3 +69,19 @@ def test_drain_reports_groups_per_second_and_the_ratio(tmp_path: Path) -> None:
     assert result["stage"]["groups_per_s"] > 0 and result["http_poll"]["groups_per_s"] > 0
     assert result["ratio"] == pytest.approx(result["stage"]["groups_per_s"] / result["http_poll"]["groups_per_s"])
     assert result["stage"]["kept"] == 1500  # a quarter of the groups are too stale
+
+
+def test_demo_overhead_keeps_each_steps_split_from_a_real_demo_run(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("sglang_router")
+    _run("demo_overhead.py", "--steps", "3", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "demo-overhead.json").read_text())
+    assert result["ok"] is True and result["exit_code"] == 0
+    assert [row["step"] for row in result["steps"]] == [1, 2, 3]
+    for row in result["steps"]:
+        assert row["weightbus_ms"] == pytest.approx(row["update_own_ms"] + row["rollout_wait_ms"] + row["drain_ms"])
+        assert 0 < row["weightbus_ms"] < row["step_ms"]
+        assert 0 < row["engine_http_ms"] <= row["update_ms"]
+    share = sum(r["weightbus_ms"] for r in result["steps"]) / sum(r["step_ms"] for r in result["steps"])
+    assert result["summary"]["weightbus_share"] == pytest.approx(share)
+    assert "weightbus's own" in (tmp_path / "demo-overhead.md").read_text()

@@ -2,8 +2,9 @@
 
 One run (fixed seed, about 40 s on 2 cores): the reward must rise, no trained group may exceed the bound by
 its recorded sample versions, every announced version must have been read back from every engine, and
-training must survive a trainer failover, a NATS restart, a rollout restart and an engine restart. The checks
-here are recomputed from the raw rows and events, independently of the demo's own summary.
+training must survive a trainer failover, a NATS restart, a rollout restart and an engine restart, and the restarted
+engine must be alerted as out of sync. The checks here are recomputed from the raw rows and events, independently of
+the demo's own summary.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def test_the_loop_learns_and_survives_every_fault(tmp_path: Path, monkeypatch: p
         "engines_in_sync": [],
         "faults_survived": [],
         "regression_caught": [],
+        "restart_alerted": [],
     }
     rows = result.rows
     steps = [row["step"] for row in rows]
@@ -81,6 +83,32 @@ def test_the_loop_learns_and_survives_every_fault(tmp_path: Path, monkeypatch: p
     assert set(trainers[:switch]) == {"trainer-0"} and set(trainers[switch:]) == {"trainer-1"}
     assert switch >= 8
     assert rows[switch]["trained_under"] > rows[switch - 1]["version"]
+    # The restarted engine was alerted by the publisher after the restart, as carrying a label it should not, and
+    # the run went on to announce versions that it serves.
+    restart = result.faults[-1]
+    restarted = restart["engine"]
+    alerted = [
+        a
+        for a in result.alerts
+        if a["type"] == "alert.engine_out_of_sync"
+        and a.get("reason") == "unexpected_label"
+        and a["engine"] == restarted
+        and a["published_at"] >= restart["time"]
+    ]
+    assert alerted and alerted[0]["actual"] == "default", result.alerts
+    assert any(e["published_at"] > alerted[0]["published_at"] and restarted in e["engines"] for e in result.announced)
+    assert [a["engine"] for a in result.summary["restart_alerts"]] == [restarted] * len(alerted)
+    # Where each step's time went: weightbus's own time and the engines' HTTP time are parts of update() without
+    # the push, which is part of the step.
+    for row in rows:
+        assert 0 <= row["engine_http_s"] <= row["update_s"] + 1e-6, row
+        assert row["update_own_s"] == pytest.approx(row["update_s"] - row["engine_http_s"], abs=1e-6)
+        assert row["weightbus_s"] == pytest.approx(row["update_own_s"] + row["rollout_wait_s"] + row["drain_s"])
+        assert row["update_s"] + row["push_s"] + row["batch_wait_s"] <= row["step_s"] + 1e-6, row
+        assert row["push_s"] > 0 and row["engine_http_s"] > 0 and row["drain_s"] > 0, row
+    share = sum(row["weightbus_s"] for row in rows) / sum(row["step_s"] for row in rows)
+    assert result.summary["weightbus_share"] == pytest.approx(share)
+    assert 0 < share < 0.5
     # Reports written; nothing left behind.
     assert (tmp_path / "report" / "report.json").stat().st_size > 0
     assert (tmp_path / "report" / "report.png").stat().st_size > 0

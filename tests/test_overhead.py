@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
-from weightbus.overhead import HttpCall, OverheadMeter, covered
+from weightbus.overhead import BusyTimer, HttpCall, OverheadMeter, covered
 
 
 class _Clock:
@@ -48,6 +50,75 @@ def test_report_counts_overlapping_engine_calls_once_and_skips_excluded_and_outs
 def test_report_before_any_step_is_zero() -> None:
     report = OverheadMeter().report()
     assert (report.steps, report.step_s, report.own_s, report.share) == (0, 0.0, 0.0, 0.0)
+
+
+def test_a_window_reports_one_step_only() -> None:
+    clock = _Clock()
+    meter = OverheadMeter(clock)
+    for start in (0.0, 10.0):
+        clock.t = start
+        with meter.step():
+            clock.t = start + 1.0
+            with meter.weightbus():
+                clock.t = start + 3.0
+            clock.t = start + 4.0
+    meter.http_calls.extend([_call(1.5, 2.0), _call(11.0, 12.5)])
+    last = meter.report(meter.steps[-1])
+    assert (last.steps, last.step_s, last.weightbus_s) == (1, pytest.approx(4.0), pytest.approx(2.0))
+    assert last.engine_http_s == pytest.approx(1.5)
+    assert last.share == pytest.approx(0.5 / 4.0)
+    assert meter.report().own_s == pytest.approx(1.5 + 0.5)
+    assert meter.report((20.0, 30.0)).steps == 0
+    meter.reset()
+    assert (meter.report().steps, meter.http_calls) == (0, [])
+
+
+async def test_busy_timer_counts_the_coroutines_own_time_not_its_suspensions() -> None:
+    clock = _Clock()
+    resume = asyncio.Event()
+
+    async def drain() -> str:
+        clock.t += 1.0  # its own work
+        await resume.wait()  # suspended while others run
+        clock.t += 2.0
+        return "drained"
+
+    async def others() -> None:
+        await asyncio.sleep(0)
+        clock.t += 100.0
+        resume.set()
+
+    timer = BusyTimer(drain(), clock)
+    result, _ = await asyncio.gather(timer, others())
+    assert result == "drained"
+    assert timer.seconds == pytest.approx(3.0)
+
+
+async def test_busy_timer_passes_errors_and_cancellation_through() -> None:
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("bad group")
+
+    with pytest.raises(ValueError, match="bad group"):
+        await BusyTimer(fails())
+
+    cleaned: list[bool] = []
+
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned.append(True)
+
+    async def run() -> None:
+        await BusyTimer(waits())
+
+    task = asyncio.create_task(run())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == [True]
 
 
 def test_covered_merges_overlaps_and_clips_to_the_window() -> None:

@@ -4,7 +4,8 @@ It starts an embedded nats-server (store in a temporary directory), two referenc
 model, the real SGLang router in front of them, a recorder of the bus, the rollout process and the trainer,
 each a ``weightbus`` (or ``sglang_router``) command a user could launch alone. It prints one line per training
 step from the trainer's ``steps.jsonl``, injects the requested faults as real process operations, and at the
-end writes ``report.json`` and ``report.png`` and checks the invariants (:mod:`weightbus.rl.report`).
+end writes ``report.json`` and ``report.png`` and checks the invariants (:mod:`weightbus.rl.report`). Each step line
+shows the step's time, weightbus's own part of it and the engines' HTTP time inside ``update()``.
 
 Invariants of the supervisor itself: every process it starts is stopped on exit, on an error and on Ctrl-C
 (SIGTERM, then SIGKILL after a grace period, by pid), and its temporary directory is removed.
@@ -174,7 +175,8 @@ def _format_step(row: dict[str, Any], fault: str | None) -> str:
         f"staleness avg {num(row['staleness_avg'], '.2f')} max {num(row['staleness_max'], 'd')}  "
         f"kept {row['kept']} recycled {row['recycled']} dropped {row['dropped']}  "
         f"lag {num(row.get('lag_s') and row['lag_s'] * 1000, '.1f')} ms  "
-        f"step {row['step_s'] * 1000:.0f} ms (weightbus {row['weightbus_s'] * 1000:.1f} ms)"
+        f"step {row['step_s'] * 1000:.0f} ms (weightbus {row['weightbus_s'] * 1000:.1f} ms, "
+        f"engines {(row.get('engine_http_s') or 0) * 1000:.1f} ms)"
     )
     return line + (f"   <- {fault}" if fault else "")
 
@@ -253,7 +255,9 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
             _wait(lambda url=url: _http_ok(f"{url}/health"), f"engine {url}", list(procs.values()))
         router_argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                        "--port", str(router_port), "--worker-urls", *engine_urls, "--log-level", "warn",
-                       "--health-check-interval-secs", "1"]
+                       "--health-check-interval-secs", "1",
+                       # Its metrics exporter defaults to 0.0.0.0:29000: a second router on the host would die.
+                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         procs["router"] = _Process("router", router_argv, tmp).start()
         _wait(lambda: _router_workers(router) == 2, "router", list(procs.values()))
         procs["rollout"] = rollout(0).start()
@@ -283,7 +287,10 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
                 done = [] if repeated else [name for name, at in plan.items() if at == step]
                 emit(_format_step(row, ", ".join(done) if done else ("redone" if repeated else None)))
                 for name in done:
-                    faults.append({"kind": name, "step": step, "time": time.time()})
+                    fault = {"kind": name, "step": step, "time": time.time()}
+                    if name == "restart-engine":
+                        fault["engine"] = engine_urls[0]
+                    faults.append(fault)
                     if name == "failover":
                         procs["trainer"].kill()
                         counters["trainer"] += 1

@@ -9,6 +9,10 @@ weightbus. It records, on one monotonic clock (``time.perf_counter``):
 * engine HTTP calls: every request of an ``httpx.AsyncClient`` built with ``event_hooks=meter.http_hooks()``
   (give that client to the ``EngineFleet``), from the request hook until the response body is read.
 
+``report()`` totals everything, or one window (``meter.report(meter.steps[-1])``: the last step). ``BusyTimer``
+measures the other side of a process boundary: the seconds a coroutine's own code ran on the event loop, its
+suspensions excluded (a rollout's drain, without the time it waits for generated groups).
+
 Invariants: weightbus's own time is the time inside weightbus spans that is neither excluded nor covered by an
 engine HTTP call (bus round trips count as weightbus's own); own + engine HTTP == weightbus spans − excluded spans,
 each instant counted once, so concurrent requests to several engines count once. HTTP calls outside weightbus spans
@@ -20,14 +24,14 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-__all__ = ["HttpCall", "OverheadMeter", "OverheadReport", "covered"]
+__all__ = ["BusyTimer", "HttpCall", "OverheadMeter", "OverheadReport", "covered"]
 
 Interval = tuple[float, float]
 
@@ -139,6 +143,13 @@ class OverheadMeter:
         self.http_calls: list[HttpCall] = []
         self._started: weakref.WeakKeyDictionary[httpx.Request, float] = weakref.WeakKeyDictionary()
 
+    def reset(self) -> None:
+        """Forget every step, span and finished HTTP call (a long-running host calls it after reading a step)."""
+        self.steps.clear()
+        self.spans.clear()
+        self.excluded_spans.clear()
+        self.http_calls.clear()
+
     def now(self) -> float:
         """The meter's clock."""
         return self._clock()
@@ -185,18 +196,57 @@ class OverheadMeter:
         calls = [(c.start, c.end) for c in self.http_calls if paths is None or c.path in paths]
         return covered(calls, start, end)
 
-    def report(self) -> OverheadReport:
-        """Totals over everything recorded so far."""
+    def report(self, window: Interval | None = None) -> OverheadReport:
+        """Totals over everything recorded so far, or only over what falls inside ``window`` (``(start, end)``
+        on the meter's clock; ``meter.steps[-1]`` is the last step). Steps are counted if they overlap it."""
         charged = _subtract(_union(self.spans), _union(self.excluded_spans))
+        steps = self.steps
+        if window is not None:
+            charged = _intersect(charged, [window] if window[1] > window[0] else [])
+            steps = [(max(a, window[0]), min(b, window[1])) for a, b in steps if a < window[1] and b > window[0]]
         http = _intersect(charged, _union([(c.start, c.end) for c in self.http_calls]))
         weightbus_s, engine_s = _length(charged), _length(http)
-        step_s = sum(end - start for start, end in self.steps)
+        step_s = sum(end - start for start, end in steps)
         own = weightbus_s - engine_s
         return OverheadReport(
-            steps=len(self.steps),
+            steps=len(steps),
             step_s=step_s,
             weightbus_s=weightbus_s,
             engine_http_s=engine_s,
             own_s=own,
             share=own / step_s if step_s > 0 else 0.0,
         )
+
+
+class BusyTimer:
+    """Awaits a coroutine and measures the seconds its own code ran (``seconds``), its suspensions excluded.
+
+    ``timer = BusyTimer(buffer.drain(8, tracker)); drain = await timer; timer.seconds``: the drain's judging
+    and bookkeeping, without the time it waited for groups or for the bus. Code the coroutine starts in other
+    tasks is not counted. Cancellation and errors pass through unchanged; ``seconds`` holds what ran until then.
+    """
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], clock: Callable[[], float] = time.perf_counter) -> None:
+        self._coro = coro
+        self._clock = clock
+        self.seconds = 0.0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, clock = self._coro, self._clock
+        send: Any = None
+        thrown: BaseException | None = None
+        while True:
+            start = clock()
+            try:
+                yielded = coro.send(send) if thrown is None else coro.throw(thrown)
+            except StopIteration as done:
+                return done.value
+            finally:
+                self.seconds += clock() - start
+            try:
+                send, thrown = (yield yielded), None
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - handed to the coroutine, which decides
+                send, thrown = None, exc

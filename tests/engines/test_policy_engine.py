@@ -116,7 +116,9 @@ def test_engine_exits_within_5s_of_sigterm_with_the_router_attached_and_a_reques
         _wait_port(port, engine)
         router = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(router_port),
-             "--worker-urls", f"http://127.0.0.1:{port}", "--health-check-interval-secs", "1", "--log-level", "warn"],
+             "--worker-urls", f"http://127.0.0.1:{port}", "--health-check-interval-secs", "1", "--log-level", "warn",
+             # Not its default 0.0.0.0:29000, which another router on the host may hold (the router then panics).
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -80,6 +80,59 @@ def test_each_broken_invariant_is_named(tmp_path: Path) -> None:
     assert result.problems["regression_caught"]
 
 
+def _out_of_sync(seq: int, engine: str, published_at: float, reason: str = "unexpected_label") -> dict[str, Any]:
+    event = {"type": "alert.engine_out_of_sync", "policy": "demo", "engine": engine, "expected": "3",
+             "actual": "default", "trainer_id": "trainer-0", "published_at": published_at, "reason": reason}
+    return {"subject": "weightbus.demo.alerts", "seq": seq, "received_at": published_at, "event": event}
+
+
+def test_a_restarted_engine_must_be_alerted_as_unexpected_label_after_its_restart(tmp_path: Path) -> None:
+    config = DemoConfig(steps=2, out_dir=None)
+    rows = [_row(1, 2, [1, 2]), _row(2, 3, [2, 3])]
+    restart = {"kind": "restart-engine", "step": 1, "time": 150.0, "engine": ENGINES[0]}
+
+    def check(*alerts: dict[str, Any]) -> Any:
+        recording = _write(tmp_path / "bus.jsonl", _healthy() + list(alerts))
+        return analyse(config, rows=rows, recording=recording, faults=[restart], engines=ENGINES, wall_s=1.0)
+
+    not_alerted = [
+        check(),
+        check(_out_of_sync(50, ENGINES[0], 149.0)),  # before the restart: not about it
+        check(_out_of_sync(50, ENGINES[1], 151.0)),  # the other engine
+        check(_out_of_sync(50, ENGINES[0], 151.0, reason="read_back")),
+    ]
+    for result in not_alerted:
+        assert result.problems["restart_alerted"] == [
+            f"engine {ENGINES[0]}, restarted after step 1, was never alerted as "
+            "EngineOutOfSync(reason=unexpected_label)"
+        ]
+        assert result.summary["restart_alerts"] == []
+    alerted = check(_out_of_sync(50, ENGINES[1], 151.0), _out_of_sync(51, ENGINES[0], 152.0))
+    assert alerted.ok, alerted.problems
+    assert alerted.summary["engine_out_of_sync_alerts"] == 2
+    assert alerted.summary["restart_alerts"] == [
+        {"engine": ENGINES[0], "actual": "default", "expected": "3", "published_at": 152.0}
+    ]
+
+
+def test_overhead_shares_are_totals_over_the_steps_time(tmp_path: Path) -> None:
+    rows = [_row(1, 2, [2]), _row(2, 3, [3])]
+    rows[0] |= {"step_s": 0.3, "weightbus_s": 0.003, "engine_http_s": 0.03, "push_s": 0.06}
+    rows[1] |= {"step_s": 0.1, "weightbus_s": 0.001, "engine_http_s": 0.01, "push_s": 0.02}
+    result = analyse(DemoConfig(steps=2, out_dir=None), rows=rows, recording=_write(tmp_path / "bus.jsonl", _healthy()),
+                     faults=[], engines=ENGINES, wall_s=1.0)
+    s = result.summary
+    assert s["weightbus_share"] == pytest.approx(0.01)
+    assert s["engine_http_share"] == pytest.approx(0.1)
+    assert s["push_share"] == pytest.approx(0.2)
+    assert s["step_ms_mean"] == pytest.approx(200.0)
+    assert s["weightbus_ms_p50"] == pytest.approx(2.0)
+    write_report(result, tmp_path / "out")
+    steps = json.loads((tmp_path / "out" / "report.json").read_text())["steps"]
+    got = [(r["weightbus_s"], r["engine_http_s"], r["push_s"]) for r in steps]
+    assert got == [(0.003, 0.03, 0.06), (0.001, 0.01, 0.02)]
+
+
 def test_tradeoff_numbers_and_plot(tmp_path: Path) -> None:
     config = DemoConfig(steps=2, out_dir=None)
     recording = _write(tmp_path / "bus.jsonl", _healthy())

@@ -53,7 +53,7 @@ def demo_command(
 
     Prints one line per step, writes OUT/report.json and OUT/report.png, and exits 1 if an invariant broke
     (versions went backwards, a trained group exceeded the bound, an announced version was not on every engine,
-    a fault was not survived).
+    a fault was not survived, a restarted engine was not alerted).
     """
     setup_logging(verbose)
     if on_stale not in ("recycle", "drop"):
@@ -105,9 +105,17 @@ def demo_command(
     )
     typer.echo(
         f"groups filtered for a non-version label ('default' after an engine restart): "
-        f"{s['unknown_version_groups']}; engine-out-of-sync alerts: {s['engine_out_of_sync_alerts']}; "
+        f"{s['unknown_version_groups']}; engine-out-of-sync alerts: {s['engine_out_of_sync_alerts']} "
+        f"({len(s['restart_alerts'])} naming a restarted engine); "
         f"regression alerts for the rogue v1: {s['regression_alerts']}"
     )
+    if s["weightbus_share"] is not None:
+        typer.echo(
+            f"step time: weightbus's own {s['weightbus_share'] * 100:.2f}% "
+            f"({s['weightbus_ms_mean']:.2f} ms of {s['step_ms_mean']:.0f} ms per step; target < 1%), "
+            f"engines' HTTP inside update() {s['engine_http_share'] * 100:.1f}%, "
+            f"the trainer's push {s['push_share'] * 100:.1f}%"
+        )
     typer.echo(f"report: {out / 'report.json'}, {out / 'report.png'}")
     broken = {name: p for name, p in result.problems.items() if p}
     for name, problems in broken.items():

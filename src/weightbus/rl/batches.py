@@ -73,6 +73,10 @@ class BatchReply(msgspec.Struct, kw_only=True):
     tokens_wasted: int = 0
     lag_s: float | None = None
     """How long the rollout's tracker took to see ``min_version`` after it was published (None if replayed)."""
+    wait_s: float = 0.0
+    """Seconds the rollout waited for its tracker to hold ``min_version`` (weightbus's propagation, on the step)."""
+    drain_s: float = 0.0
+    """Seconds the drain's own code ran (judging, bookkeeping), without its waits for generated groups."""
     error: str | None = None
 
 

@@ -12,10 +12,19 @@ Checks (each a list of problems; any problem makes the demo exit 1):
 * ``regression_caught``: the rogue v1 announced at the end (by :data:`ROGUE_ID`, bypassing the counter) was held
   by the rollout's tracker and alerted as ``VersionRegressed``. It is the only announcement exempt from
   ``versions_forward``.
+* ``restart_alerted``: every engine restarted mid-run (it boots as ``"default"``) was alerted by the publisher,
+  after the restart, as ``EngineOutOfSync`` with ``reason="unexpected_label"`` naming that engine; training
+  going on afterwards is ``faults_survived``'s.
 
-An engine restarted mid-run boots as ``"default"``: its samples must be filtered as ``unknown_version`` (counted in
-``summary.unknown_version_groups`` from the drain reports), and ``staleness_bound`` proves none was trained on;
-``summary.engine_out_of_sync_alerts`` counts the publisher's alerts about engines it found out of sync.
+A restarted engine's samples must be filtered as ``unknown_version`` (counted in ``summary.unknown_version_groups``
+from the drain reports), and ``staleness_bound`` proves none was trained on; ``summary.engine_out_of_sync_alerts``
+counts every alert about engines found out of sync, ``summary.restart_alerts`` those that name a restarted engine.
+
+Where the step time went (reported, not checked; the target is below 1 %): ``summary.weightbus_share`` is
+weightbus's own time (the trainer's ``weightbus_s``: ``update()`` less its engine HTTP and the push, plus the
+rollout's wait for its tracker and the drain's own run time) over the steps' total time; ``engine_http_share`` the
+engines' HTTP time inside ``update()`` (pause, labels, stamp, resume: the engines' time, not weightbus's), and
+``push_share`` the trainer's own push (write and load the weights).
 
 Learning is reported, not checked here: ``reward_first`` and ``reward_last`` are the mean rewards of the first and
 last quarter of the steps.
@@ -31,7 +40,9 @@ from typing import Any
 
 __all__ = [
     "ROGUE_ID",
-    "DemoResult",     "analyse",
+    "DemoResult",
+    "analyse",
+    "overhead_summary",
     "tradeoff_numbers",
     "write_report",
     "write_tradeoff",
@@ -61,6 +72,8 @@ class DemoResult:
     """Every ``WeightUpdated`` recorded, in stream order (wire JSON)."""
     read_backs: list[dict[str, Any]] = field(default_factory=list)
     """Every ``WeightApplied`` recorded (wire JSON)."""
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    """Every alert recorded (wire JSON: ``VersionRegressed``, ``EngineOutOfSync``, ``FleetQuarantined``, ...)."""
 
     @property
     def ok(self) -> bool:
@@ -93,6 +106,39 @@ def _quarter_means(rewards: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(rewards[:q]), statistics.fmean(rewards[-q:])
 
 
+#: Per-step time fields of ``steps.jsonl`` (seconds) copied into ``report.json``; see :mod:`weightbus.rl.trainer`.
+_TIME_FIELDS = ("update_s", "push_s", "engine_http_s", "update_own_s", "rollout_wait_s", "drain_s")
+
+
+def _ms(values: list[float], q: int) -> float | None:
+    """The ``q``-th percentile of ``values`` (seconds), in milliseconds."""
+    if len(values) < 2:
+        return values[0] * 1000 if values else None
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000
+
+
+def overhead_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The share of step time spent in weightbus's own code, in the engines' HTTP and in the push, over ``rows``.
+
+    Shares are totals over totals (``sum(weightbus_s) / sum(step_s)``); per-step values are in milliseconds.
+    """
+
+    def total(key: str) -> float:
+        return sum(row.get(key) or 0.0 for row in rows)
+
+    step_s = total("step_s")
+    own = [row["weightbus_s"] for row in rows if row.get("weightbus_s") is not None]
+    out: dict[str, Any] = {
+        f"{name}_share": total(key) / step_s if step_s > 0 else None
+        for name, key in (("weightbus", "weightbus_s"), ("engine_http", "engine_http_s"), ("push", "push_s"))
+    }
+    out["weightbus_ms_p50"] = _ms(own, 50)
+    out["weightbus_ms_p99"] = _ms(own, 99)
+    for key in ("step_s", "weightbus_s", *_TIME_FIELDS):
+        out[f"{key[:-2]}_ms_mean"] = total(key) / len(rows) * 1000 if rows else None
+    return out
+
+
 def analyse(
     config: Any, *, rows: list[dict[str, Any]], recording: Path, faults: list[dict[str, Any]], engines: list[str],
     wall_s: float,
@@ -113,6 +159,7 @@ def analyse(
         "engines_in_sync": [],
         "faults_survived": [],
         "regression_caught": [],
+        "restart_alerted": [],
     }
     if rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in alerts):
         problems["regression_caught"].append("the rogue v1 was not held and alerted by the rollout's tracker")
@@ -156,6 +203,24 @@ def analyse(
                     f"the replacement trainer published v{after[0]['version']} after v{before[-1]['version']}"
                 )
 
+    out_of_sync = [r["event"] for r in records if r["event"].get("type") == "alert.engine_out_of_sync"]
+    restart_alerts = []
+    for fault in faults:
+        if fault["kind"] != "restart-engine":
+            continue
+        engine = fault.get("engine")
+        named = [
+            a
+            for a in out_of_sync
+            if a.get("reason") == "unexpected_label" and a["engine"] == engine and a["published_at"] >= fault["time"]
+        ]
+        restart_alerts += named
+        if not named:
+            problems["restart_alerted"].append(
+                f"engine {engine}, restarted after step {fault['step']}, was never alerted as "
+                "EngineOutOfSync(reason=unexpected_label)"
+            )
+
     rewards = [row["reward"] for row in rows]
     first, last = _quarter_means(rewards)
     lags = [r["received_at"] - r["event"]["published_at"] for r in updates if r.get("received_at")]
@@ -172,10 +237,19 @@ def analyse(
         "propagation_lag_ms_p50": statistics.median(lags) * 1000 if lags else None,
         "tokens_generated": tokens,
         "tokens_wasted_share": wasted / tokens if tokens else None,
-        "weightbus_s_mean": statistics.fmean(row["weightbus_s"] for row in rows) if rows else None,
+        **overhead_summary(rows),
         "wall_s": wall_s,
         "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in drains),
-        "engine_out_of_sync_alerts": sum(1 for r in records if r["event"].get("type") == "alert.engine_out_of_sync"),
+        "engine_out_of_sync_alerts": len(out_of_sync),
+        "restart_alerts": [
+            {
+                "engine": a["engine"],
+                "actual": a.get("actual"),
+                "expected": a.get("expected"),
+                "published_at": a["published_at"],
+            }
+            for a in restart_alerts
+        ],
         "regression_alerts": len(alerts),
     }
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
@@ -187,6 +261,7 @@ def analyse(
         config=cfg,
         announced=[r["event"] for r in updates],
         read_backs=applied,
+        alerts=[r["event"] for r in records if str(r["event"].get("type", "")).startswith("alert.")],
     )
 
 
@@ -202,6 +277,7 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
         {k: row[k] for k in ("step", "version", "reward", "staleness_avg", "staleness_max", "kept", "recycled",
                              "dropped", "step_s", "weightbus_s", "batch_wait_s", "trained_under")}
         | {"lag_s": row.get("lag_s")}
+        | {key: row.get(key) for key in _TIME_FIELDS}
         | {"trained_staleness_max": _trained_staleness(row)}
         for row in result.rows
     ]

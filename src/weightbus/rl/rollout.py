@@ -11,6 +11,8 @@ Invariants:
   so no group is admitted against an older version than the one it will be trained under.
 * A failed or aborted generation never enters the buffer as fresh data: aborted groups are filtered by the
   buffer, a router error retries the group after a short back-off.
+* Each batch reply carries weightbus's share of the answer: the wait for the tracker (``wait_s``) and the
+  drain's own run time (``drain_s``, :class:`weightbus.overhead.BusyTimer`: the waits for groups not counted).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import random
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -35,6 +38,7 @@ from weightbus.consumers import (
     buffer_capacity,
 )
 from weightbus.errors import SlowConsumerError
+from weightbus.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.task import Task
 from weightbus.schemas import WeightUpdated
@@ -204,12 +208,15 @@ async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | No
                     log.warning("lag listener fell behind; resubscribing", extra={"error": str(exc)})
 
         async def handle(request: BatchRequest) -> BatchReply:
+            waited = time.perf_counter()
             if request.min_version is not None:
                 try:
                     await tracker.wait_for(request.min_version, timeout=30.0)
                 except TimeoutError:
                     return BatchReply(error=f"the tracker did not reach v{request.min_version} within 30 s")
-            drain = await buffer.drain(request.size, tracker)
+            wait_s = time.perf_counter() - waited
+            timer = BusyTimer(buffer.drain(request.size, tracker))
+            drain = await timer
             stats = drain.stats
             counts["delivered"] += sum(s.response_length for g in drain.groups for s in g.samples)
             return BatchReply(
@@ -223,6 +230,8 @@ async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | No
                 tokens_generated=counts["generated"],
                 tokens_wasted=max(0, counts["generated"] - counts["delivered"]),
                 lag_s=lags.get(request.min_version) if request.min_version is not None else None,
+                wait_s=wait_s,
+                drain_s=timer.seconds,
             )
 
         sub = await serve_batches(bus.client, config.policy, handle)

@@ -17,6 +17,11 @@ Invariants:
   the version trained under, each group's oldest and newest sample version and any non-version label.
   The line is written before the checkpoint, so a step is never trained, kept and unrecorded; after a
   failover a step number may appear twice (trained by the old trainer, redone by the new one).
+* Each line says where the step's time went (:class:`weightbus.overhead.OverheadMeter`; the fleet's HTTP client
+  carries its hooks): ``update_s`` is ``update()`` without the trainer's push (``push_s``), ``engine_http_s`` the
+  part of it with an engine request in flight, and ``weightbus_s`` weightbus's own time on the step's path: the
+  rest of ``update()`` (reservation, ownership check, ``WeightApplied``/``WeightUpdated`` publishes, Python) plus,
+  from the rollout's reply, its wait for the tracker to hold the new version and the drain's own run time.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from weightbus.bus import connect
 from weightbus.errors import EngineError, PublishError
+from weightbus.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch
 from weightbus.schemas import LoraAdapter
@@ -132,6 +140,7 @@ class _Trainer:
         from weightbus.rl.policy import Policy
 
         self.config = config
+        self.meter = OverheadMeter()
         self.policy = Policy(seed=config.seed, lora_rank=config.lora_rank)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
         self.step = 0
@@ -152,10 +161,11 @@ class _Trainer:
         # A trainer killed mid-write leaves the previous checkpoint whole.
         os.replace(tmp, self.checkpoint)
 
-    async def push(self, pub: VersionPublisher, fleet: EngineFleet) -> tuple[int, float]:
-        """Push until it lands (an engine restarting, NATS restarting); returns the version and weightbus's seconds.
+    async def push(self, pub: VersionPublisher, fleet: EngineFleet) -> int:
+        """Push until it lands (an engine restarting, NATS restarting); returns the version announced.
 
-        A failed update publishes nothing and does not use the version up, so a retry pushes the same number.
+        A failed update announces nothing but uses its reserved number up (its engines are quarantined until the
+        next update lands), so a retry pushes the next number.
         """
         deadline = time.monotonic() + _PUSH_PATIENCE
         while True:
@@ -167,34 +177,51 @@ class _Trainer:
                 log.warning("push failed; retrying", extra={"error": str(exc), "version": pub.next_version})
                 await asyncio.sleep(_PUSH_RETRY_DELAY)
 
-    async def _push_once(self, pub: VersionPublisher, fleet: EngineFleet) -> tuple[int, float]:
-        config = self.config
-        started = time.perf_counter()
-        push_s = 0.0
+    async def _push_once(self, pub: VersionPublisher, fleet: EngineFleet) -> int:
+        config, meter = self.config, self.meter
         lora = None
         if config.lora_rank is not None:
             # One adapter name per version: loading never has to unload the name rollouts are using.
             path = self.weights_dir / f"adapter-v{pub.next_version}.safetensors"
             lora = LoraAdapter(name=f"{config.lora_name}-v{pub.next_version}", path=str(path))
-        async with pub.update(lora=lora) as version:
-            pushed = time.perf_counter()
-            if lora is None:
-                path = self.weights_dir / f"weights-v{version}.safetensors"
-                self.policy.save_weights(str(path))
-                for client in fleet.clients:
-                    await client.update_weights_from_disk(str(path), weight_version=str(version))
-            else:
-                self.policy.save_adapter(str(path))
-                for client in fleet.clients:
-                    await client.load_lora_adapter(lora.name, str(path))
-            push_s = time.perf_counter() - pushed
+        with meter.weightbus():
+            async with pub.update(lora=lora) as version:
+                with meter.excluded():  # the trainer's own work: write the weights, load them on the engines
+                    if lora is None:
+                        path = self.weights_dir / f"weights-v{version}.safetensors"
+                        self.policy.save_weights(str(path))
+                        for client in fleet.clients:
+                            await client.update_weights_from_disk(str(path), weight_version=str(version))
+                    else:
+                        self.policy.save_adapter(str(path))
+                        for client in fleet.clients:
+                            await client.load_lora_adapter(lora.name, str(path))
         if lora is not None:
             # The adapter two versions back is no longer announced; requests already running keep their weights.
             stale = f"{config.lora_name}-v{version - 2}"
             for client in fleet.clients:
                 with contextlib.suppress(EngineError):
                     await client.unload_lora_adapter(stale)
-        return version, time.perf_counter() - started - push_s
+        return version
+
+    def step_times(self, reply: BatchReply) -> dict[str, float]:
+        """Where the last metered step's time went (seconds; see the module docstring)."""
+        meter = self.meter
+        window = meter.steps[-1]
+        report = meter.report(window)
+        push_s = covered(meter.excluded_spans, *window)
+        meter.reset()  # a long run must not re-scan every earlier step
+        rollout = reply.wait_s + reply.drain_s
+        return {
+            "step_s": report.step_s,
+            "update_s": report.weightbus_s,
+            "push_s": push_s,
+            "engine_http_s": report.engine_http_s,
+            "update_own_s": report.own_s,
+            "rollout_wait_s": reply.wait_s,
+            "drain_s": reply.drain_s,
+            "weightbus_s": report.own_s + rollout,
+        }
 
 
 async def run_trainer(config: TrainerConfig) -> int:
@@ -206,24 +233,28 @@ async def run_trainer(config: TrainerConfig) -> int:
     """
     trainer = _Trainer(config)
     bus = await connect(config.nats_url, name=f"weightbus-trainer-{config.policy}")
-    fleet = await EngineFleet.from_router(config.router_url)
+    # One client for every engine request, timed from outside weightbus by the meter's hooks.
+    http = httpx.AsyncClient(event_hooks=trainer.meter.http_hooks(), timeout=30.0)
     steps_log = (config.run_dir / "steps.jsonl").open("a", encoding="utf-8")
+    fleet: EngineFleet | None = None
     try:
+        fleet = await EngineFleet.from_router(config.router_url, http=http)
         pub = VersionPublisher(bus, config.policy, fleet=fleet, pause="retract", trainer_id=config.trainer_id)
         await pub.start()
-        version, _ = await trainer.push(pub, fleet)
+        version = await trainer.push(pub, fleet)
         log.info("trainer ready", extra={"step": trainer.step, "version": version})
         while trainer.step < config.steps:
-            started = time.perf_counter()
             trained_under = version
-            reply = await _batch(bus.client, config, trained_under, pub.trainer_id)
-            got_batch = time.perf_counter()
-            loss, reward = grpo_loss(trainer.policy, reply.groups, config.clip)
-            trainer.optimizer.zero_grad()
-            loss.backward()
-            trainer.optimizer.step()
-            trainer.step += 1
-            version, weightbus_s = await trainer.push(pub, fleet)
+            with trainer.meter.step():
+                started = time.perf_counter()
+                reply = await _batch(bus.client, config, trained_under, pub.trainer_id)
+                got_batch = time.perf_counter()
+                loss, reward = grpo_loss(trainer.policy, reply.groups, config.clip)
+                trainer.optimizer.zero_grad()
+                loss.backward()
+                trainer.optimizer.step()
+                trainer.step += 1
+                version = await trainer.push(pub, fleet)
             record = {
                 "step": trainer.step,
                 "trainer_id": pub.trainer_id,
@@ -241,8 +272,7 @@ async def run_trainer(config: TrainerConfig) -> int:
                 "tokens_wasted": reply.tokens_wasted,
                 "lag_s": reply.lag_s,
                 "batch_wait_s": got_batch - started,
-                "weightbus_s": weightbus_s,
-                "step_s": time.perf_counter() - started,
+                **trainer.step_times(reply),
                 "time": time.time(),
             }
             steps_log.write(json.dumps(record) + "\n")
@@ -253,7 +283,9 @@ async def run_trainer(config: TrainerConfig) -> int:
         return version
     finally:
         steps_log.close()
-        await fleet.aclose()
+        if fleet is not None:
+            await fleet.aclose()
+        await http.aclose()
         await bus.close()
 
 
