@@ -236,6 +236,8 @@ class NatsBus:
         self._publish_timeout = publish_timeout
         self._publish_attempts = max(1, publish_attempts)
         self._subs: list[QueueSubscription] = []
+        self.direct = False
+        """Whether last-message reads use JetStream's direct get (the stream allows it; set on connect)."""
 
     async def ensure_stream(
         self,
@@ -255,7 +257,7 @@ class NatsBus:
         req = StreamRequirements(history=history, duplicate_window=duplicate_window)
         try:
             check = _stream.ensure_stream(self.js, self.stream, req, url=url, replicas=replicas)
-            await self._denials.guard(Denials.api_or_inbox("$JS.API."), check)
+            self.direct = await self._denials.guard(Denials.api_or_inbox("$JS.API."), check)
         except nats.errors.TimeoutError:
             raise BusConnectError(url, "JetStream did not answer (is it enabled?)", "no_jetstream") from None
 
@@ -340,7 +342,7 @@ class NatsBus:
     async def _landed(self, subject: str, msg_id: str) -> int | None:
         """The sequence of the last message on ``subject`` if it carries ``msg_id`` (a retry that did land)."""
         try:
-            raw = await self.js.get_last_msg(self.stream, subject)
+            raw = await self.js.get_last_msg(self.stream, subject, direct=self.direct)
         except nats.js.errors.NotFoundError:
             return None
         if raw.headers and raw.headers.get("Nats-Msg-Id") == msg_id:
@@ -359,7 +361,7 @@ class NatsBus:
     async def last_seq(self, subject: str) -> int:
         """The last stored sequence on ``subject``, whatever its payload; see ``Bus.last_seq``."""
         try:
-            raw = await self.js.get_last_msg(self.stream, subject)
+            raw = await self.js.get_last_msg(self.stream, subject, direct=self.direct)
         except nats.js.errors.NotFoundError:
             return 0
         except nats.errors.TimeoutError:
@@ -373,7 +375,7 @@ class NatsBus:
     async def last(self, subject: str) -> Envelope | None:
         """The latest stored event on ``subject``; see ``Bus.last``."""
         try:
-            raw = await self.js.get_last_msg(self.stream, subject)
+            raw = await self.js.get_last_msg(self.stream, subject, direct=self.direct)
         except nats.js.errors.NotFoundError:
             return None
         except nats.errors.TimeoutError:

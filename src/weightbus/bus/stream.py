@@ -79,6 +79,9 @@ def stream_config(
         num_replicas=replicas,
         deny_delete=deny_delete,
         deny_purge=deny_purge,
+        # Reads of a subject's last message (the fence's and the tracker's health checks) are answered by
+        # any replica, without a round through the stream leader.
+        allow_direct=True,
     )
 
 
@@ -129,8 +132,11 @@ async def _info(js: JetStreamContext, name: str, url: str) -> StreamInfo | None:
 
 async def ensure_stream(
     js: JetStreamContext, name: str, req: StreamRequirements, *, url: str, replicas: int = 1
-) -> None:
+) -> bool:
     """Create the stream when it is missing; otherwise check it and leave it unchanged.
+
+    Returns:
+        Whether the stream answers direct gets (``allow_direct``).
 
     Raises:
         StreamConfigError: the stream exists but does not fit (every mismatch is named).
@@ -142,7 +148,7 @@ async def ensure_stream(
         try:
             await js.add_stream(config)
             log.info("created stream", extra={"stream": name, "replicas": replicas})
-            return
+            return bool(config.allow_direct)
         except nats.js.errors.BadRequestError as exc:
             # Another client created it between our read and our create: check theirs like any other.
             info = await _info(js, name, url)
@@ -153,6 +159,7 @@ async def ensure_stream(
     problems = mismatches(info.config, req)
     if problems:
         raise StreamConfigError(url, name, problems)
+    return bool(info.config.allow_direct)
 
 
 async def create_or_upgrade(
@@ -197,6 +204,7 @@ async def create_or_upgrade(
         num_replicas=replicas,
         deny_delete=old.deny_delete or deny_delete,
         deny_purge=old.deny_purge or deny_purge,
+        allow_direct=True,
     )
     if new == old:
         return "unchanged", info

@@ -35,7 +35,7 @@ from weightbus.engines.sglang import PauseMode, SGLangClient
 from weightbus.errors import EngineError, EngineOutOfSyncError, PublishError
 from weightbus.schemas import QUARANTINE_PREFIX, EngineOutOfSync, LoraAdapter, WeightApplied, now
 
-__all__ = ["EngineFleet", "EngineStamp", "alert_unexpected_labels", "stamp_and_verify"]
+__all__ = ["EngineFleet", "EngineStamp", "alert_unexpected_labels", "publish_applied", "stamp_and_verify"]
 
 log = logging.getLogger("weightbus.producers")
 
@@ -284,6 +284,7 @@ async def stamp_and_verify(
     trainer_id: str = "",
     lora: LoraAdapter | None = None,
     previous: int | None = None,
+    report_applied: bool = True,
 ) -> list[EngineStamp]:
     """Stamp every engine with ``version``, read it back, report to the bus, and refuse an out-of-sync fleet.
 
@@ -296,6 +297,9 @@ async def stamp_and_verify(
         lora: the adapter this push loaded, recorded on ``WeightApplied``.
         previous: the version announced before this one; with ``version`` and quarantine labels it
             is what an engine may carry before the stamp without an ``unexpected_label`` alert.
+        report_applied: publish the ``WeightApplied`` events of a fleet that is in sync here; False
+            leaves them to the caller (``publish_applied``), which sends them beside its announcement.
+            A fleet out of sync always has its read-backs published before the error is raised.
 
     Returns:
         The stamps, all ``ok``.
@@ -313,23 +317,8 @@ async def stamp_and_verify(
         await alert_unexpected_labels(
             bus, policy, trainer_id, version, previous, {s.engine: s.before for s in stamps if s.before is not None}
         )
-        applied = subjects.applied(policy)
-
-        async def _applied(s: EngineStamp) -> None:
-            event = WeightApplied(
-                policy=policy,
-                version=version,
-                engine=s.engine,
-                read_back=str(s.read_back),
-                ok=s.ok,
-                published_at=now(),
-                lora=lora,
-            )
-            # Deterministic: a retried publish of the same outcome is stored once; a different outcome is new.
-            msg_id = f"{policy}:applied:{trainer_id}:{version}:{s.engine}:{s.read_back}"
-            await bus.publish(applied, event, msg_id=msg_id)
-
-        await asyncio.gather(*(_applied(s) for s in stamps if s.read_back is not None))
+        if report_applied or not all(s.ok for s in stamps):
+            await publish_applied(bus, policy, trainer_id, version, lora, stamps)
     bad = [s for s in stamps if not s.ok]
     if not bad:
         log.info("engines stamped", extra={"policy": policy, "version": version, "engines": len(stamps)})
@@ -365,6 +354,32 @@ async def stamp_and_verify(
                 log.error("could not publish the out-of-sync alert", extra={"policy": policy, "error": str(exc)})
                 first.add_note(f"the EngineOutOfSync alert for {s.engine} was not published: {exc}")
     raise first
+
+
+async def publish_applied(
+    bus: Bus, policy: str, trainer_id: str, version: int, lora: LoraAdapter | None, stamps: Sequence[EngineStamp]
+) -> None:
+    """Publish one ``WeightApplied`` per engine that answered, concurrently.
+
+    Raises:
+        PublishError: a ``WeightApplied`` could not be published.
+    """
+    applied = subjects.applied(policy)
+
+    async def _one(s: EngineStamp) -> None:
+        event = WeightApplied(
+            policy=policy,
+            version=version,
+            engine=s.engine,
+            read_back=str(s.read_back),
+            ok=s.ok,
+            published_at=now(),
+            lora=lora,
+        )
+        # Deterministic: a retried publish of the same outcome is stored once; a different outcome is new.
+        await bus.publish(applied, event, msg_id=f"{policy}:applied:{trainer_id}:{version}:{s.engine}:{s.read_back}")
+
+    await asyncio.gather(*(_one(s) for s in stamps if s.read_back is not None))
 
 
 async def alert_unexpected_labels(

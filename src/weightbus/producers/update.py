@@ -14,7 +14,8 @@ The order, and why (docs/design.md has the long form):
    re-stamped;
 4. **check** ownership with one read, then **stamp**: read each engine's label, skip engines already
    at ``v`` (a push that carried ``weight_version``), stamp the others, read them back;
-5. **announce** ``WeightUpdated(v)``: the only bus round trip after the engines carry ``v``;
+5. **announce** ``WeightUpdated(v)``, with the engines' ``WeightApplied`` read-backs published beside it:
+   the only bus round trip after the engines carry ``v``;
 6. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
    drain before ``v`` is on the bus.
 
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING
 from weightbus.bus import subjects
 from weightbus.bus.history import read_history
 from weightbus.errors import BusError, EngineError, FencedError, PublishError
-from weightbus.producers.stamping import EngineStamp, alert_unexpected_labels, stamp_and_verify
+from weightbus.producers.stamping import EngineStamp, alert_unexpected_labels, publish_applied, stamp_and_verify
 from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, VersionReserved, WeightUpdated, now
 
 if TYPE_CHECKING:
@@ -124,8 +125,24 @@ class VersionUpdate:
                         trainer_id=pub.trainer_id,
                         lora=self.lora,
                         previous=pub.version,
+                        report_applied=False,
                     )
-                self.event = await pub.announce(self.version, self.lora)
+                    # The read-backs go out beside the announcement: the only round trip after the stamp.
+                    announced, applied = await asyncio.gather(
+                        pub.announce(self.version, self.lora),
+                        publish_applied(pub.bus, pub.policy, pub.trainer_id, self.version, self.lora, self.stamps),
+                        return_exceptions=True,
+                    )
+                    if isinstance(announced, BaseException):
+                        raise announced
+                    if isinstance(applied, BaseException):
+                        log.error(
+                            "the engines' WeightApplied read-backs were not published; the version was",
+                            extra={"policy": pub.policy, "version": self.version, "error": repr(applied)},
+                        )
+                    self.event = announced
+                else:
+                    self.event = await pub.announce(self.version, self.lora)
             except BaseException as failure:
                 if isinstance(failure, FencedError):
                     reason = "fenced"
