@@ -31,6 +31,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 import nats
+import nats.aio.client
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
@@ -257,7 +258,10 @@ class NatsBus:
         req = StreamRequirements(history=history, duplicate_window=duplicate_window)
         try:
             check = _stream.ensure_stream(self.js, self.stream, req, url=url, replicas=replicas)
-            self.direct = await self._denials.guard(Denials.api_or_inbox("$JS.API."), check)
+            allowed = await self._denials.guard(Denials.api_or_inbox("$JS.API."), check)
+            # With fast_mail_parser installed, nats-py 2.16 parses a direct get's headers into lists and fails
+            # on Nats-Sequence; the stream-API read works with either header parser.
+            self.direct = allowed and getattr(nats.aio.client, "parse_email", None) is None
         except nats.errors.TimeoutError:
             raise BusConnectError(url, "JetStream did not answer (is it enabled?)", "no_jetstream") from None
 

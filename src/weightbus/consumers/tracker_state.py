@@ -187,7 +187,14 @@ def decide(
             ceiling = max(state.reserved or 0, state.version or 0) + 1
             if incoming > ceiling and not rebase:
                 return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_jump")
-            noted = replace(state, reserved=_max(state.reserved, incoming))
+            noted = TrackerState(
+                state.version,
+                state.epoch,
+                state.publisher,
+                state.updated_at,
+                state.incarnation,
+                _max(state.reserved, incoming),
+            )
             return TrackerDecision(TrackerAction.RESERVED, noted, state, incoming)
         case PublisherClaimed(version=claimed):
             supersedes = (
@@ -211,14 +218,14 @@ def _updated(
     state: TrackerState, event: WeightUpdated, incoming: int, mode: RegressionMode, rebase: bool
 ) -> TrackerDecision:
     current = state.version
-    taken = replace(
-        state,
-        version=incoming,
-        epoch=event.epoch,
-        publisher=event.trainer_id,
-        incarnation=event.incarnation,
-        updated_at=event.published_at,
-        reserved=_max(state.reserved, incoming),
+    # The constructor, not dataclasses.replace: this runs once per received update.
+    taken = TrackerState(
+        incoming,
+        event.epoch,
+        event.trainer_id,
+        event.published_at,
+        event.incarnation,
+        _max(state.reserved, incoming),
     )
     if current is not None and incoming < current:
         action = _MODE_ACTION[mode]
