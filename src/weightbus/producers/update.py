@@ -95,8 +95,16 @@ class VersionUpdate:
                 # Before the push: a push that carries weight_version would hide a restarted engine's "default".
                 labels = await pub.fleet.read_versions()
                 await alert_unexpected_labels(pub.bus, pub.policy, pub.trainer_id, version, pub.version, labels)
-        except BaseException:
+        except BaseException as failure:
             pub.active = False
+            if self._paused:
+                # Nothing was pushed yet, so the labels still match the weights: resume, no quarantine.
+                assert pub.fleet is not None
+                self._paused = False
+                try:
+                    await asyncio.shield(pub.fleet.resume())
+                except EngineError as exc:
+                    failure.add_note(f"resuming the engines afterwards failed too: {exc}")
             raise
         log.info("update started", extra={"policy": pub.policy, "version": version, "paused": self._paused})
         return version
