@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from weightbus.bus.options import ConnectOptions
 from weightbus.cli._common import (
     DEFAULT_NATS,
     MetricsPortOption,
@@ -21,6 +22,7 @@ from weightbus.cli._common import (
     run_async,
     setup_logging,
     start_metrics,
+    with_connection,
 )
 
 __all__ = ["register"]
@@ -43,6 +45,7 @@ def _task(path: str):  # noqa: ANN202 - the Task protocol, imported lazily
 def rollout_command(
     router: RouterUrl,
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     policy: PolicyOption = "policy",
     task: TaskOption = "weightbus.rl.task:ReverseDigits",
     group_size: Annotated[int, typer.Option("--group-size", min=2, help="Samples per prompt group.")] = 8,
@@ -68,6 +71,7 @@ def rollout_command(
 
     config = RolloutConfig(
         nats_url=nats,
+        connection=connection,
         router_url=router,
         policy=policy,
         task=_task(task),
@@ -91,6 +95,7 @@ def trainer_command(
     router: RouterUrl,
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Checkpoint, steps.jsonl and weight files.")],
     nats: NatsOption = DEFAULT_NATS,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     policy: PolicyOption = "policy",
     steps: Annotated[int, typer.Option("--steps", min=1, help="Train until this many steps are checkpointed.")] = 40,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Groups per step.")] = 8,
@@ -116,6 +121,7 @@ def trainer_command(
     run_dir.mkdir(parents=True, exist_ok=True)
     config = TrainerConfig(
         nats_url=nats,
+        connection=connection,
         router_url=router,
         policy=policy,
         run_dir=run_dir,
@@ -140,5 +146,5 @@ def trainer_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``rollout`` and ``trainer`` to ``app``."""
-    app.command("rollout")(rollout_command)
-    app.command("trainer")(trainer_command)
+    app.command("rollout")(with_connection(rollout_command))
+    app.command("trainer")(with_connection(trainer_command))

@@ -29,6 +29,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import connect, subjects
+from weightbus.bus.options import ConnectOptions
 from weightbus.consumers import (
     DrainReporter,
     FullyAsyncBuffer,
@@ -84,6 +85,8 @@ class RolloutConfig:
     lora: bool = False
     seed: int = 0
     consumer: str | None = None
+    connection: ConnectOptions | None = None
+    """NATS credentials and TLS (``weightbus.bus.ConnectOptions``); None reads the WEIGHTBUS_* variables."""
 
 
 async def generate_group(
@@ -143,7 +146,7 @@ async def generate_group(
 async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | None = None) -> None:
     """Run until cancelled: producers fill the buffer, drains answer the trainer's batch requests."""
     registry = registry if registry is not None else CollectorRegistry()
-    bus = await connect(config.nats_url, name=f"weightbus-rollout-{config.policy}")
+    bus = await connect(config.nats_url, name=f"weightbus-rollout-{config.policy}", options=config.connection)
     metrics = StalenessMetrics(registry).for_policy(config.policy)
     consumer = config.consumer or f"rollout-{uuid.uuid4().hex[:8]}"
     stage = StalenessStage(max_staleness=config.max_staleness, on_stale=config.on_stale, metrics=metrics)  # type: ignore[arg-type]

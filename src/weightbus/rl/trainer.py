@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 
 from weightbus.bus import connect
+from weightbus.bus.options import ConnectOptions
 from weightbus.errors import EngineError, PublishError
 from weightbus.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
@@ -87,6 +88,8 @@ class TrainerConfig:
     lora_rank: int | None = None
     lora_name: str = "policy-lora"
     trainer_id: str | None = None
+    connection: ConnectOptions | None = None
+    """NATS credentials and TLS (``weightbus.bus.ConnectOptions``); None reads the WEIGHTBUS_* variables."""
 
 
 def grpo_loss(policy: Any, groups: list[Group], clip: float) -> tuple[Any, float]:
@@ -232,7 +235,7 @@ async def run_trainer(config: TrainerConfig) -> int:
         EngineError, EngineOutOfSyncError: a push did not land on every engine.
     """
     trainer = _Trainer(config)
-    bus = await connect(config.nats_url, name=f"weightbus-trainer-{config.policy}")
+    bus = await connect(config.nats_url, name=f"weightbus-trainer-{config.policy}", options=config.connection)
     # One client for every engine request, timed from outside weightbus by the meter's hooks.
     http = httpx.AsyncClient(event_hooks=trainer.meter.http_hooks(), timeout=30.0)
     steps_log = (config.run_dir / "steps.jsonl").open("a", encoding="utf-8")
