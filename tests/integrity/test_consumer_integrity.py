@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.chaos.conftest import report
 from weightbus.bus import EmbeddedNats, NatsBus, connect, subjects
 from weightbus.consumers import (
     DrainReporter,
@@ -23,8 +24,6 @@ from weightbus.consumers.tracker import TrackerStatus
 from weightbus.errors import TrackerNotReadyError
 from weightbus.producers import VersionPublisher
 from weightbus.schemas import Group, Sample, SampleStatus, VersionRegressed, WeightUpdated, now
-
-from tests.chaos.conftest import report
 
 from .conftest import history
 

@@ -363,13 +363,27 @@ class NatsBus:
         return _NatsSubscription(self, pattern, deliver, include_invalid)
 
     async def last_seq(self, subject: str) -> int:
-        """The last stored sequence on ``subject``, whatever its payload; see ``Bus.last_seq``."""
+        """The last stored sequence on ``subject``, whatever its payload; see ``Bus.last_seq``.
+
+        A read that times out is retried like a publish (``publish_attempts``), so a server restart or a
+        leader election does not fail the fence's reads at once.
+        """
+        delay = 0.1
+        for attempt in range(1, self._publish_attempts + 1):
+            try:
+                return await self._last_seq_once(subject)
+            except nats.errors.TimeoutError:
+                if attempt == self._publish_attempts:
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise BusError(f"JetStream did not answer a read of the last sequence on {subject!r}")
+
+    async def _last_seq_once(self, subject: str) -> int:
         try:
             raw = await self.js.get_last_msg(self.stream, subject, direct=self.direct)
         except nats.js.errors.NotFoundError:
             return 0
-        except nats.errors.TimeoutError:
-            raise BusError(f"JetStream did not answer a read of the last sequence on {subject!r}") from None
         except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
             raise BusError(f"JetStream is not enabled on {self._url()} (start the server with -js)") from None
         except nats.js.errors.APIError as exc:

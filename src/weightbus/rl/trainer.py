@@ -40,7 +40,7 @@ import httpx
 
 from weightbus.bus import connect
 from weightbus.bus.options import ConnectOptions
-from weightbus.errors import EngineError, PublishError
+from weightbus.errors import BusError, EngineError
 from weightbus.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch
@@ -174,7 +174,7 @@ class _Trainer:
         while True:
             try:
                 return await self._push_once(pub, fleet)
-            except (EngineError, PublishError) as exc:
+            except (EngineError, BusError) as exc:  # a PublishError is a BusError; a FencedError is neither
                 if time.monotonic() > deadline:
                     raise
                 log.warning("push failed; retrying", extra={"error": str(exc), "version": pub.next_version})
