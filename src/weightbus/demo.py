@@ -225,23 +225,69 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
         seed = str(config.seed)
 
         def engine(i: int) -> _Process:
-            argv = _weightbus("engine", "--port", str(engine_ports[i]), "--model", "policy", "--seed", seed,
-                              "--sampling-seed", str(config.seed * 10 + i), "--token-delay", "0")
+            argv = _weightbus(
+                "engine",
+                "--port",
+                str(engine_ports[i]),
+                "--model",
+                "policy",
+                "--seed",
+                seed,
+                "--sampling-seed",
+                str(config.seed * 10 + i),
+                "--token-delay",
+                "0",
+            )
             return _Process(f"engine-{i}", argv, tmp)
 
         def rollout(n: int) -> _Process:
-            argv = _weightbus("rollout", "--router", router, "--nats", nats.url, "--policy", config.policy,
-                              "--group-size", str(config.group_size), "--batch", str(config.batch),
-                              "--in-flight", str(config.in_flight), "--max-staleness", str(config.max_staleness),
-                              "--on-stale", config.on_stale, "--seed", str(config.seed * 100 + n))
+            argv = _weightbus(
+                "rollout",
+                "--router",
+                router,
+                "--nats",
+                nats.url,
+                "--policy",
+                config.policy,
+                "--group-size",
+                str(config.group_size),
+                "--batch",
+                str(config.batch),
+                "--in-flight",
+                str(config.in_flight),
+                "--max-staleness",
+                str(config.max_staleness),
+                "--on-stale",
+                config.on_stale,
+                "--seed",
+                str(config.seed * 100 + n),
+            )
             if config.lora_rank is not None:
                 argv.append("--lora")
             return _Process(f"rollout-{n}", argv, tmp)
 
         def trainer(n: int) -> _Process:
-            argv = _weightbus("trainer", "--router", router, "--nats", nats.url, "--policy", config.policy,
-                              "--run-dir", str(run_dir), "--steps", str(config.steps), "--batch", str(config.batch),
-                              "--seed", seed, "--lr", str(config.lr), "--trainer-id", f"trainer-{n}")
+            argv = _weightbus(
+                "trainer",
+                "--router",
+                router,
+                "--nats",
+                nats.url,
+                "--policy",
+                config.policy,
+                "--run-dir",
+                str(run_dir),
+                "--steps",
+                str(config.steps),
+                "--batch",
+                str(config.batch),
+                "--seed",
+                seed,
+                "--lr",
+                str(config.lr),
+                "--trainer-id",
+                f"trainer-{n}",
+            )
             if config.lora_rank is not None:
                 argv += ["--lora", str(config.lora_rank)]
             return _Process(f"trainer-{n}", argv, tmp)
@@ -249,15 +295,32 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
         for i in range(2):
             procs[f"engine-{i}"] = engine(i).start()
         procs["recorder"] = _Process(
-            "recorder", _weightbus("record", "--nats", nats.url, "--out", str(tmp / "bus.jsonl"), "--deliver", "all"),
-            tmp).start()
+            "recorder",
+            _weightbus("record", "--nats", nats.url, "--out", str(tmp / "bus.jsonl"), "--deliver", "all"),
+            tmp,
+        ).start()
         for url in engine_urls:
             _wait(lambda url=url: _http_ok(f"{url}/health"), f"engine {url}", list(procs.values()))
-        router_argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                       "--port", str(router_port), "--worker-urls", *engine_urls, "--log-level", "warn",
-                       "--health-check-interval-secs", "1",
-                       # Its metrics exporter defaults to 0.0.0.0:29000: a second router on the host would die.
-                       "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        router_argv = [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(router_port),
+            "--worker-urls",
+            *engine_urls,
+            "--log-level",
+            "warn",
+            "--health-check-interval-secs",
+            "1",
+            # Its metrics exporter defaults to 0.0.0.0:29000: a second router on the host would die.
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(free_port()),
+        ]
         procs["router"] = _Process("router", router_argv, tmp).start()
         _wait(lambda: _router_workers(router) == 2, "router", list(procs.values()))
         procs["rollout"] = rollout(0).start()

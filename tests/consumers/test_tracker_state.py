@@ -9,9 +9,7 @@ from weightbus.schemas import PublisherClaimed, VersionReserved, WeightUpdated
 
 
 def upd(version: int, *, epoch: int = 1, trainer: str = "a", at: float = 100.0, inc: str = "") -> WeightUpdated:
-    return WeightUpdated(
-        policy="p", version=version, epoch=epoch, trainer_id=trainer, published_at=at, incarnation=inc
-    )
+    return WeightUpdated(policy="p", version=version, epoch=epoch, trainer_id=trainer, published_at=at, incarnation=inc)
 
 
 def claim(

@@ -67,7 +67,7 @@ async def test_output_token_logprobs_match_the_trainers_recomputation() -> None:
     state = EngineState(model=WindowLM(seed=3, sampling_seed=1))
     body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4}, "return_logprob": True}
     async with _client(state) as http:
-        plain = (await http.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4}}))
+        plain = await http.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4}})
         answer = (await http.post("/generate", json=body)).json()
     assert "output_token_logprobs" not in plain.json()["meta_info"]
     entries = answer["meta_info"]["output_token_logprobs"]
@@ -115,10 +115,26 @@ def test_engine_exits_within_5s_of_sigterm_with_the_router_attached_and_a_reques
     try:
         _wait_port(port, engine)
         router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(router_port),
-             "--worker-urls", f"http://127.0.0.1:{port}", "--health-check-interval-secs", "1", "--log-level", "warn",
-             # Not its default 0.0.0.0:29000, which another router on the host may hold (the router then panics).
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(router_port),
+                "--worker-urls",
+                f"http://127.0.0.1:{port}",
+                "--health-check-interval-secs",
+                "1",
+                "--log-level",
+                "warn",
+                # Not its default 0.0.0.0:29000, which another router on the host may hold (the router then panics).
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(free_port()),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -180,9 +180,9 @@ async def test_out_of_range_and_unexplained_versions_are_never_adopted(
     async with pub.update():
         pass
     for huge in (10**30, 2**64, 2**53):
-        raw = (
-            b'{"type":"weight.updated","policy":"%s","version":%d,"epoch":0,"trainer_id":"x","published_at":1}'
-            % (policy.encode(), huge)
+        raw = b'{"type":"weight.updated","policy":"%s","version":%d,"epoch":0,"trainer_id":"x","published_at":1}' % (
+            policy.encode(),
+            huge,
         )
         await nats_bus.publish_raw(subject, raw, msg_id=f"{policy}:huge:{huge}")
     # Schema-valid, but nothing on the chain explains it: a forged owner identity without a reservation.

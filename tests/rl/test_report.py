@@ -15,24 +15,54 @@ ENGINES = ["http://e0", "http://e1"]
 
 
 def _updated(seq: int, version: int, trainer: str = "trainer-0") -> dict[str, Any]:
-    event = {"type": "weight.updated", "policy": "demo", "version": version, "epoch": 0, "trainer_id": trainer,
-             "published_at": 100.0 + seq, "engines": ENGINES}
+    event = {
+        "type": "weight.updated",
+        "policy": "demo",
+        "version": version,
+        "epoch": 0,
+        "trainer_id": trainer,
+        "published_at": 100.0 + seq,
+        "engines": ENGINES,
+    }
     return {"subject": "weightbus.demo.weights", "seq": seq, "received_at": 100.001 + seq, "event": event}
 
 
 def _applied(seq: int, version: int, engine: str, read_back: str | None = None) -> dict[str, Any]:
     read = str(version) if read_back is None else read_back
-    event = {"type": "weight.applied", "policy": "demo", "version": version, "engine": engine, "read_back": read,
-             "ok": read == str(version), "published_at": 100.0 + seq}
+    event = {
+        "type": "weight.applied",
+        "policy": "demo",
+        "version": version,
+        "engine": engine,
+        "read_back": read,
+        "ok": read == str(version),
+        "published_at": 100.0 + seq,
+    }
     return {"subject": "weightbus.demo.applied", "seq": seq, "received_at": 100.0 + seq, "event": event}
 
 
 def _row(step: int, trained_under: int, oldest: list[int | None], unknown: bool = False) -> dict[str, Any]:
     groups = [{"oldest": o, "newest": o, "unknown": unknown or o is None} for o in oldest]
-    return {"step": step, "trainer_id": "trainer-0", "trained_under": trained_under, "version": trained_under + 1,
-            "reward": 0.1 * step, "groups": groups, "judged_at": trained_under, "kept": len(groups), "recycled": 0,
-            "dropped": 0, "staleness_avg": 0.5, "staleness_max": 1, "tokens_generated": 100, "tokens_wasted": 10,
-            "batch_wait_s": 0.1, "weightbus_s": 0.02, "step_s": 0.2, "time": 1000.0 + step}
+    return {
+        "step": step,
+        "trainer_id": "trainer-0",
+        "trained_under": trained_under,
+        "version": trained_under + 1,
+        "reward": 0.1 * step,
+        "groups": groups,
+        "judged_at": trained_under,
+        "kept": len(groups),
+        "recycled": 0,
+        "dropped": 0,
+        "staleness_avg": 0.5,
+        "staleness_max": 1,
+        "tokens_generated": 100,
+        "tokens_wasted": 10,
+        "batch_wait_s": 0.1,
+        "weightbus_s": 0.02,
+        "step_s": 0.2,
+        "time": 1000.0 + step,
+    }
 
 
 def _write(path: Path, records: list[dict[str, Any]]) -> Path:
@@ -81,8 +111,16 @@ def test_each_broken_invariant_is_named(tmp_path: Path) -> None:
 
 
 def _out_of_sync(seq: int, engine: str, published_at: float, reason: str = "unexpected_label") -> dict[str, Any]:
-    event = {"type": "alert.engine_out_of_sync", "policy": "demo", "engine": engine, "expected": "3",
-             "actual": "default", "trainer_id": "trainer-0", "published_at": published_at, "reason": reason}
+    event = {
+        "type": "alert.engine_out_of_sync",
+        "policy": "demo",
+        "engine": engine,
+        "expected": "3",
+        "actual": "default",
+        "trainer_id": "trainer-0",
+        "published_at": published_at,
+        "reason": reason,
+    }
     return {"subject": "weightbus.demo.alerts", "seq": seq, "received_at": published_at, "event": event}
 
 
@@ -119,8 +157,14 @@ def test_overhead_shares_are_totals_over_the_steps_time(tmp_path: Path) -> None:
     rows = [_row(1, 2, [2]), _row(2, 3, [3])]
     rows[0] |= {"step_s": 0.3, "weightbus_s": 0.003, "engine_http_s": 0.03, "push_s": 0.06}
     rows[1] |= {"step_s": 0.1, "weightbus_s": 0.001, "engine_http_s": 0.01, "push_s": 0.02}
-    result = analyse(DemoConfig(steps=2, out_dir=None), rows=rows, recording=_write(tmp_path / "bus.jsonl", _healthy()),
-                     faults=[], engines=ENGINES, wall_s=1.0)
+    result = analyse(
+        DemoConfig(steps=2, out_dir=None),
+        rows=rows,
+        recording=_write(tmp_path / "bus.jsonl", _healthy()),
+        faults=[],
+        engines=ENGINES,
+        wall_s=1.0,
+    )
     s = result.summary
     assert s["weightbus_share"] == pytest.approx(0.01)
     assert s["engine_http_share"] == pytest.approx(0.1)
@@ -137,8 +181,9 @@ def test_tradeoff_numbers_and_plot(tmp_path: Path) -> None:
     config = DemoConfig(steps=2, out_dir=None)
     recording = _write(tmp_path / "bus.jsonl", _healthy())
     results = {
-        b: analyse(config, rows=[_row(1, 2, [2]), _row(2, 3, [3])], recording=recording, faults=[], engines=ENGINES,
-                   wall_s=1.0)
+        b: analyse(
+            config, rows=[_row(1, 2, [2]), _row(2, 3, [3])], recording=recording, faults=[], engines=ENGINES, wall_s=1.0
+        )
         for b in (0, 2)
     }
     numbers = tradeoff_numbers(results)

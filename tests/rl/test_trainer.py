@@ -22,8 +22,15 @@ def _group(policy: Policy, responses: list[list[int]], rewards: list[float], sta
     for i, (response, reward) in enumerate(zip(responses, rewards, strict=True)):
         tokens = PROMPT + response
         logprobs = policy.token_logprobs(token_windows(tokens, len(response)), response).detach() - stale
-        samples.append(Sample(index=i, tokens=tokens, response_length=len(response), reward=reward,
-                              metadata={"logprobs": logprobs.tolist()}))
+        samples.append(
+            Sample(
+                index=i,
+                tokens=tokens,
+                response_length=len(response),
+                reward=reward,
+                metadata={"logprobs": logprobs.tolist()},
+            )
+        )
     return Group(prompt_index=0, samples=samples)
 
 
@@ -48,10 +55,16 @@ def test_a_far_off_policy_token_with_positive_advantage_is_clipped_out() -> None
     current = policy.token_logprobs(windows, response).detach()
     # The same response twice: rewarded 1 with recorded logprobs far below the policy's (ratio e^5, clipped),
     # and rewarded 0 on-policy (ratio 1, never clipped on the negative side).
-    good = Sample(index=0, tokens=PROMPT + response, response_length=3, reward=1.0,
-                  metadata={"logprobs": (current - 5.0).tolist()})
-    bad = Sample(index=1, tokens=PROMPT + response, response_length=3, reward=0.0,
-                 metadata={"logprobs": current.tolist()})
+    good = Sample(
+        index=0,
+        tokens=PROMPT + response,
+        response_length=3,
+        reward=1.0,
+        metadata={"logprobs": (current - 5.0).tolist()},
+    )
+    bad = Sample(
+        index=1, tokens=PROMPT + response, response_length=3, reward=0.0, metadata={"logprobs": current.tolist()}
+    )
     loss, _ = grpo_loss(policy, [Group(prompt_index=0, samples=[good, bad])], clip=0.2)
     params = policy.parameters()
     got = torch.autograd.grad(loss, params, allow_unused=True)

@@ -133,21 +133,26 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
     results = {}
     for bound in bounds:
         typer.echo(f"== max_staleness {bound}")
-        config = DemoConfig(steps=steps, max_staleness=bound, on_stale=on_stale, seed=seed,
-                            out_dir=out / f"staleness-{bound}")
+        config = DemoConfig(
+            steps=steps, max_staleness=bound, on_stale=on_stale, seed=seed, out_dir=out / f"staleness-{bound}"
+        )
         try:
             results[bound] = run_demo(config, emit=lambda line: None)
         except DemoError as exc:
             raise fail(str(exc), 1) from None
         s = results[bound].summary
-        typer.echo(f"   reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, {s['wall_s']:.0f} s, "
-                   f"{(s['tokens_wasted_share'] or 0) * 100:.0f}% of tokens not trained on")
+        typer.echo(
+            f"   reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, {s['wall_s']:.0f} s, "
+            f"{(s['tokens_wasted_share'] or 0) * 100:.0f}% of tokens not trained on"
+        )
     numbers = write_tradeoff(results, out)
     typer.echo("")
     typer.echo("max_staleness  reward(last quarter)  training s  tokens not trained on")
     for bound, entry in numbers.items():
-        typer.echo(f"{bound:>13}  {entry['reward_last']:>20.3f}  {entry['wall_s']:>10.1f}  "
-                   f"{(entry['tokens_wasted_share'] or 0) * 100:>20.0f}%")
+        typer.echo(
+            f"{bound:>13}  {entry['reward_last']:>20.3f}  {entry['wall_s']:>10.1f}  "
+            f"{(entry['tokens_wasted_share'] or 0) * 100:>20.0f}%"
+        )
     typer.echo(f"report: {out / 'staleness-tradeoff.png'}, {out / 'staleness-tradeoff.json'}")
     if not all(r.ok for r in results.values()):
         raise typer.Exit(1)

@@ -101,6 +101,7 @@ def follow_command(
         start_metrics(metrics_port, registry, metrics_host)
         bus = await connect(nats, name="weightbus-follow", metrics=BusMetrics(registry), options=connection)
         try:
+
             def _status(status: TrackerStatus) -> None:
                 if status in (TrackerStatus.DEAF, TrackerStatus.NO_VALID_VERSION):
                     _emit(f"{policy}: tracker {status.value}, not ready ({tracker.deaf_reason or 'no valid event'})")

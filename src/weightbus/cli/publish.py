@@ -112,9 +112,7 @@ async def _resume(fleet: EngineFleet) -> None:
 
 
 async def _publish(req: _Request) -> int:
-    bus = await connect(
-        req.nats, name="weightbus-publish", connect_timeout=req.connect_timeout, options=req.connection
-    )
+    bus = await connect(req.nats, name="weightbus-publish", connect_timeout=req.connect_timeout, options=req.connection)
     fleet: EngineFleet | None = None
     paused = False
     try:

@@ -158,9 +158,7 @@ class DrainReporter:
             True if the bus confirmed the report (a duplicate counts as confirmed).
         """
         self.seq += 1
-        return await self._publish(
-            to_drain_report(stats, policy=self.policy, consumer=self.consumer, seq=self.seq)
-        )
+        return await self._publish(to_drain_report(stats, policy=self.policy, consumer=self.consumer, seq=self.seq))
 
     async def _publish(self, event: DrainReport) -> bool:
         msg_id = f"{self.policy}:drain:{self.consumer}:{event.seq}"

@@ -511,8 +511,10 @@ class VersionTracker:
         if seq is not None and self._last_handled is not None and seq <= self._last_handled:
             self._advance(seq)  # history already handled before a resubscribe
             return
-        replayed = seq <= self._boundary if seq is not None and self._boundary is not None else (
-            event.published_at < self._subscribed_at
+        replayed = (
+            seq <= self._boundary
+            if seq is not None and self._boundary is not None
+            else (event.published_at < self._subscribed_at)
         )
         self._seen_valid = True
         decision = decide(self._state, event, self.mode, rebase=self._rebase)

@@ -236,9 +236,7 @@ def _updated(
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "not_owner")
     if incoming == current:
         return TrackerDecision(TrackerAction.REPEATED, state, state, incoming)
-    explained = (
-        rebase or incoming == (current or 0) + 1 or (state.reserved is not None and incoming <= state.reserved)
-    )
+    explained = rebase or incoming == (current or 0) + 1 or (state.reserved is not None and incoming <= state.reserved)
     if not explained:
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_jump")
     action = TrackerAction.ADOPTED if current is None else TrackerAction.ADVANCED

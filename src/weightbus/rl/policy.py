@@ -46,8 +46,10 @@ class Policy:
             for p in self.module.parameters():
                 p.requires_grad_(False)
             generator = torch.Generator().manual_seed(seed + 1)
-            shapes = {"fc": (self.module["fc"].out_features, self.module["fc"].in_features),
-                      "head": (self.module["head"].out_features, self.module["head"].in_features)}
+            shapes = {
+                "fc": (self.module["fc"].out_features, self.module["fc"].in_features),
+                "head": (self.module["head"].out_features, self.module["head"].in_features),
+            }
             self.lora = {}
             for layer in LORA_LAYERS:
                 out_f, in_f = shapes[layer]

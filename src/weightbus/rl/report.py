@@ -140,7 +140,12 @@ def overhead_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def analyse(
-    config: Any, *, rows: list[dict[str, Any]], recording: Path, faults: list[dict[str, Any]], engines: list[str],
+    config: Any,
+    *,
+    rows: list[dict[str, Any]],
+    recording: Path,
+    faults: list[dict[str, Any]],
+    engines: list[str],
     wall_s: float,
 ) -> DemoResult:
     """Check the invariants of one run (see the module docstring)."""
@@ -185,9 +190,7 @@ def analyse(
         event = r["event"]
         for engine in event.get("engines") or engines:
             if (engine, event["version"]) not in ok_reads:
-                problems["engines_in_sync"].append(
-                    f"v{event['version']} has no ok read-back from {engine}"
-                )
+                problems["engines_in_sync"].append(f"v{event['version']} has no ok read-back from {engine}")
 
     last_step = max((row["step"] for row in rows), default=0)
     if last_step < config.steps:
@@ -274,15 +277,36 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
     """Write ``report.json`` and ``report.png`` (reward and staleness per step, faults marked) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = [
-        {k: row[k] for k in ("step", "version", "reward", "staleness_avg", "staleness_max", "kept", "recycled",
-                             "dropped", "step_s", "weightbus_s", "batch_wait_s", "trained_under")}
+        {
+            k: row[k]
+            for k in (
+                "step",
+                "version",
+                "reward",
+                "staleness_avg",
+                "staleness_max",
+                "kept",
+                "recycled",
+                "dropped",
+                "step_s",
+                "weightbus_s",
+                "batch_wait_s",
+                "trained_under",
+            )
+        }
         | {"lag_s": row.get("lag_s")}
         | {key: row.get(key) for key in _TIME_FIELDS}
         | {"trained_staleness_max": _trained_staleness(row)}
         for row in result.rows
     ]
-    body = {"config": result.config, "summary": result.summary, "faults": result.faults,
-            "problems": result.problems, "ok": result.ok, "steps": steps}
+    body = {
+        "config": result.config,
+        "summary": result.summary,
+        "faults": result.faults,
+        "problems": result.problems,
+        "ok": result.ok,
+        "steps": steps,
+    }
     (out_dir / "report.json").write_text(json.dumps(body, indent=2) + "\n")
     import matplotlib
 
@@ -295,16 +319,28 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
     ax.set_xlabel("training step")
     ax.set_ylabel("mean reward", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.step(xs, [_trained_staleness(row) or 0 for row in result.rows], color="tab:orange", where="mid",
-             label="max staleness trained on")
-    ax2.plot(xs, [row["staleness_max"] or 0 for row in result.rows], color="tab:orange", alpha=0.5, ls=":",
-             label="max staleness judged (recycled too)")
+    ax2.step(
+        xs,
+        [_trained_staleness(row) or 0 for row in result.rows],
+        color="tab:orange",
+        where="mid",
+        label="max staleness trained on",
+    )
+    ax2.plot(
+        xs,
+        [row["staleness_max"] or 0 for row in result.rows],
+        color="tab:orange",
+        alpha=0.5,
+        ls=":",
+        label="max staleness judged (recycled too)",
+    )
     ax2.set_ylabel("staleness (versions)", color="tab:orange")
     ax2.legend(loc="lower right", fontsize=7)
     for fault in result.faults:
         ax.axvline(fault["step"], color="red", ls="--", lw=1)
-        ax.annotate(fault["kind"], (fault["step"], ax.get_ylim()[1]), fontsize=7, color="red", rotation=90,
-                    va="top", ha="right")
+        ax.annotate(
+            fault["kind"], (fault["step"], ax.get_ylim()[1]), fontsize=7, color="red", rotation=90, va="top", ha="right"
+        )
     ax.set_title("weightbus demo: reward and staleness per step")
     fig.tight_layout()
     fig.savefig(out_dir / "report.png", dpi=100)
@@ -352,9 +388,7 @@ def write_tradeoff(results: dict[int, DemoResult], out_dir: Path) -> dict[str, A
     for bound, entry in numbers.items():
         curve = entry["curve"]
         window = 5
-        smooth = [
-            statistics.fmean(r for _, r in curve[max(0, i - window + 1) : i + 1]) for i in range(len(curve))
-        ]
+        smooth = [statistics.fmean(r for _, r in curve[max(0, i - window + 1) : i + 1]) for i in range(len(curve))]
         left.plot([t for t, _ in curve], smooth, label=f"max_staleness {bound}")
     left.set_xlabel("wall time since training began (s)")
     left.set_ylabel("mean reward (5-step moving average)")
