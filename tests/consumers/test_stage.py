@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 from tests.consumers._groups import make_group
 from weightbus.consumers import Action, Reason, StalenessMetrics, StalenessStage, judge_groups
 from weightbus.consumers.staleness import group_versions, judge
+from weightbus.consumers.tally import DrainTally
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 M = "rollout/fully_async/"
@@ -163,3 +164,9 @@ def test_property_batch_agrees_with_the_pure_rule(specs, current, max_staleness,
             oldest = group_versions(g).oldest
             assert oldest is None or oldest >= final - max_staleness
     assert len(j.kept) + len(j.dropped) == len(groups)
+    # The buffer's per-group path (DrainTally.add, its own inlined fast path) agrees with the batch.
+    one_by_one = DrainTally(current, max_staleness, unknown)
+    for g in groups:
+        one_by_one.add(g)
+    assert {g.prompt_index for g in one_by_one.kept} == kept_ids
+    assert one_by_one.current == final

@@ -118,9 +118,13 @@ class EmbeddedCluster:
         Raises:
             NatsServerStartError: a node failed to start, or the cluster was not healthy in time.
         """
-        for node in self.nodes.values():
-            node.start()
-        self.wait_healthy(list(self.nodes))
+        try:
+            for node in self.nodes.values():
+                node.start()
+            self.wait_healthy(list(self.nodes))
+        except BaseException:
+            self.stop()  # a half-started cluster must not outlive the failed start
+            raise
         return self
 
     def healthy(self, name: str) -> bool:

@@ -73,7 +73,37 @@ class DrainTally:
         self.final_values: list[int] = []
 
     def add(self, group: Group) -> Reason:
-        """Judge one group; a kept group is recorded here, any other is the caller's to route."""
+        """Judge one group; a kept group is recorded here, any other is the caller's to route.
+
+        The buffer calls this once per drained group: the common case is inlined as in ``add_many``
+        (and pinned to the rule by the same property test); everything else goes through ``_judge``.
+        """
+        snap = self.snapshot
+        if snap is not None and not group.trajectories and group.status != _ABORTED:
+            lo = NO_OLDEST
+            hi = NO_NEWEST
+            flags = 0
+            try:
+                for s in group.samples:
+                    f, o, n = s._v
+                    if o < lo:
+                        lo = o
+                    if n > hi:
+                        hi = n
+                    flags |= f
+            except AttributeError:
+                flags = -1
+            if flags == HAS_VERSION and hi <= snap:
+                mx = self.max_staleness
+                if mx is not None and self.current - lo > mx:  # type: ignore[operator]  # current >= snapshot
+                    self.stale_oldest.append(lo)  # type: ignore[arg-type]  # lo is an int with HAS_VERSION
+                    self.n_stale += 1
+                    return Reason.STALE
+                self.kept.append(group)
+                self.kept_oldest.append(lo)  # type: ignore[arg-type]
+                return Reason.FRESH
+            if flags != -1:
+                return self._judge(group, lo, hi, flags)
         lo, hi, flags = raw_scan(group)
         return self._judge(group, lo, hi, flags)
 
