@@ -4,8 +4,9 @@ The buffer feeds it the groups it takes, in order; the tally applies the one sta
 (``staleness.judge``) to each and remembers what was kept, the staleness values and the counts by
 reason; the buffer routes what was not kept and asks ``finish`` for the statistics. Invariants:
 
-* every group goes through ``staleness.judge``, except in ``add_many``'s inlined fast path for flat,
-  numeric, not-aborted groups no newer than the snapshot, which a property test pins to the rule;
+* every group goes through ``staleness.judge``, except in the inlined fast paths of ``add`` and
+  ``add_many`` for flat, numeric, not-aborted groups no newer than the snapshot, which one property
+  test pins to the rule;
 * any label newer than ``current``, an aborted group's included (and ``evidence`` from groups that
   never reached the drain), raises ``current``; groups already kept are judged again against it
   and the ones now too stale move to ``evicted`` for the caller to route;
