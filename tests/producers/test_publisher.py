@@ -9,7 +9,7 @@ import pytest
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus.protocol import Bus
 from weightbus.errors import FencedError, PublishError
-from weightbus.producers import VersionPublisher
+from weightbus.producers import VersionPublisher, read_status
 from weightbus.schemas import Event, LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated, now
 
 from .conftest import HookBus, history
@@ -208,3 +208,18 @@ async def test_a_failed_publish_that_did_not_land_skips_its_number(policy: str) 
         assert version == 2
     updates = [e.event for e in await history(mem, subjects.weights(policy)) if isinstance(e.event, WeightUpdated)]
     assert [u.version for u in updates] == [2]
+
+
+async def test_read_status_shows_what_trackers_hold_with_the_rejected_event_flagged(bus: Bus, policy: str) -> None:
+    pub = await VersionPublisher(bus, policy, trainer_id="t").start()
+    for _ in range(4):
+        async with pub.update(lora=LoraAdapter(name="a", path="/p")):
+            pass
+    rogue = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue", published_at=now())
+    await bus.publish(subjects.weights(policy), rogue, msg_id=f"{policy}:rogue")
+    await bus.publish_raw(subjects.weights(policy), b"hello", msg_id=f"{policy}:garbage")
+    status = await read_status(bus, policy)
+    assert (status.version, status.publisher, status.last_event) == (4, "t", "updated")
+    assert status.lora == LoraAdapter(name="a", path="/p")
+    assert status.rejected == "regression: WeightUpdated v1 by rogue"
+    assert status.invalid == 1

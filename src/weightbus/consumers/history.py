@@ -40,6 +40,9 @@ class RejectedEvent:
     trainer_id: str
     published_at: float
     action: str
+    reason: str | None = None
+    """``not_owner``, ``unexplained_jump``, ``stale_claim`` for a rejection; None for a lower version."""
+    event_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,9 @@ class WeightsHistory:
         latest_rejected: the newest stored event was refused.
         invalid: the decode error of the newest stored event, when it is not a valid event.
         events: how many valid events were folded.
+        last_update: the newest accepted ``WeightUpdated`` (its ``lora`` names the adapter served).
+        epoch_high: the highest epoch of any valid event, accepted or not (a claimant must go above it).
+        invalid_count: stored payloads that failed the decode (skipped).
     """
 
     policy: str
@@ -65,9 +71,14 @@ class WeightsHistory:
     latest_rejected: bool = False
     invalid: InvalidEventError | None = None
     events: int = 0
+    last_update: WeightUpdated | None = None
+    epoch_high: int = -1
+    invalid_count: int = 0
 
 
-def fold_history(policy: str, envelopes: list[Envelope], *, invalid: InvalidEventError | None = None) -> WeightsHistory:
+def fold_history(
+    policy: str, envelopes: list[Envelope], *, invalid: InvalidEventError | None = None, invalid_count: int = 0
+) -> WeightsHistory:
     """Fold ``envelopes`` (oldest first) of ``weights(policy)`` with ``decide`` in ``hold`` mode.
 
     Events of another policy or another family are ignored.
@@ -78,11 +89,14 @@ def fold_history(policy: str, envelopes: list[Envelope], *, invalid: InvalidEven
     rejected: list[RejectedEvent] = []
     latest_rejected = False
     events = 0
+    last_update: WeightUpdated | None = None
+    epoch_high = -1
     for env in envelopes:
         event = env.event
         if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved) or event.policy != policy:
             continue
         events += 1
+        epoch_high = max(epoch_high, event.epoch)
         decision: TrackerDecision = decide(state, event, RegressionMode.HOLD)
         if decision.is_regression or decision.action is TrackerAction.REJECTED:
             rejected.append(
@@ -94,12 +108,28 @@ def fold_history(policy: str, envelopes: list[Envelope], *, invalid: InvalidEven
                     trainer_id=event.trainer_id,
                     published_at=event.published_at,
                     action=str(decision.action),
+                    reason=decision.reason,
+                    event_type=type(event).__name__,
                 )
             )
             latest_rejected = True
             continue
         state, last, last_seq, latest_rejected = decision.state, event, env.seq, False
-    return WeightsHistory(policy, state, last, last_seq, rejected, latest_rejected, invalid, events)
+        if isinstance(event, WeightUpdated) and decision.changed:
+            last_update = event
+    return WeightsHistory(
+        policy,
+        state,
+        last,
+        last_seq,
+        rejected,
+        latest_rejected,
+        invalid,
+        events,
+        last_update,
+        epoch_high,
+        invalid_count,
+    )
 
 
 async def read_history(bus: Bus, policy: str, *, timeout: float = 10.0) -> WeightsHistory:
@@ -114,4 +144,4 @@ async def read_history(bus: Bus, policy: str, *, timeout: float = 10.0) -> Weigh
     invalid: InvalidEventError | None = None
     if history.invalid_seqs and history.invalid_seqs[-1] == history.last_seq:
         invalid = history.last_error
-    return fold_history(policy, history.events, invalid=invalid)
+    return fold_history(policy, history.events, invalid=invalid, invalid_count=history.invalid)

@@ -38,7 +38,7 @@ from typing import Final
 from weightbus.bus import subjects
 from weightbus.bus.history import History, read_history
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
-from weightbus.consumers.tracker_state import RegressionMode, TrackerState, decide
+from weightbus.consumers.history import fold_history
 from weightbus.engines.sglang import PauseMode
 from weightbus.errors import EngineError, FencedError, PublishError, SequenceConflictError
 from weightbus.producers.stamping import EngineFleet
@@ -454,15 +454,9 @@ class VersionPublisher:
 def _fold(history: History, policy: str) -> tuple[int | None, int, int]:
     """``(current version, highest number issued, highest epoch)`` over a weights history.
 
-    The history is folded with the trackers' rule (``tracker_state.decide``, ``hold``), so a version
-    no tracker accepts (a rogue's, a forged jump) never becomes the counter's.
+    The history is folded with the trackers' rule (``consumers.history.fold_history``), so a version no
+    tracker accepts (a rogue's, a forged jump) never becomes the counter's.
     """
-    state = TrackerState()
-    epoch = -1
-    for env in history.events:
-        event = env.event
-        if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved) or event.policy != policy:
-            continue
-        epoch = max(epoch, event.epoch)
-        state = decide(state, event, RegressionMode.HOLD).state
-    return state.version, max(state.reserved or 0, state.version or 0), epoch
+    folded = fold_history(policy, history.events)
+    state = folded.state
+    return state.version, max(state.reserved or 0, state.version or 0), folded.epoch_high

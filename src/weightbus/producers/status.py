@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from weightbus.bus import subjects
-from weightbus.bus.history import read_history
-from weightbus.bus.protocol import Bus, Envelope
-from weightbus.consumers.tracker_state import RegressionMode, TrackerState, decide
+from weightbus.bus.protocol import Bus
+from weightbus.consumers.history import read_history
 from weightbus.errors import EngineError
 from weightbus.producers.stamping import EngineFleet
 from weightbus.schemas import LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated, now
@@ -90,7 +88,7 @@ async def read_status(bus: Bus, policy: str, *, fleet: EngineFleet | None = None
         InvalidPolicyError: ``policy`` is not a valid policy id.
         BusError: the bus did not answer.
     """
-    history = await read_history(bus, subjects.weights(policy))
+    history = await read_history(bus, policy)
     engines: list[EngineReadBack] = []
     if fleet is not None:
         for url, result in (await fleet.read_versions()).items():
@@ -98,27 +96,15 @@ async def read_status(bus: Bus, policy: str, *, fleet: EngineFleet | None = None
                 engines.append(EngineReadBack(url, None, str(result)))
             else:
                 engines.append(EngineReadBack(url, result))
-    state = TrackerState()
-    last: Envelope | None = None
     rejected: str | None = None
-    lora: LoraAdapter | None = None
-    for env in history.events:
-        event = env.event
-        if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved) or event.policy != policy:
-            continue
-        decision = decide(state, event, RegressionMode.HOLD)
-        if decision.is_regression or decision.action.value == "rejected":
-            why = decision.reason or "regression"
-            rejected = f"{why}: {type(event).__name__} v{decision.incoming} by {event.trainer_id}"
-            continue
-        state, last = decision.state, env
-        if isinstance(event, WeightUpdated) and decision.changed:
-            lora = event.lora
-    if last is None:
-        return PolicyStatus(policy, engines=engines, rejected=rejected, invalid=history.invalid)
-    event = last.event
-    assert isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved)
+    if history.rejected:
+        r = history.rejected[-1]
+        rejected = f"{r.reason or 'regression'}: {r.event_type} v{r.version} by {r.trainer_id}"
+    event = history.last_accepted
+    if event is None:
+        return PolicyStatus(policy, engines=engines, rejected=rejected, invalid=history.invalid_count)
     kind = {WeightUpdated: "updated", PublisherClaimed: "claimed", VersionReserved: "reserved"}[type(event)]
+    state = history.state
     return PolicyStatus(
         policy,
         version=state.version,
@@ -127,9 +113,9 @@ async def read_status(bus: Bus, policy: str, *, fleet: EngineFleet | None = None
         last_event=kind,
         published_at=event.published_at,
         age_s=max(0.0, now() - event.published_at),
-        lora=lora,
-        seq=last.seq,
+        lora=history.last_update.lora if history.last_update is not None else None,
+        seq=history.last_accepted_seq,
         engines=engines,
         rejected=rejected,
-        invalid=history.invalid,
+        invalid=history.invalid_count,
     )
