@@ -77,16 +77,18 @@ def _weightbus(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
         holder = _Holder(cmd["n"])
         # The parent ensured the stream; a consumer needs no stream-management permission.
         bus = await connect(cmd["nats"], name="bench-tracker", ensure_stream=False)
+
+        def on_change(change: Any) -> None:
+            # The tracker holds the version from this call on (``tracker.current``), as the raw rows hold
+            # theirs in their message callback.
+            if change.version is not None:
+                holder.hold(change.version)
+
         try:
-            async with VersionTracker(bus, cmd["policy"], registry=CollectorRegistry()) as tracker:
+            async with VersionTracker(bus, cmd["policy"], registry=CollectorRegistry(), on_change=on_change) as tracker:
                 await tracker.wait_ready(30)
                 ready()
-                try:
-                    async with asyncio.timeout(cmd["timeout"]):
-                        while holder.held < holder.n:
-                            holder.hold(await tracker.wait_for(holder.held + 1))
-                except TimeoutError:
-                    pass
+                await _wait(holder, cmd["timeout"])
         finally:
             await bus.close()
         return holder.recv

@@ -73,9 +73,37 @@ async def test_same_trainer_restarting_continues(bus: Bus, policy: str) -> None:
         async with first.update():
             pass
     again = await VersionPublisher(bus, policy, trainer_id="t").start()
-    assert (again.epoch, again.version) == (1, 3)
+    # 4 was reserved by the first instance's last announcement: only that instance may ever push it.
+    assert (again.epoch, again.version, again.issued) == (1, 3, 4)
     async with again.update() as version:
-        assert version == 4
+        assert version == 5
+
+
+async def test_a_one_shot_publisher_leaves_no_number_for_its_successor_to_skip(bus: Bus, policy: str) -> None:
+    first = await VersionPublisher(bus, policy, trainer_id="cli", reserve_next=False).start()
+    async with first.update():
+        pass
+    assert not (await bus.last(subjects.weights(policy))).event.reserves_next
+    again = await VersionPublisher(bus, policy, trainer_id="cli", reserve_next=False).start()
+    async with again.update() as version:
+        assert version == 2
+
+
+async def test_an_update_after_a_successful_one_stores_one_event(bus: Bus, policy: str) -> None:
+    pub = await VersionPublisher(bus, policy, trainer_id="t").start()
+    for _ in range(3):
+        async with pub.update():
+            pass
+    kinds = [(type(e.event).__name__, e.event.version) for e in await history(bus, subjects.weights(policy))]
+    # The first update after the claim reserves; every announcement reserves the number after it.
+    assert kinds == [
+        ("PublisherClaimed", None),
+        ("VersionReserved", 1),
+        ("WeightUpdated", 1),
+        ("WeightUpdated", 2),
+        ("WeightUpdated", 3),
+    ]
+    assert all(e.event.reserves_next for e in (await history(bus, subjects.weights(policy)))[2:])
 
 
 async def test_takeover_fences_the_old_publisher_before_its_body_runs(bus: Bus, policy: str) -> None:
@@ -98,7 +126,7 @@ async def test_takeover_fences_the_old_publisher_before_its_body_runs(bus: Bus, 
             pass
     assert old.fenced is not None
     async with new.update() as version:
-        assert version == 2
+        assert version == 3  # 2 was the old owner's, reserved by its announcement of 1
 
 
 async def test_takeover_during_an_update_refuses_its_publish(bus: Bus, policy: str) -> None:
@@ -144,12 +172,15 @@ async def test_exception_inside_update_announces_nothing_and_never_reuses_the_nu
         async with pub.update() as version:
             assert version == 2
             raise ValueError("push failed")
+    # 2 was used up by the announcement of 1 before the update entered; nothing was stored for it.
     last = await bus.last(subjects.weights(policy))
-    assert isinstance(last.event, VersionReserved) and last.event.version == 2
+    assert isinstance(last.event, WeightUpdated) and (last.event.version, last.event.reserves_next) == (1, True)
     assert pub.version == 1
     async with pub.update(lora=LoraAdapter(name="a", path="/p")) as version:
         assert version == 3
-    assert (await bus.last(subjects.weights(policy))).event.lora == LoraAdapter(name="a", path="/p")
+    events = [e.event for e in await history(bus, subjects.weights(policy))]
+    assert isinstance(events[-2], VersionReserved) and events[-2].version == 3  # no announcement reserved 3
+    assert events[-1].version == 3 and events[-1].lora == LoraAdapter(name="a", path="/p")
 
 
 async def test_update_needs_start_and_is_sequential(bus: Bus, policy: str) -> None:

@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import tempfile
 import time
@@ -47,6 +48,9 @@ cluster {
 }
 """
 _NAMES: Final = ("a", "b", "c")
+_PORT_ATTEMPTS: Final = 3
+
+log = logging.getLogger("weightbus.bus")
 
 
 class EmbeddedCluster:
@@ -78,6 +82,11 @@ class EmbeddedCluster:
             Path(config).write_text(CLUSTER_CONF)
         self.config = Path(config)
         self.startup_timeout = startup_timeout
+        self._binary = binary
+        self._plan()
+
+    def _plan(self) -> None:
+        """Pick the nine ports (client, route, monitoring per node) and build the nodes on them."""
         client = {n: free_port() for n in _NAMES}
         cluster = {n: free_port() for n in _NAMES}
         self.http_ports = {n: free_port() for n in _NAMES}
@@ -96,10 +105,10 @@ class EmbeddedCluster:
             self.nodes[f"weightbus-{n}"] = EmbeddedNats(
                 port=client[n],
                 store_dir=store,
-                binary=binary,
+                binary=self._binary,
                 config=self.config,
                 env=env,
-                startup_timeout=startup_timeout,
+                startup_timeout=self.startup_timeout,
                 log_file=self.base_dir / f"node-{n}.log",
             )
 
@@ -118,14 +127,26 @@ class EmbeddedCluster:
         Raises:
             NatsServerStartError: a node failed to start, or the cluster was not healthy in time.
         """
-        try:
-            for node in self.nodes.values():
-                node.start()
-            self.wait_healthy(list(self.nodes))
-        except BaseException:
-            self.stop()  # a half-started cluster must not outlive the failed start
-            raise
-        return self
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            try:
+                for node in self.nodes.values():
+                    node.start()
+                self.wait_healthy(list(self.nodes))
+                return self
+            except NatsServerStartError as exc:
+                # Nine ports are picked before any node binds: another process may take one meanwhile.
+                if "address already in use" not in (exc.reason or "") or attempt == _PORT_ATTEMPTS:
+                    self.stop()  # a half-started cluster must not outlive the failed start
+                    raise
+                self._stop_nodes()
+                for n in _NAMES:
+                    shutil.rmtree(self.base_dir / f"node-{n}", ignore_errors=True)
+                log.warning("a cluster port was taken before its node bound it; new ports", extra={"attempt": attempt})
+                self._plan()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def healthy(self, name: str) -> bool:
         """True when node ``name`` answers 200 on ``/healthz`` (JetStream up, meta leader known)."""
@@ -167,11 +188,14 @@ class EmbeddedCluster:
 
     def stop(self) -> None:
         """Stop every node; remove a temporary base directory."""
+        self._stop_nodes()
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def _stop_nodes(self) -> None:
         for node in self.nodes.values():
             with contextlib.suppress(OSError):
                 node.stop()
-        if self._own_dir:
-            shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedCluster:
         return self.start()

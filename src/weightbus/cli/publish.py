@@ -128,7 +128,8 @@ async def _publish(req: _Request) -> int:
             fleet = EngineFleet(req.engines, api_key=req.api_key, timeout=req.engine_timeout)
         # The command pauses and resumes the fleet itself (same order: pause, stamp, verify, publish,
         # resume) so that a cancel at any await still resumes every engine it paused.
-        pub = VersionPublisher(bus, req.policy, trainer_id=req.trainer_id, fleet=fleet)
+        # One update per run: reserving a next number would make the next run's claim skip it.
+        pub = VersionPublisher(bus, req.policy, trainer_id=req.trainer_id, fleet=fleet, reserve_next=False)
         await pub.start()
         if req.pause is not None and fleet is not None:
             paused = True  # before the await: a cancel mid-pause may have paused some engines already

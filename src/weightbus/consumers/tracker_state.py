@@ -10,7 +10,8 @@
   ``stale_claim``. A ``VersionReserved`` or a ``WeightUpdated`` from anyone but the owner is
   ``not_owner``. Rejected events change nothing.
 * **No version from nowhere.** The owner's ``WeightUpdated`` may move the version up by one, or to
-  a number it reserved (``VersionReserved``, or a claim's ``reserved``); a reservation may be at
+  a number it reserved (``VersionReserved``, a claim's ``reserved``, or the ``version + 1`` that an
+  accepted ``WeightUpdated`` with ``reserves_next`` took for the next update); a reservation may be at
   most one above everything seen. Anything else is ``unexplained_jump``. A claim may raise the
   version (the claimant resumed above the engines' labels); a claim below the held version is a
   ``counter_reset``: the ownership passes, the held version stays.
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from weightbus.schemas.alerts import RejectReason
+from weightbus.schemas.common import MAX_VERSION
 from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightUpdated
 
 __all__ = ["RegressionMode", "TrackerAction", "TrackerDecision", "TrackerState", "WeightsEvent", "decide"]
@@ -225,7 +227,7 @@ def _updated(
         event.trainer_id,
         event.published_at,
         event.incarnation,
-        _max(state.reserved, incoming),
+        _max(state.reserved, incoming + 1 if event.reserves_next and incoming < MAX_VERSION else incoming),
     )
     if current is not None and incoming < current:
         action = _MODE_ACTION[mode]

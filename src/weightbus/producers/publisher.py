@@ -4,11 +4,14 @@ Every event of the counter (claim, reservation, announcement) goes on ``weights(
 conditional publish on the sequence of this publisher's own previous event there, so the bus, not a
 read before it, decides who owns the counter. Invariants:
 
-* **A number names at most one set of weights.** An update first stores ``VersionReserved(v)``;
-  only then may any engine carry ``v``. A reserved number is never issued again, whatever happens
-  to its update (exception, failed stamp, lost or refused announcement, cancellation): the next
-  update takes ``v + 1``. A reservation that was not confirmed touched no engine, so the next
-  update retries it with the same number and message id (stored once, whatever happened).
+* **A number names at most one set of weights.** ``v`` is used up on the bus before any engine
+  may carry it: by the previous announcement (``WeightUpdated(v - 1, reserves_next=True)``, the
+  common case, which leaves the update one fence check, a read) or by a ``VersionReserved(v)`` of
+  its own (the first update after a claim, or after a failed update). A number an update entered
+  with is never issued again, whatever happens to the update (exception, failed stamp, lost or
+  refused announcement, cancellation): the next update takes ``v + 1``. A reservation that was not
+  confirmed touched no engine, so the next update retries it with the same number and message id
+  (stored once, whatever happened).
   ``start()`` resumes above the highest number ever issued that the retained history shows, and, with a
   fleet, above the highest numeric label any engine carries, so a lost history (purge, recreated stream,
   evicted events) never reissues a number.
@@ -44,6 +47,7 @@ from weightbus.errors import EngineError, FencedError, PublishError, SequenceCon
 from weightbus.producers.stamping import EngineFleet
 from weightbus.producers.update import VersionUpdate
 from weightbus.schemas import (
+    MAX_VERSION,
     EngineOutOfSync,
     LoraAdapter,
     PublisherClaimed,
@@ -81,6 +85,11 @@ class VersionPublisher:
         claim_attempts: how often ``start()`` re-reads and retries when another publisher claims at
             the same moment.
         incarnation: this instance's unique id on the bus (random by default; tests may fix it).
+        reserve_next: every announcement also reserves the next number (``reserves_next``), so the
+            next update takes it with a read instead of a ``VersionReserved`` and followers get one
+            event per update. A publisher that takes over skips the number its predecessor reserved
+            this way; pass False for a one-shot publisher (the CLI's ``publish``), whose successor
+            should not skip one.
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
@@ -97,6 +106,7 @@ class VersionPublisher:
         pause: PauseMode | None = None,
         claim_attempts: int = _CLAIM_ATTEMPTS,
         incarnation: str | None = None,
+        reserve_next: bool = True,
     ) -> None:
         self.subject = subjects.weights(policy)
         if pause is not None and fleet is None:
@@ -111,6 +121,9 @@ class VersionPublisher:
         self._epoch: int | None = None
         self._version: int | None = None
         self._issued = 0
+        self._reserve_next = reserve_next
+        self._pre: int | None = None  # the number our newest event reserved for our next update
+        self._entered = 0  # the highest number an update of this instance entered with
         self._seq: int | None = None
         self._fenced: FencedError | None = None
         self.active = False
@@ -147,8 +160,12 @@ class VersionPublisher:
 
     @property
     def next_version(self) -> int:
-        """The number the next ``update()`` will reserve."""
-        return self._issued + 1
+        """The number the next ``update()`` will carry: the one our last announcement reserved, else a new one."""
+        return self._issued if self._holds(self._issued) else self._issued + 1
+
+    def _holds(self, version: int) -> bool:
+        """Whether ``version`` is used up on the bus by our newest event and no update entered with it yet."""
+        return self._pre == version == self._issued and version > self._entered
 
     @property
     def started(self) -> bool:
@@ -212,6 +229,7 @@ class VersionPublisher:
         except SequenceConflictError:
             return False
         self._epoch, self._version, self._issued, self._seq = epoch, version, issued, ack.seq
+        self._pre = None  # a new epoch's first update stores its own reservation
         log.info(
             "claimed the version counter",
             extra={
@@ -382,8 +400,13 @@ class VersionPublisher:
         raise self._fence(last)
 
     def _adopt_announced(self, event: WeightUpdated) -> None:
-        self._version = event.version if self._version is None else max(self._version, event.version)
-        self._issued = max(self._issued, event.version)
+        version = event.version
+        self._version = version if self._version is None else max(self._version, version)
+        if event.reserves_next:
+            self._issued = max(self._issued, version + 1)
+            self._pre = version + 1
+        else:
+            self._issued = max(self._issued, version)
         self.last_event = event
 
     def _fence(self, last: Envelope) -> FencedError:
@@ -403,6 +426,22 @@ class VersionPublisher:
             },
         )
         return err
+
+    async def take(self, version: int, lora: LoraAdapter | None) -> None:
+        """Take ``version`` (``next_version``), fenced: a read if our last event reserved it, else a reservation.
+
+        From here on ``version`` is never issued again, whatever follows.
+
+        Raises:
+            FencedError, PublishError: as ``conditional`` (nothing was taken; a retry takes the same number).
+        """
+        if self._holds(version):
+            await self.check_owner()
+            if not self._holds(version):  # resolving doubt moved the counter (a later event of ours)
+                await self.reserve(version, lora)
+        else:
+            await self.reserve(version, lora)
+        self._entered = max(self._entered, version)
 
     async def reserve(self, version: int, lora: LoraAdapter | None) -> None:
         """Store ``VersionReserved(version)``; the number is used up from here on, whatever follows.
@@ -441,6 +480,7 @@ class VersionPublisher:
             lora=lora,
             engines=self.fleet.urls if self.fleet is not None else (),
             incarnation=self.incarnation,
+            reserves_next=self._reserve_next and version < MAX_VERSION,
         )
         ack = await self.conditional(event, f"{self._policy}:{self._epoch}:{version}:{self.incarnation}")
         self._adopt_announced(event)

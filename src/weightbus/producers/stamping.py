@@ -250,29 +250,46 @@ class EngineFleet:
         results = await self._each("read_version", lambda c: c.weight_version())
         return dict(zip(self.urls, results, strict=True))
 
-    async def stamp(self, version: int) -> list[EngineStamp]:
+    async def stamp(
+        self, version: int, *, before_stamp: Callable[[], Awaitable[None]] | None = None
+    ) -> list[EngineStamp]:
         """Stamp every engine with ``str(version)`` and read each one back; raises nothing for engine faults.
 
-        An engine that already carries ``str(version)`` is read, not stamped again.
+        Every label is read first; an engine that already carries ``str(version)`` is not stamped again.
+
+        Args:
+            version: the version to stamp.
+            before_stamp: awaited once, after the reads and before the first stamp, only if some
+                engine needs one (the publisher's ownership check); what it raises propagates and
+                no engine is stamped.
 
         Returns:
             One ``EngineStamp`` per engine, in fleet order; check ``ok``.
         """
         expected = str(version)
 
-        async def _one(client: SGLangClient) -> EngineStamp:
-            before: str | None = None
+        async def _read(client: SGLangClient) -> str | EngineError:
             try:
-                before = await client.weight_version()
-                if before == expected:
-                    return EngineStamp(client.url, expected, before, before=before, stamped=False)
+                return await client.weight_version()
+            except EngineError as exc:
+                return exc
+
+        async def _one(client: SGLangClient, before: str | EngineError) -> EngineStamp:
+            if isinstance(before, EngineError):
+                return EngineStamp(client.url, expected, None, before)
+            if before == expected:
+                return EngineStamp(client.url, expected, before, before=before, stamped=False)
+            try:
                 await client.update_weight_version(expected, abort_all_requests=False)
                 read_back = await client.weight_version()
             except EngineError as exc:
                 return EngineStamp(client.url, expected, None, exc, before=before)
             return EngineStamp(client.url, expected, read_back, before=before)
 
-        return list(await asyncio.gather(*(_one(c) for c in self.clients)))
+        labels = await asyncio.gather(*(_read(c) for c in self.clients))
+        if before_stamp is not None and any(label != expected for label in labels):
+            await before_stamp()
+        return list(await asyncio.gather(*(_one(c, label) for c, label in zip(self.clients, labels, strict=True))))
 
 
 async def stamp_and_verify(
@@ -285,6 +302,7 @@ async def stamp_and_verify(
     lora: LoraAdapter | None = None,
     previous: int | None = None,
     report_applied: bool = True,
+    before_stamp: Callable[[], Awaitable[None]] | None = None,
 ) -> list[EngineStamp]:
     """Stamp every engine with ``version``, read it back, report to the bus, and refuse an out-of-sync fleet.
 
@@ -300,6 +318,7 @@ async def stamp_and_verify(
         report_applied: publish the ``WeightApplied`` events of a fleet that is in sync here; False
             leaves them to the caller (``publish_applied``), which sends them beside its announcement.
             A fleet out of sync always has its read-backs published before the error is raised.
+        before_stamp: see ``EngineFleet.stamp`` (the publisher passes its ownership check).
 
     Returns:
         The stamps, all ``ok``.
@@ -312,7 +331,7 @@ async def stamp_and_verify(
     """
     if bus is not None and policy is None:
         raise ValueError("stamp_and_verify needs the policy to publish to the bus")
-    stamps = await fleet.stamp(version)
+    stamps = await fleet.stamp(version, before_stamp=before_stamp)
     if bus is not None and policy is not None:
         await alert_unexpected_labels(
             bus, policy, trainer_id, version, previous, {s.engine: s.before for s in stamps if s.before is not None}

@@ -2,30 +2,34 @@
 
 The order, and why (docs/design.md has the long form):
 
-1. **reserve** ``v`` on the bus (a conditional publish: this is also the fence check) before any
-   engine is touched, so that a fenced publisher never pauses, pushes or labels anything, and so
-   that ``v`` is used up before any engine can carry it;
-2. **pause** the fleet (after the reservation, not concurrently: a fenced publisher that had paused
-   could neither resume, which breaks the owner's update window, nor leave the fleet paused);
-3. the trainer **pushes** inside the block;
-   Then each engine's label is read: a label that is neither the last announced version, ``v`` nor a
+1. **take** ``v`` on the bus, fenced, and **pause** the fleet at the same time. The number is
+   used up before any engine can carry it: the previous announcement reserved it
+   (``reserves_next``), so taking it is one read that checks no other owner wrote since; otherwise
+   (the first update after a claim or after a failed update) a ``VersionReserved(v)`` is stored,
+   a conditional publish. A pause changes neither weights nor labels, so it need not wait: if the
+   take fails (fenced, bus down), the fleet is resumed and nothing else is touched;
+2. each engine's label is read: a label that is neither the last announced version, ``v`` nor a
    quarantine label (``"default"`` after a restart) is alerted (``EngineOutOfSync``,
    ``unexpected_label``) before the push could hide it, and again before the stamp; never silently
    re-stamped;
-4. **check** ownership with one read, then **stamp**: read each engine's label, skip engines already
-   at ``v`` (a push that carried ``weight_version``), stamp the others, read them back;
-5. **announce** ``WeightUpdated(v)``, with the engines' ``WeightApplied`` read-backs published beside it:
-   the only bus round trip after the engines carry ``v``;
+3. the trainer **pushes** inside the block (a push that carries ``weight_version`` labels the engines);
+4. **stamp** what the push did not label: each engine's label is read; only if some engine still
+   needs ``v`` is ownership checked (one read) before ``/update_weight_version``; then read back;
+5. **announce** ``WeightUpdated(v, reserves_next=True)``, with the engines' ``WeightApplied``
+   read-backs published beside it: the only bus round trip after the engines carry ``v``. The
+   announcement is conditional on our previous event, so it is the fence check of the push;
 6. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
    drain before ``v`` is on the bus.
 
-On any failure after the reservation (an exception in the block, a stamp that did not take, an
+On any failure after the take (an exception in the block, a stamp that did not take, an
 announcement refused, lost or cancelled), the engines' weights may not match any number: every
 engine is relabelled ``quarantine:<v>`` (never a version, so every sample from it is judged stale),
-a ``FleetQuarantined`` alert is published, and only then are the engines resumed. A fenced publisher
-resumes them only when the owner has no update in flight (its newest event is not a reservation);
-otherwise the owner's own resume ends the pause. The owner's next successful update restores a
-number. Cleanup runs shielded from a second cancellation.
+a ``FleetQuarantined`` alert is published, and only then are the engines resumed. A fenced
+publisher resumes them too: it cannot tell whether the owner is between its own pause and resume,
+and an early resume costs no integrity, because SGLang applies a weight load between forward passes
+and a request that spans a label change carries token spans whose oldest version is the one judged.
+A stalled fleet would cost every rollout. The owner's next successful update restores a number.
+Cleanup runs shielded from a second cancellation.
 """
 
 from __future__ import annotations
@@ -36,10 +40,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from weightbus.bus import subjects
-from weightbus.bus.history import read_history
 from weightbus.errors import BusError, EngineError, FencedError, PublishError
 from weightbus.producers.stamping import EngineStamp, alert_unexpected_labels, publish_applied, stamp_and_verify
-from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, VersionReserved, WeightUpdated, now
+from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, WeightUpdated, now
 
 if TYPE_CHECKING:
     from weightbus.producers.publisher import VersionPublisher
@@ -86,11 +89,20 @@ class VersionUpdate:
         pub.active = True
         try:
             version = pub.next_version
-            await pub.reserve(version, self.lora)
-            self.version = version
             if pub.fleet is not None and pub.pause_mode is not None:
-                await pub.fleet.pause(pub.pause_mode)
+                # Set before the pause is sent: a cancellation may land it without telling us, and a
+                # resume of an engine that was not paused is harmless.
                 self._paused = True
+                taken, paused = await asyncio.gather(
+                    pub.take(version, self.lora), pub.fleet.pause(pub.pause_mode), return_exceptions=True
+                )
+                if isinstance(taken, BaseException):
+                    raise taken
+                if isinstance(paused, BaseException):
+                    raise paused
+            else:
+                await pub.take(version, self.lora)
+            self.version = version
             if pub.fleet is not None:
                 # Before the push: a push that carries weight_version would hide a restarted engine's "default".
                 labels = await pub.fleet.read_versions()
@@ -99,6 +111,7 @@ class VersionUpdate:
             pub.active = False
             if self._paused:
                 # Nothing was pushed yet, so the labels still match the weights: resume, no quarantine.
+                # (A fenced publisher's pause is undone too; see the module docstring.)
                 assert pub.fleet is not None
                 self._paused = False
                 try:
@@ -124,7 +137,6 @@ class VersionUpdate:
                 return
             try:
                 if pub.fleet is not None:
-                    await pub.check_owner()
                     self.stamps = await stamp_and_verify(
                         pub.fleet,
                         self.version,
@@ -134,6 +146,7 @@ class VersionUpdate:
                         lora=self.lora,
                         previous=pub.version,
                         report_applied=False,
+                        before_stamp=pub.check_owner,
                     )
                     # The read-backs go out beside the announcement: the only round trip after the stamp.
                     announced, applied = await asyncio.gather(
@@ -188,11 +201,8 @@ class VersionUpdate:
         for url, err in results.items():
             if err is not None:
                 failure.add_note(f"quarantining {url} failed: {err}")
-        resume = self._paused
-        if resume and isinstance(failure, FencedError) and await self._owner_updating():
-            resume = False
         resumed = False
-        if resume:
+        if self._paused:
             try:
                 await fleet.resume()
                 resumed = True
@@ -223,12 +233,3 @@ class VersionUpdate:
         except BusError as exc:
             log.error("could not publish the quarantine alert", extra={"policy": pub.policy, "error": str(exc)})
             failure.add_note(f"the FleetQuarantined alert was not published: {exc}")
-
-    async def _owner_updating(self) -> bool:
-        """Whether the owner that fenced us has an update in flight (its newest event is a reservation)."""
-        pub = self._pub
-        try:
-            last = (await read_history(pub.bus, pub.subject)).last_valid
-        except BusError:
-            return True  # cannot tell: leave the pause to the owner rather than break its update window
-        return last is not None and isinstance(last.event, VersionReserved) and not pub.is_mine(last)

@@ -6,6 +6,9 @@ share the weights subject, so that every one of them is ordered and fenced by th
 publish: ``PublisherClaimed`` (a publisher took over the counter; the previous owner's next
 conditional publish is refused) and ``VersionReserved`` (the owner took ``version`` for an update
 before any engine carries it; a reserved number is never issued again, even if the update fails).
+A ``WeightUpdated`` with ``reserves_next`` also reserves ``version + 1`` for its publisher's next
+update, so that an update that follows a successful one needs no reservation event of its own:
+followers receive one event per update.
 ``WeightApplied`` is the per-engine read-back of one stamp.
 
 Every publisher instance has an ``incarnation`` (random, unique per ``start()``): two processes
@@ -55,6 +58,8 @@ class WeightUpdated(WeightEvent, tag="weight.updated"):
         lora: the adapter this push loaded, or None for a full-weight push.
         engines: the engine URLs that were stamped and read back.
         incarnation: the publisher instance (unique per ``start()``); empty from old publishers.
+        reserves_next: this event also reserves ``version + 1`` for the same publisher's next update
+            (used up from here on, as by a ``VersionReserved``); False from old publishers.
     """
 
     policy: PolicyId
@@ -65,6 +70,7 @@ class WeightUpdated(WeightEvent, tag="weight.updated"):
     lora: LoraAdapter | None = None
     engines: tuple[str, ...] = ()
     incarnation: str = ""
+    reserves_next: bool = False
 
 
 class PublisherClaimed(WeightEvent, tag="weight.claimed"):
