@@ -7,9 +7,10 @@ every process on the machine) just before the publish call of ``v``. Rows, inter
 order rotates between repeats), 3 repeats:
 
 * ``weightbus``: ``VersionPublisher(bus, policy).start()`` then ``async with pub.update(): pass`` (no engines) →
-  ``VersionTracker.wait_for`` in each subscriber. The clock starts at the end of the block, where a trainer's
-  push ends: the announcement is the critical path; the reservation is made on entering, before the pause
-  and the push (it is timed in ``bench/update.py``);
+  a ``VersionTracker`` in each subscriber, which holds the version when its ``on_change`` callback runs (as
+  the raw rows hold theirs in their message callback). The clock starts at the end of the block, where a
+  trainer's push ends: the announcement is the critical path; the fence read on entering runs beside the
+  pause, before the push (it is timed in ``bench/update.py``);
 * ``nats_core``: raw NATS core publish → plain subscription;
 * ``jetstream``: raw JetStream publish (acknowledged) → ordered push consumer, deliver last per subject;
 * ``redis``: Redis Streams ``XADD`` → ``XREAD BLOCK`` (``redis-server`` started here on a free port with

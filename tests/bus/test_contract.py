@@ -9,7 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import Deliver, Envelope, MemoryBus, NatsBus, subjects
-from weightbus.errors import SequenceConflictError
+from weightbus.bus.nats import _NatsSubscription as NatsSubscriptionType
+from weightbus.bus.nats import stream_seq
+from weightbus.errors import SequenceConflictError, SlowConsumerError
 from weightbus.schemas import DrainReport, WeightUpdated
 
 Bus = MemoryBus | NatsBus
@@ -150,3 +152,34 @@ async def test_closed_subscription_ends_iteration(bus: Bus, policy: str) -> None
     await asyncio.sleep(0.1)
     await sub.close()
     assert await task == []
+
+
+async def test_deliveries_carry_their_stream_sequence(bus: Bus, policy: str) -> None:
+    subject = subjects.weights(policy)
+    acks = [await bus.publish(subject, wu(policy, v), msg_id=f"{policy}:{v}") for v in (1, 2, 3)]
+    sub = bus.subscribe(subject, deliver=Deliver.ALL)
+    got = await take(sub, 3)
+    await sub.close()
+    assert [e.seq for e in got] == [a.seq for a in acks]
+
+
+async def test_a_consumer_that_falls_behind_gets_a_typed_error_not_a_silent_gap(bus: Bus, policy: str) -> None:
+    subject = subjects.weights(policy)
+    sub = bus.subscribe(subject, deliver=Deliver.ALL)
+    sub._max_pending = 5  # type: ignore[union-attr]  # the default (10,000) is too many to queue in a test
+    if isinstance(sub, NatsSubscriptionType):
+        await sub.start()  # subscribed before the publishes
+    for v in range(1, 21):
+        await bus.publish(subject, wu(policy, v), msg_id=f"{policy}:{v}")
+    await asyncio.sleep(0.3)  # all twenty are queued, none read
+    with pytest.raises(SlowConsumerError):
+        await take(sub, 20)
+    await sub.close()
+
+
+async def test_stream_seq_reads_both_reply_subject_forms() -> None:
+    assert stream_seq("$JS.ACK.WEIGHTBUS.c1.1.42.7.1796000000000000000.0") == 42
+    assert stream_seq("$JS.ACK._.acchash.WEIGHTBUS.c1.1.43.8.1796000000000000000.0.rnd") == 43
+    assert stream_seq("$JS.ACK._.acchash.WEIGHTBUS.c1.1.44.9.1796000000000000000.0") == 44
+    for reply in (None, "", "_INBOX.abc", "$JS.ACK.short.1", "$JS.ACK.WEIGHTBUS.c1.1.x.7.1.0"):
+        assert stream_seq(reply) is None

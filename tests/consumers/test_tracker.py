@@ -318,3 +318,25 @@ async def test_tracker_started_after_a_rogue_lower_version_still_holds_and_alert
     await alerts.close()
     assert isinstance(alert.event, VersionRegressed)
     assert (alert.event.current, alert.event.incoming, alert.event.publisher) == (57, 1, "cell-1")
+
+
+async def test_gauges_are_read_at_scrape_time_and_do_not_keep_a_tracker_alive(policy: str) -> None:
+    import gc
+    import weakref
+
+    bus = MemoryBus()
+    registry = CollectorRegistry()
+    await publish(bus, policy, 7, epoch=2)
+    async with VersionTracker(bus, policy, registry=registry) as tracker:
+        assert sample(registry, "weightbus_current_version", policy) == 7
+        assert sample(registry, "weightbus_epoch", policy) == 2
+        await publish(bus, policy, 8, epoch=2)
+        await tracker.wait_for(8, timeout=5)
+        assert sample(registry, "weightbus_current_version", policy) == 8  # no per-event gauge write needed
+    ref = weakref.ref(tracker)
+    del tracker
+    for _ in range(5):
+        await asyncio.sleep(0)  # the stopped tasks' frames let go
+    gc.collect()
+    assert ref() is None
+    assert sample(registry, "weightbus_current_version", policy) == 0

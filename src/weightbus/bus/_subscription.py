@@ -52,10 +52,11 @@ class QueueSubscription:
         """Queue one raw message (called by the transport, never blocks)."""
         if self._closed:
             return
-        if self._queue.qsize() >= self._max_pending:
+        queue = self._queue
+        if queue.qsize() >= self._max_pending:
             self._overflowed = True
             return
-        self._queue.put_nowait((subject, data, dict(headers or {}), seq, time.time()))
+        queue.put_nowait((subject, data, headers, seq, time.time()))
 
     def fail(self, exc: BaseException) -> None:
         """End the iteration with ``exc`` (a transport failure the caller must see)."""
@@ -65,18 +66,24 @@ class QueueSubscription:
     def __aiter__(self) -> QueueSubscription:
         return self
 
+    def _unpack(self, item: object) -> tuple[str, bytes, Mapping[str, str] | None, int | None, float]:
+        """``(subject, data, headers, seq, received_at)`` of one queued item (a transport may queue its own type)."""
+        return item  # type: ignore[return-value]
+
     async def __anext__(self) -> Envelope:  # or Skipped, with include_invalid
         while True:
-            if self._overflowed:
+            queue = self._queue
+            if self._overflowed or queue.qsize() > self._max_pending:
                 self._overflowed = False
                 raise SlowConsumerError(self.pattern, self._max_pending)
-            item = await self._queue.get()
+            item = await queue.get()
             if item is _CLOSED:
-                self._queue.put_nowait(_CLOSED)
+                queue.put_nowait(_CLOSED)
                 if self._error is not None:
                     raise self._error
                 raise StopAsyncIteration
-            subject, data, headers, seq, received_at = item  # type: ignore[misc]
+            subject, data, raw_headers, seq, received_at = self._unpack(item)
+            headers = dict(raw_headers) if raw_headers else {}
             try:
                 event = decode(subject, data)
             except InvalidEventError as exc:

@@ -57,6 +57,31 @@ DEFAULT_STREAM: Final = "WEIGHTBUS"
 T = TypeVar("T")
 _DEFINITE: Final = ("auth", "tls", "dns")
 _WRONG_LAST_SEQUENCE: Final = 10071
+# A JetStream delivery's reply subject:
+#   $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>  (9 tokens), or
+# the 12-token form with a domain and an account hash after $JS.ACK (11 when the random token is absent).
+_SEQ_TOKEN_V1: Final = 5
+_SEQ_TOKEN_V2: Final = 7
+
+
+def stream_seq(reply: str | None) -> int | None:
+    """The stream sequence in a JetStream delivery's reply subject, or None for anything else.
+
+    nats-py's ``msg.metadata`` builds a dataclass and a datetime per message; the tracker needs one int.
+    """
+    if not reply or not reply.startswith("$JS.ACK."):
+        return None
+    tokens = reply.split(".")
+    n = len(tokens)
+    index = _SEQ_TOKEN_V1 if n == 9 else _SEQ_TOKEN_V2 if n >= 11 else None
+    if index is None:
+        return None
+    try:
+        return int(tokens[index])
+    except ValueError:
+        return None
+
+
 _DELIVER: Final = {
     Deliver.LAST_PER_SUBJECT: DeliverPolicy.LAST_PER_SUBJECT,
     Deliver.NEW: DeliverPolicy.NEW,
@@ -425,6 +450,7 @@ class _NatsSubscription(QueueSubscription):
         self._bus = bus
         self._deliver = deliver
         self._js_sub: Any = None
+        self._inner: Any = None
         self._start_lock = asyncio.Lock()
 
     async def start(self) -> _NatsSubscription:
@@ -433,30 +459,40 @@ class _NatsSubscription(QueueSubscription):
             if self._js_sub is not None:
                 return self
 
-            async def _on_msg(msg: Msg) -> None:
-                seq: int | None = None
-                try:
-                    seq = msg.metadata.sequence.stream
-                except (nats.errors.Error, AttributeError, ValueError):
-                    seq = None
-                self.offer(msg.subject, msg.data, msg.headers, seq)
-
             try:
+                # No callback: nats-py then queues each delivery (after its ordered-consumer checks) on the
+                # subscription's own pending queue, which this iterator reads directly. A callback would add
+                # a task switch per event (nats-py's callback task, then ours). Unbounded on nats-py's side,
+                # so it never drops a delivery the ordered consumer already counted; ``max_pending`` is
+                # enforced here instead (SlowConsumerError on the next read).
                 self._js_sub = await self._bus.guard(
                     Denials.api_or_inbox("$JS.API."),
                     self._bus.js.subscribe(
                         self.pattern,
-                        cb=_on_msg,
                         stream=self._bus.stream,
                         ordered_consumer=True,
                         idle_heartbeat=1.0,
                         deliver_policy=_DELIVER[self._deliver],
+                        pending_msgs_limit=0,
+                        pending_bytes_limit=0,
                     ),
                 )
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 raise BusError(f"cannot subscribe to {self.pattern!r}: {exc!r}") from None
+            inner = self._js_sub._sub
+            pending: asyncio.Queue[object] = inner._pending_queue
+            while not self._queue.empty():  # a close or failure that came before the subscription
+                pending.put_nowait(self._queue.get_nowait())
+            self._inner = inner
+            self._queue = pending
             self._bus._subs.append(self)
         return self
+
+    def _unpack(self, item: object) -> tuple[str, bytes, Mapping[str, str] | None, int | None, float]:
+        msg: Msg = item  # type: ignore[assignment]
+        data = msg.data
+        self._inner._pending_size -= len(data)  # nats-py's own accounting, as its callback task would do
+        return msg.subject, data, msg.headers, stream_seq(msg.reply), time.time()
 
     async def __anext__(self) -> Envelope:
         if self._js_sub is None:

@@ -41,6 +41,7 @@ import logging
 import os
 import socket
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from enum import StrEnum
 from types import TracebackType
@@ -73,6 +74,7 @@ class TrackerStatus(StrEnum):
 
 
 _READY = frozenset({TrackerStatus.CURRENT, TrackerStatus.NEVER_PUBLISHED})
+_NO_STATE = TrackerState()
 
 
 class _SubscriptionLost(Exception):
@@ -152,6 +154,8 @@ class VersionTracker:
         self._max_pending = max_pending_changes
         self._on_change = on_change
         self._state = TrackerState()
+        me = weakref.ref(self)  # the registry outlives trackers; it must not keep one alive
+        self._m.track(lambda: tracker._state if (tracker := me()) is not None else _NO_STATE)
         self._status = TrackerStatus.STARTING
         self._was_ready = False
         self._seen_valid = False
@@ -529,7 +533,6 @@ class VersionTracker:
             if lag < 0:
                 lag = 0.0
             self._m.observe_lag(lag)
-        self._m.set_state(state.version, state.epoch, state.updated_at)
         if decision.alert:
             await self._alerts.raise_alert(decision, event, env, replayed, self._m)
         changed = decision.changed

@@ -16,11 +16,22 @@ registry raises, so trackers share it and bind a policy with ``for_policy``.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["LAG_BUCKETS", "PolicyTrackerMetrics", "TrackerMetrics"]
+
+
+class _State(Protocol):
+    @property
+    def version(self) -> int | None: ...
+    @property
+    def epoch(self) -> int | None: ...
+    @property
+    def updated_at(self) -> float | None: ...
+
 
 #: Upper bounds of the propagation-lag histogram, in seconds: loopback delivery is ~0.1 ms, a
 #: reconnect costs seconds, and anything past a minute is an outage.
@@ -112,13 +123,23 @@ class PolicyTrackerMetrics:
         self._ready.set(0)
 
     def set_state(self, version: int | None, epoch: int | None, updated_at: float | None) -> None:
-        """Mirror the tracker's state; a None leaves its gauge as it was."""
+        """Set the version, epoch and last-update gauges now (``watch``); a None leaves its gauge as it was."""
         if version is not None:
             self._current.set(version)
         if epoch is not None:
             self._epoch.set(epoch)
         if updated_at is not None:
             self._last_update.set(updated_at)
+
+    def track(self, read: Callable[[], _State]) -> None:
+        """Read the version, epoch and last-update gauges from ``read()`` at scrape time (0 while unknown).
+
+        The per-event path then pays nothing for them. Trackers of one policy in one process share
+        these gauges; the one that bound last is shown.
+        """
+        self._current.set_function(lambda: read().version or 0)
+        self._epoch.set_function(lambda: read().epoch or 0)
+        self._last_update.set_function(lambda: read().updated_at or 0.0)
 
     def observe_lag(self, seconds: float) -> None:
         """Record one live update's publish-to-observe delay."""
