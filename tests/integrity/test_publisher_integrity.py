@@ -70,7 +70,7 @@ async def test_a_zombie_fenced_mid_update_never_labels_engines_with_a_number(
     assert any(isinstance(x, FleetQuarantined) and x.reason == "fenced" and x.version == 1 for x in alerts)
 
 
-async def test_a_fenced_zombie_resumes_only_when_the_owner_is_not_updating(
+async def test_a_fenced_zombie_resumes_the_fleet_and_never_pauses_it_again(
     nats_bus: NatsBus, policy: str, engines: Engines
 ) -> None:
     fleet = EngineFleet([engines.add("e1")])
@@ -83,6 +83,12 @@ async def test_a_fenced_zombie_resumes_only_when_the_owner_is_not_updating(
     state = engines.states["http://e1"]
     # Nobody else paused them: a stalled fleet would deadlock the owner, and the label is non-numeric.
     assert state.pause_mode is None and state.weight_version == "quarantine:1"
+    pauses = len(state.recorded("/pause_generation"))
+    for _ in range(3):  # a zombie's training loop goes on calling update()
+        with pytest.raises(FencedError):
+            async with zombie.update():
+                pytest.fail("a fenced publisher's block never runs")
+    assert len(state.recorded("/pause_generation")) == pauses  # the owner's generation is not aborted again
 
 
 async def test_two_publishers_with_one_trainer_id_starting_together_have_exactly_one_owner(

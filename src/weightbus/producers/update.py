@@ -7,7 +7,8 @@ The order, and why (docs/design.md has the long form):
    (``reserves_next``), so taking it is one read that checks no other owner wrote since; otherwise
    (the first update after a claim or after a failed update) a ``VersionReserved(v)`` is stored,
    a conditional publish. A pause changes neither weights nor labels, so it need not wait: if the
-   take fails (fenced, bus down), the fleet is resumed and nothing else is touched;
+   take fails (fenced, bus down), the fleet is resumed and nothing else is touched. A publisher
+   that knows it is fenced raises before touching the fleet, so a zombie pauses it at most once;
 2. each engine's label is read: a label that is neither the last announced version, ``v`` nor a
    quarantine label (``"default"`` after a restart) is alerted (``EngineOutOfSync``,
    ``unexpected_label``) before the push could hide it, and again before the stamp; never silently
@@ -86,6 +87,8 @@ class VersionUpdate:
             raise RuntimeError("call VersionPublisher.start() before update()")
         if pub.active:
             raise RuntimeError("another update of this publisher is in progress; updates are sequential")
+        if pub.fenced is not None:
+            raise pub.fenced  # known without a read: never pause the owner's fleet again
         pub.active = True
         try:
             version = pub.next_version
