@@ -13,6 +13,10 @@ order rotates between repeats), 3 repeats:
   pause, before the push (it is timed in ``bench/update.py``);
 * ``nats_core``: raw NATS core publish → plain subscription;
 * ``jetstream``: raw JetStream publish (acknowledged) → ordered push consumer, deliver last per subject;
+* ``jetstream_events``: weightbus's publisher (as in ``weightbus``) → the same raw ordered consumer on the weights
+  subject, decoding each event's JSON for its version. It separates the transport's cost of weightbus's events
+  (their ~250-byte JSON and the two headers the integrity protocol needs, ``Nats-Msg-Id`` and the expected
+  subject sequence, which nats-py parses per delivery) from the tracker's own work;
 * ``redis``: Redis Streams ``XADD`` → ``XREAD BLOCK`` (``redis-server`` started here on a free port with
   ``--save "" --appendonly no``; the row says so when the binary or the ``redis`` client is absent);
 * ``http_poll``: the trainer sets the version on a local HTTP ``/model_info`` server; each subscriber keeps a
@@ -44,22 +48,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from weightbus.bus import EmbeddedNats, connect, free_port
+from weightbus.bus import EmbeddedNats, connect, free_port, subjects
+from weightbus.bus.nats import DEFAULT_STREAM
 from weightbus.producers import VersionPublisher
 
 RESULTS_DIR = Path(__file__).parent / "results"
 WORKER = Path(__file__).parent / "propagation_worker.py"
-ROWS = ("weightbus", "nats_core", "jetstream", "redis", "http_poll")
+ROWS = ("weightbus", "nats_core", "jetstream", "jetstream_events", "redis", "http_poll")
 LABELS = {
     "weightbus": "weightbus VersionPublisher → VersionTracker",
     "nats_core": "raw NATS core pub/sub",
     "jetstream": "raw JetStream ordered consumer (last per subject)",
+    "jetstream_events": "raw JetStream ordered consumer of weightbus's own events",
     "redis": "Redis Streams XADD → XREAD BLOCK",
     "http_poll": "HTTP /model_info poll, 1 s TTL",
 }
 RAW_STREAM = "BENCH"
 POLL_TTL = 1.0
-# Versions per trial for each M, so that 3 repeats x 5 rows x 3 M (with drain and update) stay under 15 minutes on
+# Versions per trial for each M, so that 3 repeats x 6 rows x 3 M (with drain and update) stay under 15 minutes on
 # 2 cores: at M = 64 each version is 64 deliveries, and the subscribers share the 2 cores with the server.
 DEFAULT_VERSIONS = {1: 500, 8: 500, 64: 500}
 TARGETS = {
@@ -339,6 +345,8 @@ def _trial(
     cmd: dict[str, Any] = {"row": row, "n": n, "timeout": timeout, "nats": env["nats"]}
     cmd.update(
         policy=f"bench-{tag}",
+        weights_subject=subjects.weights(f"bench-{tag}"),
+        weights_stream=DEFAULT_STREAM,
         subject=f"bench.{tag}.version",
         stream=RAW_STREAM,
         key=f"bench:{tag}",
@@ -348,7 +356,7 @@ def _trial(
     )
     env["http"].version = 0  # before the subscribers' first poll: a fresh trial starts from nothing
     workers.command(m, cmd)
-    if row == "weightbus":
+    if row in ("weightbus", "jetstream_events"):
         sent, calls = asyncio.run(_publish_weightbus(env["nats"], cmd["policy"], n, args.interval))
     elif row in ("nats_core", "jetstream"):
         sent, calls = asyncio.run(_publish_nats(env["nats"], cmd["subject"], n, args.interval, row == "jetstream"))

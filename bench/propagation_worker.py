@@ -150,6 +150,40 @@ def _jetstream(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
     return asyncio.run(run())
 
 
+@_row("jetstream_events")
+def _jetstream_events(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | None]:
+    import msgspec
+    import nats
+    from nats.js.api import DeliverPolicy
+
+    async def run() -> list[int | None]:
+        holder = _Holder(cmd["n"])
+        nc = await nats.connect(cmd["nats"], name="bench-js-events")
+        decoder = msgspec.json.Decoder()
+        try:
+
+            async def on_msg(msg: Any) -> None:
+                event = decoder.decode(msg.data)
+                if event.get("type") == "weight.updated":
+                    holder.hold(event["version"])
+
+            await nc.jetstream().subscribe(
+                cmd["weights_subject"],
+                cb=on_msg,
+                stream=cmd["weights_stream"],
+                ordered_consumer=True,
+                idle_heartbeat=1.0,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            )
+            ready()
+            await _wait(holder, cmd["timeout"])
+        finally:
+            await nc.close()
+        return holder.recv
+
+    return asyncio.run(run())
+
+
 async def _wait(holder: _Holder, timeout: float) -> None:
     assert holder.done is not None
     try:

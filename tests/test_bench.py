@@ -28,13 +28,15 @@ def test_propagation_delivers_every_version_to_every_subscriber_process(tmp_path
     _run(
         "propagation.py",
         *("--versions", "30", "--subscribers", "1,3", "--repeats", "1", "--interval", "0.005"),
-        *("--rows", "weightbus,nats_core,jetstream,http_poll", "--out", str(tmp_path)),
+        *("--rows", "weightbus,nats_core,jetstream,jetstream_events,http_poll", "--out", str(tmp_path)),
     )
     result = json.loads((tmp_path / "propagation.json").read_text())
-    assert (tmp_path / "propagation.md").read_text().count("| raw JetStream") == 2  # latency and CPU tables
+    report = (tmp_path / "propagation.md").read_text()
+    for label in ("| raw JetStream ordered consumer (last", "| raw JetStream ordered consumer of weightbus"):
+        assert report.count(label) == 2, label  # latency and CPU tables
     trials = result["trials"]
     assert {(t["row"], t["M"]) for t in trials} == {
-        (row, m) for row in ("weightbus", "nats_core", "jetstream", "http_poll") for m in (1, 3)
+        (row, m) for row in ("weightbus", "nats_core", "jetstream", "jetstream_events", "http_poll") for m in (1, 3)
     }
     for t in trials:
         assert t["error"] is None, t

@@ -96,8 +96,9 @@ class VersionUpdate:
                 # Set before the pause is sent: a cancellation may land it without telling us, and a
                 # resume of an engine that was not paused is harmless.
                 self._paused = True
-                taken, paused = await asyncio.gather(
-                    pub.take(version, self.lora), pub.fleet.pause(pub.pause_mode), return_exceptions=True
+                # The pause first: its HTTP requests go out before the bus read, which then hides behind them.
+                paused, taken = await asyncio.gather(
+                    pub.fleet.pause(pub.pause_mode), pub.take(version, self.lora), return_exceptions=True
                 )
                 if isinstance(taken, BaseException):
                     raise taken
