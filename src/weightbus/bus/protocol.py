@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+import msgspec
+
 from weightbus.errors import InvalidEventError
 from weightbus.schemas.codec import Event
 
@@ -49,8 +51,7 @@ class PublishAck:
     duplicate: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
+class Envelope(msgspec.Struct, frozen=True):
     """One received event with its transport metadata.
 
     Attributes:
@@ -65,7 +66,7 @@ class Envelope:
     subject: str
     event: Event
     data: bytes
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = msgspec.field(default_factory=dict)
     seq: int | None = None
     received_at: float = 0.0
 

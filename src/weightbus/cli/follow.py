@@ -10,7 +10,6 @@ Exit codes: 0 done (``--duration``), 2 bad arguments, 3 regression in ``raise`` 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 from typing import Annotated, Final
 
@@ -48,7 +47,7 @@ _encoder = msgspec.json.Encoder()
 def format_change(change: VersionChange, *, json_out: bool = False) -> str:
     """One output line for a change: human text, or a JSON object with every field."""
     if json_out:
-        return _encoder.encode(dataclasses.asdict(change)).decode()
+        return _encoder.encode(msgspec.structs.asdict(change)).decode()
     parts = [f"{change.action}", f"epoch {change.epoch}", change.publisher]
     if change.lag is not None:
         parts.append(f"lag {change.lag:.3f}s")

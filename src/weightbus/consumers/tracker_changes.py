@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from weightbus.consumers.tracker_state import TrackerAction
 from weightbus.errors import SlowConsumerError
@@ -30,8 +31,7 @@ __all__ = ["VersionChange"]
 _END: Final = object()
 
 
-@dataclass(frozen=True, slots=True)
-class VersionChange:
+class VersionChange(msgspec.Struct, frozen=True):
     """One change of a tracker's version (or, when asked for, one held regression).
 
     Attributes:

@@ -23,8 +23,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from enum import StrEnum
+
+import msgspec
+from msgspec.structs import replace
 
 from weightbus.schemas.alerts import RejectReason
 from weightbus.schemas.common import MAX_VERSION
@@ -78,8 +80,7 @@ _MODE_ACTION = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class TrackerState:
+class TrackerState(msgspec.Struct, frozen=True):
     """What a follower knows about a policy's current weights.
 
     Attributes:
@@ -110,8 +111,7 @@ class TrackerState:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class TrackerDecision:
+class TrackerDecision(msgspec.Struct, frozen=True):
     """The outcome of one event: the action, the state before and after, the incoming version, and why.
 
     ``reason`` names a rejection (``not_owner``, ``stale_claim``, ``unexplained_jump``) or a
