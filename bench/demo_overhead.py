@@ -71,7 +71,7 @@ def _markdown(result: dict[str, Any]) -> str:
         "|---|---|---|",
         f"| whole step | {s['step_ms_mean']:.1f} | 100 % |",
         f"| **weightbus's own** | {s['weightbus_ms_mean']:.2f} | **{s['weightbus_share'] * 100:.2f} %** |",
-        f"| … in update() (fence read or reservation beside the pause, WeightApplied + WeightUpdated, Python) | "
+        f"| … in update() (fence read beside the pause, WeightUpdated, WeightApplied beside the resume, Python) | "
         f"{s['update_own_ms_mean']:.2f} | |",
         f"| … rollout: wait for the tracker to hold the new version | {s['rollout_wait_ms_mean']:.2f} | |",
         f"| … rollout: the drain's own run time | {s['drain_ms_mean']:.2f} | |",

@@ -6,12 +6,13 @@ An embedded nats-server and two ``weightbus engine`` processes (hash model, no t
 both engines at once). The fleet's ``httpx.AsyncClient`` carries ``OverheadMeter.http_hooks()``, so every engine
 request is timed from outside weightbus, by path. Phases per round, on one clock:
 
-* ``pause``: entering ``update()`` until the body runs (ownership check, ``/pause_generation``);
+* ``pause``: entering ``update()`` until the body runs (``/pause_generation`` with the fence read beside it, the
+  label read);
 * ``push``: the trainer's ``/update_weights_from_disk`` calls (the body);
 * ``stamp``: leaving the body until the last ``/update_weight_version`` or ``/model_info`` answer (zero when the
   stamp travels with the push);
-* ``announce``: from there until the first ``/continue_generation`` request (``WeightApplied``, ``WeightUpdated``);
-* ``resume``: from there until ``update()`` returns.
+* ``announce``: from there until the first ``/continue_generation`` request (``WeightUpdated``);
+* ``resume``: from there until ``update()`` returns (``/continue_generation``, with ``WeightApplied`` beside it).
 
 Each phase is split into engine HTTP time (requests in flight) and weightbus's own time (the rest: bus round trips
 and Python). Results: ``bench/results/update.json`` and ``update.md``.

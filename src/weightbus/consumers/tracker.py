@@ -28,7 +28,8 @@ Invariants:
 * Propagation lag (``published_at`` → receipt) is observed for live updates only; a negative value
   from clock skew is recorded as 0.
 * The per-event path does no logging work for disabled levels, arms no timer (the health check is
-  a watchdog beside the loop) and allocates no wake-up when nobody waits; ``on_change`` is called
+  a watchdog beside the loop), sets no gauge (they are read at scrape time) and allocates no wake-up
+  when nobody waits; ``on_change`` is called
   synchronously with each change for hosts that want a callback instead of an iterator. The
   start-up heap is frozen for the collector once ready (``freeze_heap``).
 """

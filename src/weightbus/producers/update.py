@@ -16,11 +16,12 @@ The order, and why (docs/design.md has the long form):
 3. the trainer **pushes** inside the block (a push that carries ``weight_version`` labels the engines);
 4. **stamp** what the push did not label: each engine's label is read; only if some engine still
    needs ``v`` is ownership checked (one read) before ``/update_weight_version``; then read back;
-5. **announce** ``WeightUpdated(v, reserves_next=True)``, with the engines' ``WeightApplied``
-   read-backs published beside it: the only bus round trip after the engines carry ``v``. The
-   announcement is conditional on our previous event, so it is the fence check of the push;
+5. **announce** ``WeightUpdated(v, reserves_next=True)``: the only bus round trip after the engines
+   carry ``v``. The announcement is conditional on our previous event, so it is the fence check of
+   the push;
 6. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
-   drain before ``v`` is on the bus.
+   drain before ``v`` is on the bus. The engines' ``WeightApplied`` read-backs (monitoring) are
+   published beside the resume, off the update's critical path.
 
 On any failure after the take (an exception in the block, a stamp that did not take, an
 announcement refused, lost or cancelled), the engines' weights may not match any number: every
@@ -152,22 +153,8 @@ class VersionUpdate:
                         report_applied=False,
                         before_stamp=pub.check_owner,
                     )
-                    # The read-backs go out beside the announcement: the only round trip after the stamp.
-                    announced, applied = await asyncio.gather(
-                        pub.announce(self.version, self.lora),
-                        publish_applied(pub.bus, pub.policy, pub.trainer_id, self.version, self.lora, self.stamps),
-                        return_exceptions=True,
-                    )
-                    if isinstance(announced, BaseException):
-                        raise announced
-                    if isinstance(applied, BaseException):
-                        log.error(
-                            "the engines' WeightApplied read-backs were not published; the version was",
-                            extra={"policy": pub.policy, "version": self.version, "error": repr(applied)},
-                        )
-                    self.event = announced
-                else:
-                    self.event = await pub.announce(self.version, self.lora)
+                # The announcement alone: the only bus round trip between the stamp and the resume.
+                self.event = await pub.announce(self.version, self.lora)
             except BaseException as failure:
                 if isinstance(failure, FencedError):
                     reason = "fenced"
@@ -177,12 +164,32 @@ class VersionUpdate:
                     reason = "update_failed"
                 await self._cleanup(reason, failure)
                 raise
-            if self._paused:
-                assert pub.fleet is not None
-                self._paused = False
-                await pub.fleet.resume()
+            if pub.fleet is not None:
+                await self._resume_and_report()
         finally:
             pub.active = False
+
+    async def _resume_and_report(self) -> None:
+        """Resume the fleet and publish the engines' ``WeightApplied`` read-backs beside it (monitoring only)."""
+        pub = self._pub
+        assert pub.fleet is not None and self.version is not None
+        applied = publish_applied(pub.bus, pub.policy, pub.trainer_id, self.version, self.lora, self.stamps)
+        if not self._paused:
+            resumed, reported = None, (await asyncio.gather(applied, return_exceptions=True))[0]
+        else:
+            self._paused = False
+            # Shielded: the version is announced, so a cancellation here must not leave the fleet paused.
+            resume = asyncio.shield(pub.fleet.resume())
+            resumed, reported = await asyncio.gather(resume, applied, return_exceptions=True)
+        if isinstance(reported, BaseException):
+            if not isinstance(reported, Exception):
+                raise reported
+            log.error(
+                "the engines' WeightApplied read-backs were not published; the version was",
+                extra={"policy": pub.policy, "version": self.version, "error": repr(reported)},
+            )
+        if isinstance(resumed, BaseException):
+            raise resumed
 
     async def _cleanup(self, reason: str, failure: BaseException) -> None:
         """Quarantine, alert and (maybe) resume; shielded so that a second cancellation cannot skip it."""
