@@ -119,8 +119,10 @@ def _nats_core(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
     return asyncio.run(run())
 
 
-@_row("jetstream")
-def _jetstream(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | None]:
+def _follow_jetstream(
+    cmd: dict[str, Any], ready: Callable[[], None], subject: str, stream: str, version_of: Callable[[bytes], int | None]
+) -> list[int | None]:
+    """A raw JetStream ordered consumer (deliver last per subject) holding ``version_of(payload)`` of each message."""
     import nats
     from nats.js.api import DeliverPolicy
 
@@ -130,13 +132,14 @@ def _jetstream(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
         try:
 
             async def on_msg(msg: Any) -> None:
-                holder.hold(int(msg.data))
+                version = version_of(msg.data)
+                if version is not None:
+                    holder.hold(version)
 
-            js = nc.jetstream()
-            await js.subscribe(
-                cmd["subject"],
+            await nc.jetstream().subscribe(
+                subject,
                 cb=on_msg,
-                stream=cmd["stream"],
+                stream=stream,
                 ordered_consumer=True,
                 idle_heartbeat=1.0,
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
@@ -148,40 +151,24 @@ def _jetstream(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
         return holder.recv
 
     return asyncio.run(run())
+
+
+@_row("jetstream")
+def _jetstream(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | None]:
+    return _follow_jetstream(cmd, ready, cmd["subject"], cmd["stream"], int)
 
 
 @_row("jetstream_events")
 def _jetstream_events(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | None]:
     import msgspec
-    import nats
-    from nats.js.api import DeliverPolicy
 
-    async def run() -> list[int | None]:
-        holder = _Holder(cmd["n"])
-        nc = await nats.connect(cmd["nats"], name="bench-js-events")
-        decoder = msgspec.json.Decoder()
-        try:
+    decoder = msgspec.json.Decoder()
 
-            async def on_msg(msg: Any) -> None:
-                event = decoder.decode(msg.data)
-                if event.get("type") == "weight.updated":
-                    holder.hold(event["version"])
+    def version_of(data: bytes) -> int | None:
+        event = decoder.decode(data)
+        return event["version"] if event.get("type") == "weight.updated" else None
 
-            await nc.jetstream().subscribe(
-                cmd["weights_subject"],
-                cb=on_msg,
-                stream=cmd["weights_stream"],
-                ordered_consumer=True,
-                idle_heartbeat=1.0,
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            )
-            ready()
-            await _wait(holder, cmd["timeout"])
-        finally:
-            await nc.close()
-        return holder.recv
-
-    return asyncio.run(run())
+    return _follow_jetstream(cmd, ready, cmd["weights_subject"], cmd["weights_stream"], version_of)
 
 
 async def _wait(holder: _Holder, timeout: float) -> None:

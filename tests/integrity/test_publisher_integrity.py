@@ -276,3 +276,39 @@ async def test_reservations_are_on_the_bus_before_any_engine_carries_the_number(
         assert engines.states["http://e1"].weight_version == "default"
         await a.update_weights_from_disk("/ckpt", weight_version=version)
     assert engines.states["http://e1"].weight_version == "1"
+
+
+async def test_an_update_cancelled_during_its_resume_still_resumes_the_fleet(
+    nats_bus: NatsBus, policy: str, engines: Engines
+) -> None:
+    fleet = EngineFleet([engines.add("e1")])
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t", fleet=fleet, pause="retract").start()
+    original = fleet.resume
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_resume() -> None:
+        entered.set()
+        await release.wait()
+        await original()
+
+    fleet.resume = slow_resume  # type: ignore[method-assign]
+
+    async def one_update() -> None:
+        async with pub.update():
+            pass
+
+    task = asyncio.create_task(one_update())
+    await asyncio.wait_for(entered.wait(), 5)
+    task.cancel()  # the trainer is stopped after the announcement, while the engines are being resumed
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    state = engines.states["http://e1"]
+    for _ in range(250):
+        if state.pause_mode is None:
+            break
+        await asyncio.sleep(0.02)
+    assert state.pause_mode is None  # v is announced: a fleet left paused would stall every rollout
+    assert state.weight_version == "1"  # and not quarantined: the number is on the bus
+    last = await nats_bus.last(subjects.weights(policy))
+    assert last is not None and isinstance(last.event, WeightUpdated) and last.event.version == 1
