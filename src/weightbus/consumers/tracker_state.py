@@ -220,7 +220,7 @@ def _updated(
     state: TrackerState, event: WeightUpdated, incoming: int, mode: RegressionMode, rebase: bool
 ) -> TrackerDecision:
     current = state.version
-    # The constructor, not dataclasses.replace: this runs once per received update.
+    # The constructor, not replace(): this runs once per received update.
     taken = TrackerState(
         incoming,
         event.epoch,
