@@ -96,6 +96,29 @@ def test_reservations_never_move_the_version_and_must_come_from_the_owner() -> N
     assert decide(HELD57, reserve(58, epoch=0, trainer="zombie")).reason == "not_owner"
 
 
+def test_an_announcement_that_reserves_the_next_number_explains_the_reservation_after_it() -> None:
+    ahead = WeightUpdated(
+        policy="p", version=58, epoch=1, trainer_id="a", published_at=60.0, incarnation="", reserves_next=True
+    )
+    state = decide(HELD57, ahead).state
+    assert (state.version, state.reserved) == (58, 59)
+    # Update 59 failed (its number was reserved by the announcement): the next one reserves 60.
+    assert decide(state, reserve(60)).action is TrackerAction.RESERVED
+    # Without reserves_next, 60 would be two above everything seen.
+    plain = decide(HELD57, upd(58, at=60.0)).state
+    assert decide(plain, reserve(60)).reason == "unexplained_jump"
+    # Only the owner's accepted announcement reserves: a rejected one changes nothing.
+    rogue = WeightUpdated(policy="p", version=58, epoch=1, trainer_id="z", published_at=60.0, reserves_next=True)
+    assert decide(HELD57, rogue).state == HELD57
+
+
+def test_reserving_ahead_stops_at_the_largest_exact_version() -> None:
+    top = 2**53 - 1
+    held = TrackerState(version=top - 1, epoch=1, publisher="a", updated_at=1.0, incarnation="", reserved=top - 1)
+    last = WeightUpdated(policy="p", version=top, epoch=1, trainer_id="a", published_at=2.0, reserves_next=True)
+    assert decide(held, last).state.reserved == top
+
+
 def test_claims_must_supersede_the_owner() -> None:
     stale = decide(HELD57, claim(57, epoch=1, trainer="z", inc="z"))
     assert (stale.action, stale.reason) == (TrackerAction.REJECTED, "stale_claim")

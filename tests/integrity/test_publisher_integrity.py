@@ -312,3 +312,48 @@ async def test_an_update_cancelled_during_its_resume_still_resumes_the_fleet(
     assert state.weight_version == "1"  # and not quarantined: the number is on the bus
     last = await nats_bus.last(subjects.weights(policy))
     assert last is not None and isinstance(last.event, WeightUpdated) and last.event.version == 1
+
+
+async def test_a_number_reserved_ahead_is_never_pushed_by_a_successor(
+    nats_bus: NatsBus, policy: str, engines: Engines
+) -> None:
+    fleet = EngineFleet([engines.add("e1")])
+    zombie = await VersionPublisher(nats_bus, policy, trainer_id="cell-0", fleet=fleet, pause="retract").start()
+    async with zombie.update() as version:
+        assert version == 1  # announced with reserves_next: 2 is the zombie's
+    z = zombie.update()
+    assert await z.__aenter__() == 2  # taken with a read; now the cell is presumed dead and replaced
+    owner = await VersionPublisher(nats_bus, policy, trainer_id="cell-1", fleet=fleet, pause="retract").start()
+    async with owner.update() as version:
+        assert version == 3  # 2 may be on its way to the engines from the zombie
+    with pytest.raises(FencedError):
+        await z.__aexit__(None, None, None)
+    recorded = await history(nats_bus, subjects.weights(policy))
+    assert _announced(recorded) == [(1, zombie.incarnation), (3, owner.incarnation)]
+    assert "2" not in _stamped_numbers(engines, "http://e1")  # the zombie checks ownership before any stamp
+    state = engines.states["http://e1"]
+    assert state.weight_version == "quarantine:2" and state.pause_mode is None
+    async with VersionTracker(nats_bus, policy) as tracker:
+        assert tracker.current == 3
+
+
+async def test_a_publisher_fenced_while_it_pauses_resumes_the_fleet_and_touches_nothing_else(
+    nats_bus: NatsBus, policy: str, engines: Engines
+) -> None:
+    fleet = EngineFleet([engines.add("e1")])
+    old = await VersionPublisher(nats_bus, policy, trainer_id="cell-0", fleet=fleet, pause="retract").start()
+    async with old.update():
+        pass
+    await VersionPublisher(nats_bus, policy, trainer_id="cell-1").start()  # takes over between two updates
+    before = await nats_bus.last_seq(subjects.weights(policy))
+    with pytest.raises(FencedError):
+        async with old.update():
+            pytest.fail("a fenced publisher's block never runs")
+    state = engines.states["http://e1"]
+    # The pause went out beside the fence read; the fleet is resumed and keeps its label.
+    assert [p for p in engines.paths("http://e1") if p in ("/pause_generation", "/continue_generation")][-2:] == [
+        "/pause_generation",
+        "/continue_generation",
+    ]
+    assert state.pause_mode is None and state.weight_version == "1"
+    assert await nats_bus.last_seq(subjects.weights(policy)) == before  # nothing stored by the fenced publisher
