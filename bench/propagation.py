@@ -50,6 +50,8 @@ from typing import Any
 
 from weightbus.bus import EmbeddedNats, connect, free_port, subjects
 from weightbus.bus.nats import DEFAULT_STREAM
+from weightbus.eventloop import EVENT_LOOP_ENV, loop_name
+from weightbus.eventloop import run as run_loop
 from weightbus.producers import VersionPublisher
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -357,9 +359,9 @@ def _trial(
     env["http"].version = 0  # before the subscribers' first poll: a fresh trial starts from nothing
     workers.command(m, cmd)
     if row in ("weightbus", "jetstream_events"):
-        sent, calls = asyncio.run(_publish_weightbus(env["nats"], cmd["policy"], n, args.interval))
+        sent, calls = run_loop(_publish_weightbus(env["nats"], cmd["policy"], n, args.interval))
     elif row in ("nats_core", "jetstream"):
-        sent, calls = asyncio.run(_publish_nats(env["nats"], cmd["subject"], n, args.interval, row == "jetstream"))
+        sent, calls = run_loop(_publish_nats(env["nats"], cmd["subject"], n, args.interval, row == "jetstream"))
     elif row == "redis":
         sent, calls = _publish_redis(redis_server.port, cmd["key"], n, args.interval)
     else:
@@ -481,7 +483,9 @@ def _markdown(result: dict[str, Any]) -> str:
         f"{1000 * result['config']['interval_s']:g} ms; versions per trial by M: "
         + ", ".join(f"M={m}: {n}" for m, n in result["config"]["versions"].items())
         + f". Machine: {result['machine']['cpus']} CPUs, 1-min load average {result['machine']['load_min']:.2f}"
-        f"–{result['machine']['load_max']:.2f} during the trials; {result['machine']['note']}",
+        f"–{result['machine']['load_max']:.2f} during the trials; {result['machine']['note']} Event loop of the "
+        f"publisher and every NATS row's subscribers: {result['config'].get('event_loop', 'asyncio')}; the Redis "
+        "row's client blocks on its socket, the poll row sleeps.",
         "",
         "p50 / p99 / max in ms, pooled over every subscriber, version and repeat:",
         "",
@@ -584,6 +588,13 @@ def main() -> None:
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of " + ",".join(ROWS))
     parser.add_argument("--quick", action="store_true", help="100 versions, 1 repeat (a smoke run)")
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() in every subscriber after imports")
+    parser.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the event loop of every asyncio process (the publisher and the NATS rows' subscribers); the "
+        "weightbus CLI's default is uvloop",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--replot", action="store_true", help="rewrite the .md and .png from the .json in --out")
     args = parser.parse_args()
@@ -598,6 +609,8 @@ def main() -> None:
         args.versions, args.repeats = args.versions or 100, 1
     versions = {m: args.versions or DEFAULT_VERSIONS.get(m, 300) for m in ms}
 
+    # Workers inherit it: every row that runs an event loop runs the same one.
+    os.environ[EVENT_LOOP_ENV] = args.loop
     load_at_start = os.getloadavg()[0]
     started = time.monotonic()
     trials: list[dict[str, Any]] = []
@@ -643,6 +656,7 @@ def main() -> None:
             "rows": rows,
             "poll_ttl_s": POLL_TTL,
             "gc_freeze_in_subscribers": args.gc_freeze,
+            "event_loop": loop_name(),
             "latency": "time.time_ns() when a subscriber first holds >= v, minus time.time_ns() before publishing v",
         },
         "machine": {

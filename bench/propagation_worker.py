@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from weightbus.eventloop import run as run_loop
+
 __all__ = ["main"]
 
 _HEAVY = ("torch", "numpy", "starlette", "uvicorn", "matplotlib")
@@ -93,7 +95,7 @@ def _weightbus(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
             await bus.close()
         return holder.recv
 
-    return asyncio.run(run())
+    return run_loop(run())
 
 
 @_row("nats_core")
@@ -116,7 +118,7 @@ def _nats_core(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
             await nc.close()
         return holder.recv
 
-    return asyncio.run(run())
+    return run_loop(run())
 
 
 def _follow_jetstream(
@@ -150,7 +152,7 @@ def _follow_jetstream(
             await nc.close()
         return holder.recv
 
-    return asyncio.run(run())
+    return run_loop(run())
 
 
 @_row("jetstream")

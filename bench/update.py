@@ -38,6 +38,8 @@ from typing import Any
 import httpx
 
 from weightbus.bus import EmbeddedNats, connect, free_port
+from weightbus.eventloop import loop_name
+from weightbus.eventloop import run as run_loop
 from weightbus.overhead import OverheadMeter
 from weightbus.producers import EngineFleet, VersionPublisher
 
@@ -157,7 +159,8 @@ def _markdown(result: dict[str, Any]) -> str:
         "",
         f"{result['rounds']} rounds after {result['warmup']} warm-up; engine requests per update: "
         f"{', '.join(f'{p} ×{n}' for p, n in result['requests_per_update'].items())}. "
-        f"1-min load average {result['load_before']:.2f} before, {result['load_after']:.2f} after.",
+        f"1-min load average {result['load_before']:.2f} before, {result['load_after']:.2f} after; event loop "
+        f"{result.get('event_loop', 'asyncio')}.",
         "",
         "| phase | wall p50 ms | wall p99 ms | engine HTTP p50 ms | weightbus own p50 ms | own p99 ms |",
         "|---|---|---|---|---|---|",
@@ -186,7 +189,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     with EmbeddedNats() as server, _Engines(2) as engines:
-        records = asyncio.run(_rounds(server.url, engines.urls, args.rounds, args.warmup))
+        records = run_loop(_rounds(server.url, engines.urls, args.rounds, args.warmup))
     counts: dict[str, int] = {}
     for path in records[0]["http_requests"]:
         counts[path] = counts.get(path, 0) + 1
@@ -198,6 +201,7 @@ def main() -> None:
         "summary": _summary(records),
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
+        "event_loop": loop_name(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),

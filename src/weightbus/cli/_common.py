@@ -31,6 +31,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from weightbus.bus.options import ENV, ConnectOptions
 from weightbus.errors import BusConfigError
+from weightbus.eventloop import EventLoopError
+from weightbus.eventloop import run as run_on_loop
 
 __all__ = [
     "CONNECTION_FLAGS",
@@ -301,9 +303,15 @@ async def _cancel_on_sigterm(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine; Ctrl-C (exit 130) and SIGTERM (exit 143) cancel it, so its cleanup runs."""
+    """Run a command's coroutine on weightbus's loop (uvloop where installed, ``WEIGHTBUS_EVENT_LOOP``).
+
+    Ctrl-C (exit 130) and SIGTERM (exit 143) cancel it, so its cleanup runs.
+    """
     try:
-        return asyncio.run(_cancel_on_sigterm(coro))
+        return run_on_loop(_cancel_on_sigterm(coro))
+    except EventLoopError as exc:
+        coro.close()  # the wrapper was closed unstarted, so the command's own coroutine never ran either
+        raise fail(str(exc), EXIT_USAGE) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except asyncio.CancelledError:

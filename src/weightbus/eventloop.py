@@ -1,0 +1,86 @@
+"""The event loop weightbus's own processes run on: uvloop where it is installed, else asyncio's.
+
+Role: one place that picks the loop for every ``weightbus`` command (and so for the RL loop's and the demo's
+child processes) and for the benchmarks' workers, so that all of them run on the same loop. A tracker's cost per
+event is mostly the loop's: waking on the socket, the client's read task, the hand-over to the consumer. uvloop
+does that part in C.
+
+Invariants:
+
+* Library code never picks a loop: a host that embeds weightbus (a trainer, a rollout manager) keeps its own, and
+  every weightbus coroutine runs on either.
+* ``WEIGHTBUS_EVENT_LOOP`` decides: ``asyncio`` forces asyncio's loop; ``uvloop`` requires uvloop and fails with
+  :class:`EventLoopError` when it is not installed; unset or ``auto`` takes uvloop when it imports (a failed
+  import is logged once at debug level, and asyncio's loop is used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from weightbus.errors import WeightbusError
+
+__all__ = ["EVENT_LOOP_ENV", "EventLoopError", "loop_factory", "loop_name", "run"]
+
+EVENT_LOOP_ENV = "WEIGHTBUS_EVENT_LOOP"
+_CHOICES = ("auto", "uvloop", "asyncio")
+
+T = TypeVar("T")
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+log = logging.getLogger("weightbus.eventloop")
+
+
+class EventLoopError(WeightbusError, ValueError):
+    """``WEIGHTBUS_EVENT_LOOP`` names an unknown loop, or uvloop was asked for and does not import."""
+
+
+def _choice() -> str:
+    value = os.environ.get(EVENT_LOOP_ENV, "").strip().lower() or "auto"
+    if value not in _CHOICES:
+        raise EventLoopError(f"{EVENT_LOOP_ENV}={value!r}: expected one of {', '.join(_CHOICES)}")
+    return value
+
+
+def loop_factory() -> LoopFactory | None:
+    """The factory of the loop to run on (``None``: asyncio's default), as ``WEIGHTBUS_EVENT_LOOP`` says.
+
+    Raises:
+        EventLoopError: an unknown value, or ``uvloop`` asked for and not importable.
+    """
+    choice = _choice()
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError as exc:
+        if choice == "uvloop":
+            raise EventLoopError(f"{EVENT_LOOP_ENV}=uvloop but uvloop does not import: {exc}") from None
+        log.debug("uvloop not importable, running on asyncio's loop", extra={"error": str(exc)})
+        return None
+    factory: LoopFactory = uvloop.new_event_loop
+    return factory
+
+
+def loop_name() -> str:
+    """``"uvloop"`` or ``"asyncio"``: the loop :func:`run` would use now (benchmarks record it)."""
+    return "asyncio" if loop_factory() is None else "uvloop"
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion on a new loop of :func:`loop_factory`'s kind, as :func:`asyncio.run` does.
+
+    Raises:
+        EventLoopError: as :func:`loop_factory`; ``coro`` is closed unstarted.
+    """
+    try:
+        factory = loop_factory()
+    except EventLoopError:
+        coro.close()
+        raise
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
