@@ -29,9 +29,11 @@ def test_propagation_delivers_every_version_to_every_subscriber_process(tmp_path
         "propagation.py",
         *("--versions", "30", "--subscribers", "1,3", "--repeats", "1", "--interval", "0.005"),
         *("--rows", "weightbus,nats_core,jetstream,jetstream_events,http_poll", "--out", str(tmp_path)),
+        *("--loop", "asyncio"),  # make bench runs the default, uvloop
     )
     result = json.loads((tmp_path / "propagation.json").read_text())
     report = (tmp_path / "propagation.md").read_text()
+    assert result["config"]["event_loop"] == "asyncio" and "every NATS row's subscribers: asyncio;" in report
     for label in ("| raw JetStream ordered consumer (last", "| raw JetStream ordered consumer of weightbus"):
         assert report.count(label) == 2, label  # latency and CPU tables
     trials = result["trials"]
@@ -53,6 +55,7 @@ def test_propagation_delivers_every_version_to_every_subscriber_process(tmp_path
 def test_update_phases_account_for_every_engine_request(tmp_path: Path) -> None:
     _run("update.py", "--rounds", "5", "--warmup", "1", "--out", str(tmp_path))
     result = json.loads((tmp_path / "update.json").read_text())
+    assert result["event_loop"] == "uvloop"
     requests = result["requests_per_update"]
     assert requests["/pause_generation"] == requests["/continue_generation"] == 2
     assert requests["/update_weights_from_disk"] == 2
