@@ -11,7 +11,7 @@ Invariants:
   every weightbus coroutine runs on either.
 * ``WEIGHTBUS_EVENT_LOOP`` decides: ``asyncio`` forces asyncio's loop; ``uvloop`` requires uvloop and fails with
   :class:`EventLoopError` when it is not installed; unset or ``auto`` takes uvloop when it imports (a failed
-  import is logged once at debug level, and asyncio's loop is used).
+  import is logged at debug level, and asyncio's loop is used).
 """
 
 from __future__ import annotations
