@@ -94,3 +94,41 @@ async def test_server_sigkill_and_restart_mid_stream(own_server: EmbeddedNats, o
         recovery_after_restart_s=round(recovery, 2),
     )
     assert recovery < RECOVERY_BOUND_S, f"first update {recovery:.2f}s after the restart"
+
+
+CLOSE_BOUND_S = 5.0
+
+
+async def test_everything_closes_promptly_while_the_server_stays_dead(own_server: EmbeddedNats) -> None:
+    """A process shutting down during an outage (the common case: the job is being torn down) must not hang.
+
+    A tracker, a live subscription and a publisher are open on their connections when the server is killed and
+    never comes back; stopping the tracker (its watchdog mid-read), closing the subscription and closing each
+    bus must all return, without raising. It used to raise ``ConnectionResetError`` from nats-py's close.
+    """
+    policy = "chaos-close-dead"
+    url = own_server.url
+    trainer_bus = await connect(url, name="chaos-trainer", publish_timeout=1.0, publish_attempts=1)
+    tracker_bus = await connect(url, name="chaos-tracker")
+    pub = await VersionPublisher(trainer_bus, policy, trainer_id="chaos-trainer").start()
+    async with pub.update() as version:
+        pass
+    tracker = await VersionTracker(tracker_bus, policy, check_interval=0.2).start()
+    await tracker.wait_for(version, timeout=10)
+    sub = await tracker_bus.subscribe(f"weightbus.{policy}.weights").start()
+
+    own_server.kill()
+    await wait_until(lambda: not tracker_bus.client.is_connected, 5, "the client to notice the dead server")
+    # Past one check_interval: the tracker's watchdog is now waiting on a read of the dead stream.
+    await asyncio.sleep(0.5)
+
+    started = time.monotonic()
+    async with asyncio.timeout(CLOSE_BOUND_S):
+        await tracker.stop()
+        await sub.close()
+        await tracker_bus.close()
+        await trainer_bus.close()
+    took = time.monotonic() - started
+    assert tracker_bus.client.is_closed and trainer_bus.client.is_closed
+    assert not tracker.ready
+    report("close while nats-server stays dead", close_s=round(took, 2))

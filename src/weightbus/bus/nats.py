@@ -16,6 +16,9 @@ Invariants:
   the stored message is recognised by its id and acknowledged as a duplicate.
 * Subscriptions are ordered push consumers (no durable state on the server), which survive server
   restarts; payloads are decoded once in the subscription's iterator.
+* ``close()`` returns and never raises, also while the server is unreachable: what nats-py buffered for a
+  reconnection is dropped (it could not be delivered), and a socket that dies during the final flush is
+  closed anyway.
 """
 
 from __future__ import annotations
@@ -434,12 +437,34 @@ class NatsBus:
         return Envelope(subject, decode(subject, data), data, headers, raw.seq, time.time())
 
     async def close(self) -> None:
-        """Close every subscription, then the connection."""
+        """Close every subscription, then the connection; also while the server is unreachable (never raises)."""
         self._closing.set()
         for sub in list(self._subs):
             await sub.close()
-        if not self.client.is_closed:
-            await self.client.close()
+        client = self.client
+        if client.is_closed:
+            return
+        if not client.is_connected:
+            # What nats-py buffered for a reconnection that will not happen now. Its close() would write it to the
+            # lost socket, raise ConnectionResetError and skip the rest of its cleanup (subscription tasks, the
+            # socket, the closed callback).
+            _drop_buffered_writes(client)
+        try:
+            await client.close()
+        except OSError as exc:  # the socket died between the check above and the write
+            log.warning("NATS connection lost while closing; closed without flushing", extra={"error": repr(exc)})
+            _drop_buffered_writes(client)
+            client._status = NatsClient.CONNECTED  # so that a second close() runs nats-py's cleanup again
+            try:
+                await client.close()
+            except OSError as again:
+                log.warning("NATS connection could not be closed cleanly", extra={"error": repr(again)})
+
+
+def _drop_buffered_writes(client: NatsClient) -> None:
+    """Forget the commands nats-py buffered while disconnected (nats-py 2.16 keeps no other handle on them)."""
+    client._pending = []
+    client._pending_data_size = 0
 
 
 class _NatsSubscription(QueueSubscription):
