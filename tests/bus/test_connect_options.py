@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -187,6 +188,21 @@ async def test_tls_with_a_client_certificate(tmp_path: Path, tls_files: dict[str
         with pytest.raises(BusConnectError) as no_cert:
             await connect(server.url, options=ConnectOptions(tls_ca=tls_files["ca"]), connect_timeout=3)
         assert no_cert.value.cause == "tls", no_cert.value
+
+
+@pytest.mark.nats
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_cli_process_publishes_over_tls_on_either_loop(tmp_path: Path, tls_files: dict[str, str], loop: str) -> None:
+    env = {**os.environ, "WEIGHTBUS_EVENT_LOOP": loop}
+    with _tls_server(tmp_path, tls_files, verify=True) as server:
+        base = [sys.executable, "-m", "weightbus", "publish", "--policy", f"tls-{loop}", "--no-engines"]
+        base += ["--nats", server.url, "--tls-ca", tls_files["ca"]]
+        client = ["--tls-cert", tls_files["client_cert"], "--tls-key", tls_files["client_key"]]
+        ok = subprocess.run(base + client, capture_output=True, text=True, timeout=60, env=env)
+        assert ok.returncode == 0 and ok.stdout.split() == ["1"], ok.stderr
+        refused = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env)
+        assert refused.returncode == 5, refused.stderr
+        assert "tls" in refused.stderr.lower() and "Traceback" not in refused.stderr, refused.stderr
 
 
 @pytest.mark.parametrize("command", ["follow", "watch", "publish", "status", "record", "replay", "stream create"])
