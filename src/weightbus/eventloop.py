@@ -1,8 +1,8 @@
 """The event loop weightbus's own processes run on: uvloop where it is installed, else asyncio's.
 
 Role: one place that picks the loop for every ``weightbus`` command (and so for the RL loop's and the demo's
-child processes) and for the benchmarks' workers, so that all of them run on the same loop. A tracker's cost per
-event is mostly the loop's: waking on the socket, the client's read task, the hand-over to the consumer. uvloop
+child processes) and for the benchmarks' workers, so that all of them run on the same loop. Much of a tracker's
+cost per event is the loop's: waking on the socket, the client's read task, the hand-over to the consumer. uvloop
 does that part in C.
 
 Invariants:

@@ -462,7 +462,13 @@ class NatsBus:
 
 
 def _drop_buffered_writes(client: NatsClient) -> None:
-    """Forget the commands nats-py buffered while disconnected (nats-py 2.16 keeps no other handle on them)."""
+    """Forget the commands nats-py buffered while disconnected (nats-py 2.16 keeps no other handle on them).
+
+    A JetStream publish among them is not lost silently: it never reached the server, so its caller, waiting
+    for the acknowledgement, gets an error or its timeout, never a success.
+    """
+    if client._pending_data_size:
+        log.info("dropping commands buffered for a reconnection", extra={"bytes": client._pending_data_size})
     client._pending = []
     client._pending_data_size = 0
 
