@@ -48,10 +48,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from weightbus.bus import EmbeddedNats, connect, free_port, subjects
+from weightbus.bus import connect, subjects
 from weightbus.bus.nats import DEFAULT_STREAM
-from weightbus.eventloop import EVENT_LOOP_ENV, loop_name
-from weightbus.eventloop import run as run_loop
+from weightbus.embedded.server import EmbeddedNats, free_port
+from weightbus.process.eventloop import EVENT_LOOP_ENV, loop_name
+from weightbus.process.eventloop import run as run_loop
 from weightbus.producers import VersionPublisher
 
 RESULTS_DIR = Path(__file__).parent / "results"

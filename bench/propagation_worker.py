@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from weightbus.eventloop import run as run_loop
+from weightbus.process.eventloop import run as run_loop
 
 __all__ = ["main"]
 

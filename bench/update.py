@@ -37,10 +37,11 @@ from typing import Any
 
 import httpx
 
-from weightbus.bus import EmbeddedNats, connect, free_port
-from weightbus.eventloop import loop_name
-from weightbus.eventloop import run as run_loop
-from weightbus.overhead import OverheadMeter
+from weightbus.bus import connect
+from weightbus.embedded.server import EmbeddedNats, free_port
+from weightbus.process.eventloop import loop_name
+from weightbus.process.eventloop import run as run_loop
+from weightbus.process.overhead import OverheadMeter
 from weightbus.producers import EngineFleet, VersionPublisher
 
 RESULTS_DIR = Path(__file__).parent / "results"

@@ -13,7 +13,8 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from weightbus.bus import BusMetrics, EmbeddedNats, MemoryBus, NatsBus, connect
+from weightbus.bus import BusMetrics, MemoryBus, NatsBus, connect
+from weightbus.embedded.server import EmbeddedNats
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,9 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from weightbus import eventloop
 from weightbus.cli import app
-from weightbus.eventloop import EVENT_LOOP_ENV, EventLoopError, loop_factory, loop_name
+from weightbus.process import eventloop
+from weightbus.process.eventloop import EVENT_LOOP_ENV, EventLoopError, loop_factory, loop_name
 
 uvloop = pytest.importorskip("uvloop")
 
@@ -79,7 +79,7 @@ import asyncio, sys
 from prometheus_client import CollectorRegistry
 from weightbus.bus import connect
 from weightbus.consumers import VersionTracker
-from weightbus.eventloop import run
+from weightbus.process.eventloop import run
 from weightbus.producers import VersionPublisher
 
 async def main():

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from weightbus.bus import BusMetrics, Deliver, MemoryBus, find_nats_server, subjects
-from weightbus.bus.cluster import CLUSTER_CONF
+from weightbus.bus import BusMetrics, Deliver, MemoryBus, subjects
 from weightbus.consumers import StalenessMetrics, StalenessStage, VersionTracker
+from weightbus.embedded.cluster import CLUSTER_CONF
+from weightbus.embedded.server import find_nats_server
 from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 

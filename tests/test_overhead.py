@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from weightbus.overhead import BusyTimer, HttpCall, OverheadMeter, covered
+from weightbus.process.overhead import BusyTimer, HttpCall, OverheadMeter, covered
 
 
 class _Clock:

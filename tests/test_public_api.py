@@ -22,13 +22,13 @@ PACKAGES = [
     "weightbus.consumers",
     "weightbus.engines",
     "weightbus.cli",
-    "weightbus.demo",
+    "weightbus.process.demo",
     "weightbus.refengine",
     "weightbus.rl",
     "weightbus.rl.task",
     "weightbus.rl.batches",
     "weightbus.rl.report",
-    "weightbus.overhead",
+    "weightbus.process.overhead",
 ]
 
 

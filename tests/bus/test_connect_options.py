@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from weightbus.bus import ConnectOptions, EmbeddedNats, connect, find_nats_server, free_port, redact_url
+from weightbus.bus import ConnectOptions, connect, redact_url
+from weightbus.embedded.server import EmbeddedNats, find_nats_server, free_port
 from weightbus.errors import BusConfigError, BusConnectError
 
 SECRET = "hunter2-s3cr3t-pw"

@@ -18,9 +18,10 @@ import pytest
 import pytest_asyncio
 from nats.js.api import ConsumerConfig, StreamConfig, SubjectTransform
 
-from weightbus.bus import ConnectOptions, Deliver, EmbeddedNats, NatsBus, connect, subjects
+from weightbus.bus import ConnectOptions, Deliver, NatsBus, connect, subjects
 from weightbus.bus.stream import StreamRequirements, create_or_upgrade
 from weightbus.consumers import VersionTracker
+from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import PermissionDeniedError
 from weightbus.producers import VersionPublisher
 from weightbus.schemas import DrainReport

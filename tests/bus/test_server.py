@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from weightbus.bus import Deliver, EmbeddedNats, connect, subjects
-from weightbus.bus.server import NatsServerStartError, find_nats_server, free_port
+from weightbus.bus import Deliver, connect, subjects
+from weightbus.embedded.server import EmbeddedNats, NatsServerStartError, find_nats_server, free_port
 from weightbus.errors import BusConnectError, InvalidPolicyError
 from weightbus.schemas import WeightUpdated
 

@@ -11,7 +11,8 @@ import pytest
 import pytest_asyncio
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig, SubjectTransform
 
-from weightbus.bus import EmbeddedNats, connect
+from weightbus.bus import connect
+from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import StreamConfigError
 
 pytestmark = pytest.mark.nats

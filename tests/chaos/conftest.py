@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from weightbus.bus import Deliver, EmbeddedNats, Envelope, NatsBus, connect, subjects
-from weightbus.bus.cluster import EmbeddedCluster
+from weightbus.bus import Deliver, Envelope, NatsBus, connect, subjects
+from weightbus.embedded.cluster import EmbeddedCluster
+from weightbus.embedded.server import EmbeddedNats
 from weightbus.schemas import WeightUpdated
 
 __all__ = [

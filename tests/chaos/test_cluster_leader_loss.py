@@ -23,8 +23,8 @@ import pytest
 
 from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, stream_leader, wait_until
 from weightbus.bus import ConnectOptions, NatsBus, connect
-from weightbus.bus.cluster import EmbeddedCluster
 from weightbus.consumers import VersionTracker
+from weightbus.embedded.cluster import EmbeddedCluster
 from weightbus.errors import BusError, WeightbusError
 from weightbus.producers import VersionPublisher
 

@@ -28,9 +28,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, rss_mib, wait_until
-from weightbus.bus import BusMetrics, Deliver, EmbeddedNats, NatsBus, connect, subjects
+from weightbus.bus import BusMetrics, Deliver, NatsBus, connect, subjects
 from weightbus.consumers import VersionTracker
 from weightbus.consumers.monitor import MonitorState, reduce
+from weightbus.embedded.server import EmbeddedNats
 from weightbus.producers import VersionPublisher
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]

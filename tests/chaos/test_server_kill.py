@@ -15,8 +15,9 @@ import time
 import pytest
 
 from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, wait_until
-from weightbus.bus import EmbeddedNats, NatsBus, connect
+from weightbus.bus import NatsBus, connect
 from weightbus.consumers import VersionTracker
+from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import BusError, WeightbusError
 from weightbus.producers import VersionPublisher
 

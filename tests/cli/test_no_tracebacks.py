@@ -22,9 +22,10 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
-from weightbus.bus import connect, find_nats_server, free_port, subjects
+from weightbus.bus import connect, subjects
 from weightbus.bus.trace import TraceRecord, read_trace, write_record
 from weightbus.cli import app
+from weightbus.embedded.server import find_nats_server, free_port
 from weightbus.schemas import WeightUpdated, encode
 
 runner = CliRunner()

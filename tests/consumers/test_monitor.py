@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from weightbus.consumers.monitor import MonitorState, reduce
-from weightbus.consumers.tracker_state import TrackerAction
+from weightbus.rules.chain import TrackerAction
 from weightbus.schemas import (
     DrainReport,
     EngineOutOfSync,

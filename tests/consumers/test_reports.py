@@ -94,7 +94,7 @@ async def test_publish_failure_is_logged_and_counted_and_never_fails_the_drain(h
     reporter = DrainReporter(bus, "p", "rm-0", metrics=metrics, timeout=0.05)
     buffer = FullyAsyncBuffer(10, stage=StalenessStage(metrics=metrics), reporter=reporter)
     await buffer.put(make_group(1, ["1"]))
-    with caplog.at_level(logging.WARNING, logger="weightbus.consumers.reports"):
+    with caplog.at_level(logging.WARNING, logger="weightbus.consumers.drain.reports"):
         drain = await buffer.drain(1, 1)
         await reporter.flush(5)
     assert [g.prompt_index for g in drain.groups] == [1]

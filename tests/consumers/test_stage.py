@@ -7,8 +7,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.consumers._groups import make_group
 from weightbus.consumers import Action, Reason, StalenessMetrics, StalenessStage, judge_groups
-from weightbus.consumers.staleness import group_versions, judge
-from weightbus.consumers.tally import DrainTally
+from weightbus.consumers.drain.tally import DrainTally
+from weightbus.rules.staleness import group_versions, judge
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 M = "rollout/fully_async/"

@@ -5,12 +5,18 @@ import importlib
 import pytest
 
 MODULES = [
-    "weightbus.consumers.staleness",
-    "weightbus.consumers.stage",
-    "weightbus.consumers.buffer",
-    "weightbus.consumers.metrics",
-    "weightbus.consumers.reports",
+    "weightbus.rules.staleness",
+    "weightbus.consumers.drain.stage",
+    "weightbus.consumers.drain.buffer",
+    "weightbus.consumers.drain.metrics",
+    "weightbus.consumers.drain.reports",
     "weightbus.schemas.rollouts",
+    "weightbus.rules",
+    "weightbus.rules.chain",
+    "weightbus.rules.history",
+    "weightbus.consumers.drain",
+    "weightbus.consumers.tracker",
+    "weightbus.embedded",
 ]
 
 
@@ -27,4 +33,4 @@ def test_package_reexports_the_staleness_api():
     package = importlib.import_module("weightbus.consumers")
     for name in ["FullyAsyncBuffer", "StalenessStage", "judge_groups", "DrainReporter", "StalenessMetrics", "Reason"]:
         assert name in package.__all__
-        assert getattr(package, name).__module__.startswith("weightbus.consumers.")
+        assert getattr(package, name).__module__.startswith(("weightbus.consumers.", "weightbus.rules."))

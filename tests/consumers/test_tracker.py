@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus._subscription import QueueSubscription
 from weightbus.bus.protocol import Bus, Deliver
-from weightbus.consumers.tracker import TrackerStatus, VersionTracker
-from weightbus.consumers.tracker_metrics import TrackerMetrics
-from weightbus.consumers.tracker_state import TrackerAction
+from weightbus.consumers.tracker.metrics import TrackerMetrics
+from weightbus.consumers.tracker.tracker import TrackerStatus, VersionTracker
 from weightbus.errors import BusError, TrackerNotReadyError, VersionRegressionError
+from weightbus.rules.chain import TrackerAction
 from weightbus.schemas import PublisherClaimed, VersionRegressed, WeightUpdated
 
 TIMEOUT = 5.0

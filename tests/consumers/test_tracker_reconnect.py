@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from weightbus.bus import BusMetrics, EmbeddedNats, connect, subjects
-from weightbus.consumers.tracker import VersionTracker
+from weightbus.bus import BusMetrics, connect, subjects
+from weightbus.consumers.tracker.tracker import VersionTracker
+from weightbus.embedded.server import EmbeddedNats
 from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from weightbus.bus.server import free_port  # noqa: E402
+from weightbus.embedded.server import free_port  # noqa: E402
 from weightbus.refengine.policy_model import WindowLM, save_safetensors  # noqa: E402
 from weightbus.refengine.reference import EngineState, create_app  # noqa: E402
 from weightbus.rl.policy import Policy, token_windows  # noqa: E402

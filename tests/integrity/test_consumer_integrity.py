@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.chaos.conftest import report
-from weightbus.bus import EmbeddedNats, NatsBus, connect, subjects
+from weightbus.bus import NatsBus, connect, subjects
 from weightbus.consumers import (
     DrainReporter,
     FullyAsyncBuffer,
@@ -20,7 +20,8 @@ from weightbus.consumers import (
     StalenessStage,
     VersionTracker,
 )
-from weightbus.consumers.tracker import TrackerStatus
+from weightbus.consumers.tracker.tracker import TrackerStatus
+from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import TrackerNotReadyError
 from weightbus.producers import VersionPublisher
 from weightbus.schemas import Group, Sample, SampleStatus, VersionRegressed, WeightUpdated, now

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from weightbus.bus import EmbeddedNats, connect, subjects
+from weightbus.bus import connect, subjects
+from weightbus.embedded.server import EmbeddedNats
 from weightbus.producers import VersionPublisher
 from weightbus.schemas import WeightUpdated
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from weightbus.bus import connect, free_port
+from weightbus.bus import connect
 from weightbus.cli import app
+from weightbus.embedded.server import free_port
 from weightbus.producers import VersionPublisher
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from weightbus.demo import DemoConfig
+from weightbus.process.demo import DemoConfig
 from weightbus.rl.report import ROGUE_ID, analyse, tradeoff_numbers, write_report, write_tradeoff
 
 ENGINES = ["http://e0", "http://e1"]
@@ -24,7 +24,7 @@ def _updated(seq: int, version: int, trainer: str = "trainer-0") -> dict[str, An
         "published_at": 100.0 + seq,
         "engines": ENGINES,
     }
-    return {"subject": "weightbus.demo.weights", "seq": seq, "received_at": 100.001 + seq, "event": event}
+    return {"subject": "weightbus.process.demo.weights", "seq": seq, "received_at": 100.001 + seq, "event": event}
 
 
 def _applied(seq: int, version: int, engine: str, read_back: str | None = None) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def _applied(seq: int, version: int, engine: str, read_back: str | None = None) 
         "ok": read == str(version),
         "published_at": 100.0 + seq,
     }
-    return {"subject": "weightbus.demo.applied", "seq": seq, "received_at": 100.0 + seq, "event": event}
+    return {"subject": "weightbus.process.demo.applied", "seq": seq, "received_at": 100.0 + seq, "event": event}
 
 
 def _row(step: int, trained_under: int, oldest: list[int | None], unknown: bool = False) -> dict[str, Any]:
@@ -121,7 +121,7 @@ def _out_of_sync(seq: int, engine: str, published_at: float, reason: str = "unex
         "published_at": published_at,
         "reason": reason,
     }
-    return {"subject": "weightbus.demo.alerts", "seq": seq, "received_at": published_at, "event": event}
+    return {"subject": "weightbus.process.demo.alerts", "seq": seq, "received_at": published_at, "event": event}
 
 
 def test_a_restarted_engine_must_be_alerted_as_unexpected_label_after_its_restart(tmp_path: Path) -> None:

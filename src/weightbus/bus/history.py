@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped
 from weightbus.errors import BusError, InvalidEventError
 
-__all__ = ["History", "read_history"]
+__all__ = ["History", "read_subject_history"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ class History:
         return self.last_seq == 0
 
 
-async def read_history(bus: Bus, subject: str, *, timeout: float = 10.0) -> History:
+async def read_subject_history(bus: Bus, subject: str, *, timeout: float = 10.0) -> History:
     """Read every retained event of ``subject`` up to its current last sequence.
 
     Args:

@@ -31,8 +31,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from weightbus.bus.options import ENV, ConnectOptions
 from weightbus.errors import BusConfigError
-from weightbus.eventloop import EventLoopError
-from weightbus.eventloop import run as run_on_loop
+from weightbus.process.eventloop import EventLoopError
+from weightbus.process.eventloop import run as run_on_loop
 
 __all__ = [
     "CONNECTION_FLAGS",

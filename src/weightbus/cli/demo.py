@@ -65,7 +65,7 @@ def demo_command(
             "pip install 'weightbus[engine,rl]'",
             2,
         )
-    from weightbus.demo import DemoConfig, DemoError, run_demo
+    from weightbus.process.demo import DemoConfig, DemoError, run_demo
 
     if compare_staleness is not None:
         try:
@@ -127,7 +127,7 @@ def demo_command(
 
 
 def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path) -> None:
-    from weightbus.demo import DemoConfig, DemoError, run_demo
+    from weightbus.process.demo import DemoConfig, DemoError, run_demo
     from weightbus.rl.report import write_tradeoff
 
     results = {}

@@ -32,10 +32,10 @@ from weightbus.cli._common import (
     start_metrics,
     with_connection,
 )
-from weightbus.consumers.tracker import TrackerStatus, VersionChange, VersionTracker
-from weightbus.consumers.tracker_metrics import TrackerMetrics
-from weightbus.consumers.tracker_state import RegressionMode
+from weightbus.consumers.tracker.metrics import TrackerMetrics
+from weightbus.consumers.tracker.tracker import TrackerStatus, VersionChange, VersionTracker
 from weightbus.errors import BusError, InvalidPolicyError, VersionRegressionError
+from weightbus.rules.chain import RegressionMode
 
 __all__ = ["EXIT_REGRESSION", "format_change", "register"]
 

@@ -43,12 +43,12 @@ from weightbus.cli._common import (
     setup_logging,
     with_connection,
 )
-from weightbus.consumers.history import read_history
 from weightbus.engines._http import normalize_url
 from weightbus.engines.sglang import PauseMode
 from weightbus.errors import BusError, EngineError, FencedError, InvalidEventError, InvalidPolicyError
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.producers.lora import push_lora_adapter
+from weightbus.producers.status import read_weights_history
 from weightbus.schemas import LoraAdapter, now
 
 __all__ = [
@@ -116,7 +116,7 @@ async def _publish(req: _Request) -> int:
     fleet: EngineFleet | None = None
     paused = False
     try:
-        history = await read_history(bus, req.policy)
+        history = await read_weights_history(bus, req.policy)
         owner = history.last_accepted
         if owner is not None and owner.trainer_id != req.trainer_id and not req.takeover:
             age = max(0.0, now() - owner.published_at)

@@ -3,7 +3,7 @@
 Signal-safe: the handlers do nothing but let ``signal.set_wakeup_fd`` write the signal number to a
 self-pipe, which the main loop waits on with ``select`` (no lock, no ``threading.Event`` is touched from a
 handler). The URL is printed only after nats-server reports ready; the child dies with this process even
-on SIGKILL (see ``weightbus.bus.server``). Exit codes: 0 stopped by a signal, 1 the server failed.
+on SIGKILL (see ``weightbus.embedded.server``). Exit codes: 0 stopped by a signal, 1 the server failed.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Annotated, Final
 
 import typer
 
-from weightbus.bus.server import EmbeddedNats, NatsServerNotFound, NatsServerStartError
 from weightbus.cli._common import check_port, check_writable_dir, fail
+from weightbus.embedded.server import EmbeddedNats, NatsServerNotFound, NatsServerStartError
 
 __all__ = ["register"]
 

@@ -2,7 +2,7 @@
 
 Read-only: it never claims the counter, so it never fences a running trainer. It shows what every
 tracker holds: the retained history of ``weightbus.<policy>.weights`` folded with the tracker rule
-(``weightbus.consumers.history``), so a rogue lower version is shown flagged as rejected, never as
+(``weightbus.rules.history``), so a rogue lower version is shown flagged as rejected, never as
 the current version.
 
 Exit codes (for monitoring scripts; when several apply, the lowest wins): 0 ok, 2 bad arguments,
@@ -37,11 +37,11 @@ from weightbus.cli._common import (
     setup_logging,
     with_connection,
 )
-from weightbus.consumers.history import WeightsHistory, read_history
 from weightbus.engines._http import normalize_url
 from weightbus.errors import BusError, EngineError, InvalidPolicyError
 from weightbus.producers import EngineFleet
-from weightbus.producers.status import EngineReadBack
+from weightbus.producers.status import EngineReadBack, read_weights_history
+from weightbus.rules.history import WeightsHistory
 from weightbus.schemas import WeightUpdated, now
 
 __all__ = [
@@ -144,7 +144,7 @@ async def _status(
     )
     fleet: EngineFleet | None = None
     try:
-        history = await read_history(bus, policy)
+        history = await read_weights_history(bus, policy)
         try:
             if router:
                 fleet = await EngineFleet.from_router(router, api_key=api_key, timeout=engine_timeout)

@@ -45,9 +45,9 @@ from weightbus.cli._common import (
     with_connection,
 )
 from weightbus.consumers.monitor import MonitorState, PolicyView, reduce
-from weightbus.consumers.tracker_metrics import TrackerMetrics
-from weightbus.consumers.tracker_state import TrackerAction
+from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import BusError, InvalidPolicyError, SlowConsumerError
+from weightbus.rules.chain import TrackerAction
 from weightbus.schemas.weights import WeightUpdated
 
 __all__ = ["register", "render", "watch"]

@@ -1,15 +1,32 @@
-"""Rollout-side consumers: the staleness rule, the staleness stage, the fully-async buffer,
-their Prometheus metrics and drain reports.
+"""The rollout side: the version follower (``tracker/``) and the drain (``drain/``), two subpackages
+that do not import each other, plus the operator view of a policy's events (``monitor``).
 
 ``judge_groups`` is the one-call entry point for host frameworks with their own buffer;
 ``FullyAsyncBuffer`` is the drop-in for miles' fully-async data buffer.
 """
 
-from weightbus.consumers.buffer import CurrentSource, Drain, FullyAsyncBuffer, buffer_capacity, resolve_current
-from weightbus.consumers.metrics import STALENESS_BUCKETS, DrainMetrics, StalenessMetrics
-from weightbus.consumers.reports import DrainReporter, to_drain_report
-from weightbus.consumers.stage import Action, Decision, DrainStats, Judgement, OnStale, StalenessStage, judge_groups
-from weightbus.consumers.staleness import (
+from weightbus.consumers.drain import (
+    STALENESS_BUCKETS,
+    Action,
+    CurrentSource,
+    Decision,
+    Drain,
+    DrainMetrics,
+    DrainReporter,
+    DrainStats,
+    FullyAsyncBuffer,
+    Judgement,
+    OnStale,
+    StalenessMetrics,
+    StalenessStage,
+    buffer_capacity,
+    judge_groups,
+    resolve_current,
+    to_drain_report,
+)
+from weightbus.consumers.tracker import LAG_BUCKETS, PolicyTrackerMetrics, TrackerMetrics, VersionChange, VersionTracker
+from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState
+from weightbus.rules.staleness import (
     GroupVersions,
     Reason,
     UnknownPolicy,
@@ -19,9 +36,6 @@ from weightbus.consumers.staleness import (
     min_fresh_version,
     staleness,
 )
-from weightbus.consumers.tracker import VersionChange, VersionTracker
-from weightbus.consumers.tracker_metrics import LAG_BUCKETS, PolicyTrackerMetrics, TrackerMetrics
-from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerDecision, TrackerState
 
 __all__ = [
     "LAG_BUCKETS",

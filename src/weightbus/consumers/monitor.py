@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from weightbus.bus.subjects import policy_of
-from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerState, decide
+from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerState, decide
 from weightbus.schemas.alerts import EngineOutOfSync, FleetQuarantined, VersionRegressed, VersionRejected
 from weightbus.schemas.codec import Event
 from weightbus.schemas.drains import DrainReport

@@ -11,7 +11,7 @@ training step. This class keeps miles' contract and replaces its staleness contr
   ``WEIGHTBUS_NATS``), so a restarted trainer or a failover never moves it backwards. The version miles
   passes to ``get`` (or, in older miles, puts on ``DataBufferInput.weight_version``) is only a lower
   bound: the group is judged against the highest of them and the tracker's.
-* **The strict rule** (``weightbus.consumers.staleness.judge``) judges the oldest label of every sample,
+* **The strict rule** (``weightbus.rules.staleness.judge``) judges the oldest label of every sample,
   turn and nested trajectory (miles' ``Sample.weight_versions``); a label that is not a version
   (``"default"``) or a group without any label is never silently fresh (``unknown_version``), unless
   ``WEIGHTBUS_UNKNOWN=ignore`` (miles' behaviour). Staleness above ``args.max_weight_staleness`` is stale.
@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from weightbus.bus.protocol import Bus
-from weightbus.consumers.reports import DrainReporter
-from weightbus.consumers.stage import DrainStats
-from weightbus.consumers.staleness import UNKNOWN_POLICIES, Reason, group_versions, judge
-from weightbus.consumers.tracker import VersionTracker
+from weightbus.consumers.drain.reports import DrainReporter
+from weightbus.consumers.drain.stage import DrainStats
+from weightbus.consumers.tracker.tracker import VersionTracker
+from weightbus.rules.staleness import UNKNOWN_POLICIES, Reason, group_versions, judge
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 __all__ = ["WeightbusDataBuffer", "miles_group_versions", "to_weightbus_group"]

@@ -39,13 +39,13 @@ import uuid
 from typing import Final
 
 from weightbus.bus import subjects
-from weightbus.bus.history import History, read_history
+from weightbus.bus.history import History, read_subject_history
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
-from weightbus.consumers.history import fold_history
 from weightbus.engines.sglang import PauseMode
 from weightbus.errors import EngineError, FencedError, PublishError, SequenceConflictError
 from weightbus.producers.stamping import EngineFleet
 from weightbus.producers.update import VersionUpdate
+from weightbus.rules.history import fold_history
 from weightbus.schemas import (
     MAX_VERSION,
     EngineOutOfSync,
@@ -194,7 +194,7 @@ class VersionPublisher:
             return self
         engine_high = await self._engine_high()
         for attempt in range(1, self._claim_attempts + 1):
-            history = await read_history(self.bus, self.subject)
+            history = await read_subject_history(self.bus, self.subject)
             version, issued, high_epoch = _fold(history, self._policy)
             last = history.last_valid
             previous = last.event.trainer_id if last is not None else None  # type: ignore[union-attr]
@@ -374,7 +374,7 @@ class VersionPublisher:
         Raises:
             FencedError: the newest valid event belongs to another owner.
         """
-        history = await read_history(self.bus, self.subject)
+        history = await read_subject_history(self.bus, self.subject)
         last = history.last_valid
         if last is not None and self.is_mine(last):
             event = last.event

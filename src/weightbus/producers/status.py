@@ -1,7 +1,7 @@
 """Read-only status of a policy's counter: the current version, epoch and publisher, and engine read-backs.
 
 Nothing here publishes or claims: reading the status never fences a running trainer. The retained
-history is folded with the trackers' own rule (``tracker_state.decide``, ``hold`` mode), so status
+history is folded with the trackers' own rule (``rules.chain.decide``, ``hold`` mode), so status
 shows the version every tracker holds, never a rogue's, and names the newest event it did not accept.
 Payloads that fail the decode are skipped and counted, never raised.
 """
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from weightbus.bus import subjects
+from weightbus.bus.history import read_subject_history
 from weightbus.bus.protocol import Bus
-from weightbus.consumers.history import read_history
-from weightbus.errors import EngineError
+from weightbus.errors import EngineError, InvalidEventError
 from weightbus.producers.stamping import EngineFleet
+from weightbus.rules.history import WeightsHistory, fold_history
 from weightbus.schemas import LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated, now
 
-__all__ = ["EngineReadBack", "PolicyStatus", "read_status"]
+__all__ = ["EngineReadBack", "PolicyStatus", "read_status", "read_weights_history"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,7 @@ async def read_status(bus: Bus, policy: str, *, fleet: EngineFleet | None = None
         InvalidPolicyError: ``policy`` is not a valid policy id.
         BusError: the bus did not answer.
     """
-    history = await read_history(bus, policy)
+    history = await read_weights_history(bus, policy)
     engines: list[EngineReadBack] = []
     if fleet is not None:
         for url, result in (await fleet.read_versions()).items():
@@ -119,3 +121,17 @@ async def read_status(bus: Bus, policy: str, *, fleet: EngineFleet | None = None
         rejected=rejected,
         invalid=history.invalid_count,
     )
+
+
+async def read_weights_history(bus: Bus, policy: str, *, timeout: float = 10.0) -> WeightsHistory:
+    """Read the retained history of ``weights(policy)`` and fold it with the trackers' rule.
+
+    Raises:
+        InvalidPolicyError: ``policy`` is not a valid policy id.
+        BusError: the bus did not answer, or the history did not arrive within ``timeout`` seconds.
+    """
+    history = await read_subject_history(bus, subjects.weights(policy), timeout=timeout)
+    invalid: InvalidEventError | None = None
+    if history.invalid_seqs and history.invalid_seqs[-1] == history.last_seq:
+        invalid = history.last_error
+    return fold_history(policy, history.events, invalid=invalid, invalid_count=history.invalid)

@@ -12,7 +12,7 @@ Invariants:
 * A failed or aborted generation never enters the buffer as fresh data: aborted groups are filtered by the
   buffer, a router error retries the group after a short back-off.
 * Each batch reply carries weightbus's share of the answer: the wait for the tracker (``wait_s``) and the
-  drain's own run time (``drain_s``, :class:`weightbus.overhead.BusyTimer`: the waits for groups not counted).
+  drain's own run time (``drain_s``, :class:`weightbus.process.overhead.BusyTimer`: the waits for groups not counted).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from weightbus.consumers import (
     buffer_capacity,
 )
 from weightbus.errors import SlowConsumerError
-from weightbus.overhead import BusyTimer
+from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.task import Task
 from weightbus.schemas import WeightUpdated

@@ -17,7 +17,7 @@ Invariants:
   the version trained under, each group's oldest and newest sample version and any non-version label.
   The line is written before the checkpoint, so a step is never trained, kept and unrecorded; after a
   failover a step number may appear twice (trained by the old trainer, redone by the new one).
-* Each line says where the step's time went (:class:`weightbus.overhead.OverheadMeter`; the fleet's HTTP client
+* Each line says where the step's time went (:class:`weightbus.process.overhead.OverheadMeter`; the fleet's HTTP client
   carries its hooks): ``update_s`` is ``update()`` without the trainer's push (``push_s``), ``engine_http_s`` the
   part of it with an engine request in flight, and ``weightbus_s`` weightbus's own time on the step's path: the
   rest of ``update()`` (reservation, ownership check, ``WeightApplied``/``WeightUpdated`` publishes, Python) plus,
@@ -41,7 +41,7 @@ import httpx
 from weightbus.bus import connect
 from weightbus.bus.options import ConnectOptions
 from weightbus.errors import BusError, EngineError
-from weightbus.overhead import OverheadMeter, covered
+from weightbus.process.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch
 from weightbus.schemas import LoraAdapter

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from weightbus.bus import connect, subjects
-from weightbus.bus.server import EmbeddedNats, free_port
+from weightbus.embedded.server import EmbeddedNats, free_port
 from weightbus.rl.report import ROGUE_ID, DemoResult, analyse, write_report
 from weightbus.schemas import WeightUpdated, now
 

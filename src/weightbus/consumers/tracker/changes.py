@@ -23,8 +23,8 @@ from typing import Final
 
 import msgspec
 
-from weightbus.consumers.tracker_state import TrackerAction
 from weightbus.errors import SlowConsumerError
+from weightbus.rules.chain import TrackerAction
 
 __all__ = ["VersionChange"]
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
-from weightbus.consumers.staleness import Reason, Verdict
+from weightbus.rules.staleness import Reason, Verdict
 from weightbus.schemas.rollouts import Group
 
 __all__ = ["Action", "Decision", "DrainStats", "Judgement"]

@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from weightbus.consumers.decisions import Action, Decision, DrainStats, Judgement
-from weightbus.consumers.metrics import DrainMetrics
-from weightbus.consumers.staleness import UNKNOWN_POLICIES, Reason, UnknownPolicy, group_versions, judge
-from weightbus.consumers.tally import DrainTally
+from weightbus.consumers.drain.decisions import Action, Decision, DrainStats, Judgement
+from weightbus.consumers.drain.metrics import DrainMetrics
+from weightbus.consumers.drain.tally import DrainTally
+from weightbus.rules.staleness import UNKNOWN_POLICIES, Reason, UnknownPolicy, group_versions, judge
 from weightbus.schemas.rollouts import Group
 
 __all__ = [

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.consumers._groups import make_group
-from weightbus.consumers.staleness import Reason, group_versions, judge, min_fresh_version, staleness
+from weightbus.rules.staleness import Reason, group_versions, judge, min_fresh_version, staleness
 from weightbus.schemas.rollouts import Group, Sample, TokenSpan
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 
 from weightbus.bus import subjects
-from weightbus.bus.history import read_history
+from weightbus.bus.history import read_subject_history
 from weightbus.bus.protocol import Bus, Envelope
-from weightbus.consumers.tracker_metrics import PolicyTrackerMetrics
-from weightbus.consumers.tracker_state import RegressionMode, TrackerDecision, WeightsEvent
+from weightbus.consumers.tracker.metrics import PolicyTrackerMetrics
 from weightbus.errors import BusError
+from weightbus.rules.chain import RegressionMode, TrackerDecision, WeightsEvent
 from weightbus.schemas.alerts import VersionRegressed, VersionRejected
 from weightbus.schemas.common import now
 
@@ -101,7 +101,7 @@ class TrackerAlerts:
     async def _already_alerted(self, seq: int) -> bool:
         if self._retained is None:
             try:
-                history = await read_history(self._bus, self._subject)
+                history = await read_subject_history(self._bus, self._subject)
             except BusError as exc:
                 log.warning("could not read retained alerts; alerting anyway", extra={"error": repr(exc)})
                 return False

@@ -19,8 +19,8 @@ import math
 from collections.abc import Iterable
 from typing import Final
 
-from weightbus.consumers.decisions import DrainStats
-from weightbus.consumers.staleness import GroupVersions, Reason, UnknownPolicy, judge, raw_scan
+from weightbus.consumers.drain.decisions import DrainStats
+from weightbus.rules.staleness import GroupVersions, Reason, UnknownPolicy, judge, raw_scan
 from weightbus.schemas.rollouts import ABORTED, HAS_UNKNOWN, HAS_VERSION, NO_NEWEST, NO_OLDEST, Group, SampleStatus
 
 __all__ = ["DrainTally"]

@@ -32,7 +32,7 @@ _CHOICES = ("auto", "uvloop", "asyncio")
 T = TypeVar("T")
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
-log = logging.getLogger("weightbus.eventloop")
+log = logging.getLogger("weightbus.process.eventloop")
 
 
 class EventLoopError(WeightbusError, ValueError):

@@ -51,11 +51,11 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus import subjects
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped, Subscription
-from weightbus.consumers.tracker_alerts import TrackerAlerts
-from weightbus.consumers.tracker_changes import _END, VersionChange, _Listener
-from weightbus.consumers.tracker_metrics import TrackerMetrics
-from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerState, decide
+from weightbus.consumers.tracker.alerts import TrackerAlerts
+from weightbus.consumers.tracker.changes import _END, VersionChange, _Listener
+from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import SlowConsumerError, TrackerNotReadyError, VersionRegressionError
+from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerState, decide
 from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightUpdated
 
 __all__ = ["TrackerStatus", "VersionChange", "VersionTracker", "default_observer"]

@@ -1,15 +1,16 @@
-"""A policy's retained weights history, folded with the tracker's rule: what every tracker holds now.
+"""The pure fold of a policy's weights history with the chain rule: what every tracker holds now.
 
-Operator tools (``weightbus status``, ``weightbus publish``'s liveness check) read the stored events of
-``weightbus.<policy>.weights`` and apply ``tracker_state.decide`` in ``hold`` mode, exactly as a
-``VersionTracker`` that starts now would, so they never show a version the trackers rejected.
+Operator tools (``weightbus status``, ``weightbus publish``'s liveness check) and the publisher's
+resume fold the stored events of ``weightbus.<policy>.weights`` with ``chain.decide`` in ``hold``
+mode, exactly as a ``VersionTracker`` that starts now would, so they never show or resume from a
+version the trackers rejected. Reading the events is the caller's (``producers.status``).
 
 Invariants:
 
-* Read-only: nothing is published, claimed or created.
-* The history is read with ``weightbus.bus.history.read_history`` (it ends at the subject's last
-  stored sequence whatever that payload is); a latest stored event that fails the typed decode is
-  reported in ``invalid`` (trackers skip it) and the fold covers the valid events before it.
+* Pure: no I/O, no clock; the input is any sequence of stored events (``seq`` and ``event``, oldest
+  first), such as the bus's ``Envelope``.
+* A latest stored payload that failed the typed decode is passed in as ``invalid`` (trackers skip it)
+  and the fold covers the valid events before it.
 * ``rejected`` lists every event the rule refused (a lower version, or an event that is not from
   the owner or that nothing explains), oldest first; ``latest_rejected`` says whether the newest
   stored event is one of them.
@@ -17,16 +18,25 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from weightbus.bus import subjects
-from weightbus.bus.history import read_history as read_subject_history
-from weightbus.bus.protocol import Bus, Envelope
-from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerDecision, TrackerState, decide
 from weightbus.errors import InvalidEventError
+from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState, decide
 from weightbus.schemas import PublisherClaimed, VersionReserved, WeightUpdated
 
-__all__ = ["RejectedEvent", "WeightsHistory", "fold_history", "read_history"]
+__all__ = ["RejectedEvent", "StoredEvent", "WeightsHistory", "fold_history"]
+
+
+class StoredEvent(Protocol):
+    """One stored event as the fold reads it (``weightbus.bus.Envelope`` is one)."""
+
+    @property
+    def seq(self) -> int | None: ...
+
+    @property
+    def event(self) -> object: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +87,7 @@ class WeightsHistory:
 
 
 def fold_history(
-    policy: str, envelopes: list[Envelope], *, invalid: InvalidEventError | None = None, invalid_count: int = 0
+    policy: str, envelopes: Sequence[StoredEvent], *, invalid: InvalidEventError | None = None, invalid_count: int = 0
 ) -> WeightsHistory:
     """Fold ``envelopes`` (oldest first) of ``weights(policy)`` with ``decide`` in ``hold`` mode.
 
@@ -130,18 +140,3 @@ def fold_history(
         epoch_high,
         invalid_count,
     )
-
-
-async def read_history(bus: Bus, policy: str, *, timeout: float = 10.0) -> WeightsHistory:
-    """Read and fold the retained history of ``weights(policy)``.
-
-    Raises:
-        InvalidPolicyError: ``policy`` is not a valid policy id.
-        BusError: the bus did not answer, or the history did not arrive within ``timeout`` seconds.
-    """
-    subject = subjects.weights(policy)
-    history = await read_subject_history(bus, subject, timeout=timeout)
-    invalid: InvalidEventError | None = None
-    if history.invalid_seqs and history.invalid_seqs[-1] == history.last_seq:
-        invalid = history.last_error
-    return fold_history(policy, history.events, invalid=invalid, invalid_count=history.invalid)

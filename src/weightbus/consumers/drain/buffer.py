@@ -34,14 +34,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from weightbus.consumers.stage import Action, DrainStats, StalenessStage
-from weightbus.consumers.staleness import Reason, raw_scan
-from weightbus.consumers.tally import DrainTally
+from weightbus.consumers.drain.stage import Action, DrainStats, StalenessStage
+from weightbus.consumers.drain.tally import DrainTally
 from weightbus.errors import TrackerNotReadyError
+from weightbus.rules.staleness import Reason, raw_scan
 from weightbus.schemas.rollouts import HAS_VERSION, Group
 
 if TYPE_CHECKING:
-    from weightbus.consumers.reports import DrainReporter
+    from weightbus.consumers.drain.reports import DrainReporter
 
 __all__ = ["CurrentSource", "Drain", "FullyAsyncBuffer", "buffer_capacity", "read_current", "resolve_current"]
 

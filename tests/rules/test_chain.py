@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from weightbus.consumers.tracker_state import RegressionMode, TrackerAction, TrackerState, decide
+from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerState, decide
 from weightbus.schemas import PublisherClaimed, VersionReserved, WeightUpdated
 
 
@@ -194,8 +194,8 @@ def test_non_weight_event_is_refused() -> None:
 
 def test_tracker_names_are_exported_from_the_consumers_package() -> None:
     import weightbus.consumers as consumers
-    from weightbus.consumers.tracker import VersionChange, VersionTracker
-    from weightbus.consumers.tracker_metrics import TrackerMetrics
+    from weightbus.consumers.tracker.metrics import TrackerMetrics
+    from weightbus.consumers.tracker.tracker import VersionChange, VersionTracker
 
     assert consumers.VersionTracker is VersionTracker
     assert consumers.VersionChange is VersionChange

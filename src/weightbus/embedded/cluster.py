@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from weightbus.bus.server import EmbeddedNats, NatsServerStartError, free_port
+from weightbus.embedded.server import EmbeddedNats, NatsServerStartError, free_port
 
 __all__ = ["CLUSTER_CONF", "EmbeddedCluster"]
 

@@ -1,0 +1,34 @@
+"""The drain: generated groups buffered, judged with ``weightbus.rules.staleness`` when taken, routed.
+
+``FullyAsyncBuffer`` is the fully-async buffer, ``judge_groups`` the one-call judgement for hosts with
+their own buffer; both report through ``DrainMetrics`` and ``DrainReporter``. Nothing here follows
+the bus's weights subject: the version comes from a source passed in (a tracker, an int, a callable).
+"""
+
+from weightbus.consumers.drain.buffer import CurrentSource, Drain, FullyAsyncBuffer, buffer_capacity, resolve_current
+from weightbus.consumers.drain.decisions import Action, Decision, DrainStats, Judgement
+from weightbus.consumers.drain.metrics import STALENESS_BUCKETS, DrainMetrics, StalenessMetrics
+from weightbus.consumers.drain.reports import DrainReporter, to_drain_report
+from weightbus.consumers.drain.stage import OnStale, StalenessStage, judge_groups
+from weightbus.consumers.drain.tally import DrainTally
+
+__all__ = [
+    "STALENESS_BUCKETS",
+    "Action",
+    "CurrentSource",
+    "Decision",
+    "Drain",
+    "DrainMetrics",
+    "DrainReporter",
+    "DrainStats",
+    "DrainTally",
+    "FullyAsyncBuffer",
+    "Judgement",
+    "OnStale",
+    "StalenessMetrics",
+    "StalenessStage",
+    "buffer_capacity",
+    "judge_groups",
+    "resolve_current",
+    "to_drain_report",
+]

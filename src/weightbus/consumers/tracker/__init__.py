@@ -1,0 +1,19 @@
+"""The version follower: a ``VersionTracker`` holds a policy's current version from the bus.
+
+It applies ``weightbus.rules.chain.decide`` to every weights event, alerts what the rule refuses, and
+exports its state as Prometheus metrics. Nothing here knows about groups or drains.
+"""
+
+from weightbus.consumers.tracker.changes import VersionChange
+from weightbus.consumers.tracker.metrics import LAG_BUCKETS, PolicyTrackerMetrics, TrackerMetrics
+from weightbus.consumers.tracker.tracker import TrackerStatus, VersionTracker, default_observer
+
+__all__ = [
+    "LAG_BUCKETS",
+    "PolicyTrackerMetrics",
+    "TrackerMetrics",
+    "TrackerStatus",
+    "VersionChange",
+    "VersionTracker",
+    "default_observer",
+]

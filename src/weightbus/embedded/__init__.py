@@ -1,0 +1,8 @@
+"""A nats-server run by weightbus itself: one embedded server (tests, the demo, ``weightbus server``)
+and a 3-node cluster for chaos tests. Apart from the transport: ``weightbus.bus`` never imports this.
+"""
+
+from weightbus.embedded.cluster import EmbeddedCluster
+from weightbus.embedded.server import EmbeddedNats, find_nats_server, free_port
+
+__all__ = ["EmbeddedCluster", "EmbeddedNats", "find_nats_server", "free_port"]

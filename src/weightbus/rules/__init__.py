@@ -1,0 +1,49 @@
+"""The rules both sides share, as pure functions: no I/O, no clock, no bus.
+
+* ``chain``: the version-chain rule (``decide``): which weights events a follower accepts, the
+  trainer's resume rule too.
+* ``staleness``: the staleness rule (``judge``) and its one per-sample scan.
+* ``history``: the fold of a stored weights history with the chain rule.
+
+Producers and consumers import these; these import only ``weightbus.schemas`` and ``weightbus.errors``.
+"""
+
+from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState, WeightsEvent, decide
+from weightbus.rules.history import RejectedEvent, StoredEvent, WeightsHistory, fold_history
+from weightbus.rules.staleness import (
+    UNKNOWN_POLICIES,
+    GroupVersions,
+    Reason,
+    UnknownPolicy,
+    Verdict,
+    group_versions,
+    judge,
+    min_fresh_version,
+    raw_scan,
+    scan_group,
+    staleness,
+)
+
+__all__ = [
+    "UNKNOWN_POLICIES",
+    "GroupVersions",
+    "Reason",
+    "RegressionMode",
+    "RejectedEvent",
+    "StoredEvent",
+    "TrackerAction",
+    "TrackerDecision",
+    "TrackerState",
+    "UnknownPolicy",
+    "Verdict",
+    "WeightsEvent",
+    "WeightsHistory",
+    "decide",
+    "fold_history",
+    "group_versions",
+    "judge",
+    "min_fresh_version",
+    "raw_scan",
+    "scan_group",
+    "staleness",
+]
