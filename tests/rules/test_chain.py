@@ -182,9 +182,47 @@ def test_claim_with_a_lower_version_is_never_a_regression_on_its_own() -> None:
     assert not d.is_regression and d.claim_behind
 
 
-def test_claim_ahead_of_a_lagging_state_catches_up() -> None:
-    d = decide(HELD57, claim(60))
+def test_claim_ahead_of_a_lagging_state_catches_up_only_when_events_were_missed() -> None:
+    d = decide(HELD57, claim(60), rebase=True)
     assert d.state.version == 60 and d.changed and not d.is_update
+
+
+@pytest.mark.parametrize(
+    ("version", "reserved"),
+    [(2**53 - 1, None), (2**53 - 1, 2**53 - 1), (60, None), (None, 2**53 - 1), (57, 59), (58, 60)],
+)
+@pytest.mark.parametrize("previous", [None, "a"])
+def test_a_claim_above_what_the_chain_explains_is_rejected_and_the_owner_keeps_the_counter(
+    version: int | None, reserved: int | None, previous: str | None
+) -> None:
+    d = decide(HELD57, claim(version, reserved=reserved, previous=previous))
+    assert (d.action, d.reason, d.state) == (TrackerAction.REJECTED, "unexplained_claim", HELD57)
+    assert d.alert and not d.changed and d.incoming == version
+    # The owner's next update is still its own and still explained.
+    assert decide(d.state, upd(58)).action is TrackerAction.ADVANCED
+
+
+@pytest.mark.parametrize(("version", "reserved"), [(58, 58), (57, 58), (None, 58), (58, None), (3, 57)])
+def test_a_claim_may_name_one_number_above_the_chain_its_own_reservation(
+    version: int | None, reserved: int | None
+) -> None:
+    d = decide(HELD57, claim(version, reserved=reserved, previous=None))
+    assert d.action is TrackerAction.CLAIMED and d.reason in (None, "counter_reset")
+    assert d.state.version == max(57, version or 0) and d.state.publisher == "b"
+
+
+def test_the_ceiling_of_a_claim_counts_what_was_reserved_not_only_what_was_published() -> None:
+    reserved_60 = TrackerState(version=57, epoch=1, publisher="a", updated_at=50.0, incarnation="", reserved=60)
+    assert decide(reserved_60, claim(61, reserved=61)).action is TrackerAction.CLAIMED
+    assert decide(reserved_60, claim(62, reserved=62)).reason == "unexplained_claim"
+
+
+def test_a_first_claim_is_taken_as_it_is_nothing_contradicts_it() -> None:
+    assert decide(TrackerState(), claim(2**53 - 1, previous=None)).state.version == 2**53 - 1
+    # An owner that never published: its claim's numbers are what the chain saw (none), plus one.
+    owned = decide(TrackerState(), claim(None, epoch=0)).state
+    assert decide(owned, claim(1, epoch=1)).action is TrackerAction.CLAIMED
+    assert decide(owned, claim(5, epoch=1)).reason == "unexplained_claim"
 
 
 def test_non_weight_event_is_refused() -> None:

@@ -12,9 +12,15 @@
 * **No version from nowhere.** The owner's ``WeightUpdated`` may move the version up by one, or to
   a number it reserved (``VersionReserved``, a claim's ``reserved``, or the ``version + 1`` that an
   accepted ``WeightUpdated`` with ``reserves_next`` took for the next update); a reservation may be at
-  most one above everything seen. Anything else is ``unexplained_jump``. A claim may raise the
-  version (the claimant resumed above the engines' labels); a claim below the held version is a
-  ``counter_reset``: the ownership passes, the held version stays.
+  most one above everything seen. Anything else is ``unexplained_jump``.
+* **No claim from nowhere.** A claim takes over the ownership, never the numbers: its ``version``
+  and its ``reserved`` may each be at most one above the highest number the chain has seen (held
+  or reserved; the one is the claimant's own reservation, such as a resume above an engine label
+  that a lost reservation had issued). A claim above that is ``unexplained_claim``, rejected like
+  any other, and the owner keeps the counter: one forged claim can neither pin every follower at a
+  number nobody published nor fence the owner. Only a state without an owner (the first event a
+  follower sees) or a ``rebase`` (events were missed) takes a claim's numbers as they are. A claim
+  below the held version is a ``counter_reset``: the ownership passes, the held version stays.
 * **Never down silently.** A ``WeightUpdated`` below the held version is a regression, handled by
   the mode: ``hold`` keeps the held state, ``follow`` takes the incoming version, ``raise`` keeps
   the held state and tells the caller to raise. The same version again changes nothing.
@@ -58,7 +64,7 @@ class TrackerAction(StrEnum):
     REPEATED = "repeated"
     """The held version again; nothing changes."""
     CLAIMED = "claimed"
-    """A takeover claim: the owner changes; the version rises if the claim names a higher one."""
+    """A takeover claim: the owner changes; the version rises (by one at most) if the claim names a higher one."""
     RESERVED = "reserved"
     """The owner reserved a number; the version does not change."""
     HELD = "held"
@@ -114,8 +120,8 @@ class TrackerState(msgspec.Struct, frozen=True):
 class TrackerDecision(msgspec.Struct, frozen=True):
     """The outcome of one event: the action, the state before and after, the incoming version, and why.
 
-    ``reason`` names a rejection (``not_owner``, ``stale_claim``, ``unexplained_jump``) or a
-    ``counter_reset`` claim; it is None otherwise.
+    ``reason`` names a rejection (``not_owner``, ``stale_claim``, ``unexplained_jump``,
+    ``unexplained_claim``) or a ``counter_reset`` claim; it is None otherwise.
     """
 
     action: TrackerAction
@@ -171,8 +177,8 @@ def decide(
         state: what is known before the event.
         event: a ``WeightUpdated``, ``PublisherClaimed`` or ``VersionReserved`` of the same policy.
         mode: how a lower version is handled.
-        rebase: the follower missed events (its history was evicted while it was away): the owner's
-            next reservation or update may jump, as the first event of a fresh follower may.
+        rebase: the follower missed events (its history was evicted while it was away): a claim, and
+            the owner's next reservation or update, may jump, as the first event of a fresh follower may.
 
     Raises:
         TypeError: ``event`` is not a weights-family event.
@@ -206,6 +212,10 @@ def decide(
             )
             if not supersedes:
                 return TrackerDecision(TrackerAction.REJECTED, state, state, claimed, "stale_claim")
+            if state.has_owner and not rebase:
+                ceiling = max(state.reserved or 0, state.version or 0) + 1
+                if max(claimed or 0, event.reserved or 0) > ceiling:
+                    return TrackerDecision(TrackerAction.REJECTED, state, state, claimed, "unexplained_claim")
             held = state.version
             version = held if claimed is None or (held is not None and claimed <= held) else claimed
             noted = replace(

@@ -1,8 +1,8 @@
 """Alerts, any component → operators (``weightbus.<policy>.alerts``).
 
 An alert is published when weightbus refuses to take something silently: a version that went
-backwards, a weights event a tracker would not accept (not from the owner, a jump nothing explains,
-a counter reset), an engine that does not serve the version it was stamped with (or came back from a
+backwards, a weights event a tracker would not accept (not from the owner, a jump or a claim nothing
+explains, a counter reset), an engine that does not serve the version it was stamped with (or came back from a
 restart), or engines relabelled with a quarantine label because their weights may not match a number.
 """
 
@@ -28,7 +28,7 @@ __all__ = [
 #: Engine labels that start with this are quarantine labels: never a version, so always judged stale.
 QUARANTINE_PREFIX = "quarantine:"
 
-RejectReason = Literal["not_owner", "stale_claim", "unexplained_jump", "counter_reset"]
+RejectReason = Literal["not_owner", "stale_claim", "unexplained_jump", "counter_reset", "unexplained_claim"]
 
 
 class AlertEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -60,7 +60,9 @@ class VersionRejected(AlertEvent, tag="alert.version_rejected"):
     Attributes:
         reason: ``not_owner`` (not from the owner of the latest claim), ``stale_claim`` (a claim that
             does not supersede the owner), ``unexplained_jump`` (a version above anything the owner
-            reserved), ``counter_reset`` (a takeover whose counter is below the held version).
+            reserved), ``counter_reset`` (a takeover whose counter is below the held version),
+            ``unexplained_claim`` (a takeover whose version or reservation is more than one above
+            the highest number the chain had seen).
         event_type: the wire tag of the refused event.
         incoming: its version (None for a claim without one).
         event_seq: its stream sequence, so each refused event is alerted once.
