@@ -4,6 +4,8 @@ silence, never lose a drained group, never wait on monitoring, alert once per of
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from pathlib import Path
 
@@ -23,10 +25,20 @@ from weightbus.consumers import (
 from weightbus.consumers.tracker.tracker import TrackerStatus
 from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import TrackerNotReadyError
-from weightbus.producers import VersionPublisher
-from weightbus.schemas import Group, Sample, SampleStatus, VersionRegressed, WeightUpdated, now
+from weightbus.producers import EngineFleet, VersionPublisher
+from weightbus.producers.status import read_status
+from weightbus.schemas import (
+    Group,
+    PublisherClaimed,
+    Sample,
+    SampleStatus,
+    VersionRegressed,
+    VersionRejected,
+    WeightUpdated,
+    now,
+)
 
-from .conftest import history
+from .conftest import Engines, history
 
 pytestmark = pytest.mark.nats
 
@@ -181,3 +193,95 @@ async def test_drains_cost_the_same_with_nats_down(tmp_path: Path, policy: str) 
     finally:
         await bus.close()
         server.stop()
+
+
+def _rejected(registry: CollectorRegistry, policy: str, reason: str) -> float:
+    return registry.get_sample_value("weightbus_events_rejected_total", {"policy": policy, "reason": reason}) or 0.0
+
+
+@pytest.mark.parametrize("previous", [None, "t"], ids=["no-history", "epoch-plus-one"])
+async def test_a_forged_claim_far_above_the_chain_pins_no_tracker_fences_no_owner_and_recycles_no_group(
+    nats_bus: NatsBus, nats_url: str, policy: str, previous: str | None
+) -> None:
+    pub = await _publish_versions(nats_bus, policy, 3)
+    assert pub.epoch is not None
+    running_registry, fresh_registry = CollectorRegistry(), CollectorRegistry()
+    buffer = FullyAsyncBuffer(8, stage=StalenessStage(max_staleness=1, on_stale="recycle"))
+    async with VersionTracker(nats_bus, policy, registry=running_registry, check_interval=0.2) as running:
+        changes = running.changes(include_regressions=True)
+        assert (await anext(changes)).version == 3
+        # A buggy tool (or an operator's typo) claims the counter at the largest safe integer.
+        forged = PublisherClaimed(
+            policy=policy,
+            epoch=pub.epoch + 1,
+            trainer_id="typo",
+            published_at=now(),
+            version=2**53 - 1,
+            previous_trainer_id=previous,
+            incarnation="forged",
+        )
+        await nats_bus.publish(subjects.weights(policy), forged, msg_id=f"{policy}:forged")
+        seen = await asyncio.wait_for(anext(changes), 5)
+        await changes.aclose()
+        assert (seen.incoming, seen.version, seen.reason) == (2**53 - 1, 3, "unexplained_claim")
+        async with VersionTracker(nats_bus, policy, registry=fresh_registry) as fresh:
+            assert fresh.current == 3
+            for i in range(8):
+                await buffer.put(group(i, "3"))
+            drain = await asyncio.wait_for(buffer.drain(8, fresh), 5)
+            assert [g.prompt_index for g in drain.groups] == list(range(8))  # all eight trained, none recycled
+            assert drain.stats.current == 3 and not drain.stats.reasons
+            async with pub.update() as version:  # the owner is not fenced by it
+                assert version == 4
+            assert await fresh.wait_for(4, 5) == 4 and fresh.publisher == "t"
+        assert await running.wait_for(4, 5) == 4 and running.publisher == "t"
+    updates = [e.event for e in await history(nats_bus, subjects.weights(policy)) if isinstance(e.event, WeightUpdated)]
+    assert [(u.version, u.trainer_id) for u in updates] == [(1, "t"), (2, "t"), (3, "t"), (4, "t")]
+    # Rejected, counted by each tracker, alerted once for the fleet, and shown by status.
+    assert _rejected(running_registry, policy, "unexplained_claim") == 1
+    assert _rejected(fresh_registry, policy, "unexplained_claim") == 1
+    alerts = [e.event for e in await history(nats_bus, subjects.alerts(policy))]
+    rejected = [a for a in alerts if isinstance(a, VersionRejected)]
+    assert [(a.reason, a.event_type, a.incoming, a.current, a.publisher) for a in rejected] == [
+        ("unexplained_claim", "PublisherClaimed", 2**53 - 1, 3, "typo")
+    ]
+    status = await read_status(nats_bus, policy)
+    assert (status.version, status.publisher, status.epoch) == (4, "t", pub.epoch)
+    assert status.rejected == f"unexplained_claim: PublisherClaimed v{2**53 - 1} by typo"
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "weightbus", "status", "--policy", policy, "--nats", nats_url, "--json",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    doc = json.loads((await cli.communicate())[0])
+    assert (doc["version"], doc["publisher"], doc["latest_rejected"]) == (4, "t", False)
+    assert [(r["reason"], r["event_type"], r["version"], r["held"]) for r in doc["rejected"]] == [
+        ("unexplained_claim", "PublisherClaimed", 2**53 - 1, 3)
+    ]
+    successor = await VersionPublisher(nats_bus, policy, trainer_id="u").start()
+    assert (successor.version, successor.next_version) == (4, 6)  # resumes from the chain, not from the claim
+
+
+async def test_a_resume_above_the_engines_labels_after_a_lost_history_is_still_followed_by_every_tracker(
+    nats_bus: NatsBus, policy: str, engines: Engines
+) -> None:
+    fleet = EngineFleet([engines.add("e1"), engines.add("e2")])
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t", fleet=fleet).start()
+    async with VersionTracker(nats_bus, policy, check_interval=0.2) as running:
+        for _ in range(5):
+            async with pub.update():
+                pass
+        await running.wait_for(5, 5)
+        await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
+        # The replacement finds no history and resumes above the engines' label: its claim names 5.
+        restarted = await VersionPublisher(nats_bus, policy, trainer_id="t2", fleet=fleet).start()
+        async with VersionTracker(nats_bus, policy) as fresh:
+            assert fresh.current == 5 and fresh.publisher == "t2"
+            async with restarted.update() as version:
+                assert version == 6
+            assert await fresh.wait_for(6, 5) == 6
+        assert await running.wait_for(6, 5) == 6 and running.publisher == "t2"
+    async with VersionTracker(nats_bus, policy) as late:
+        assert late.current == 6
+    alerts = [e.event for e in await history(nats_bus, subjects.alerts(policy))]
+    assert not [a for a in alerts if isinstance(a, VersionRejected)]
+    assert (await read_status(nats_bus, policy)).rejected is None

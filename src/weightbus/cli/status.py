@@ -8,7 +8,8 @@ the current version.
 Exit codes (for monitoring scripts; when several apply, the lowest wins): 0 ok, 2 bad arguments,
 3 an engine is out of sync with the bus or could not be read, 4 the policy never published a
 version, 5 NATS unreachable or without JetStream, 6 the newest stored event is invalid, 7 the
-newest stored event was rejected by the tracker rule (a lower version than the one held).
+newest stored event was rejected by the tracker rule (a lower version than the one held, or an
+event nothing on the chain explains, such as a claim far above it).
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class _Status:
                     "epoch": r.epoch,
                     "trainer_id": r.trainer_id,
                     "published_at": r.published_at,
+                    "reason": r.reason,
+                    "event_type": r.event_type,
                 }
                 for r in h.rejected
             ],
@@ -196,10 +199,12 @@ def _render(status: _Status) -> str:
         ]
     for r in h.rejected:
         latest = ", the newest stored event" if h.latest_rejected and r is h.rejected[-1] else ""
-        lines.append(
-            f"REJECTED   v{r.version} by {r.trainer_id} (epoch {r.epoch}, seq {r.seq}{latest}): below v{r.held}, "
-            "trackers hold the higher version"
+        why = (
+            f"below v{r.held}, trackers hold the higher version"
+            if r.reason is None
+            else f"{r.event_type} not accepted ({r.reason}), trackers hold v{r.held}"
         )
+        lines.append(f"REJECTED   v{r.version} by {r.trainer_id} (epoch {r.epoch}, seq {r.seq}{latest}): {why}")
     if h.invalid is not None:
         lines.append(f"INVALID    newest stored event: {h.invalid} (trackers skip it)")
     if status.router_error is not None:

@@ -24,7 +24,8 @@ read before it, decides who owns the counter. Invariants:
   instance's own (a publish that landed although its caller was cancelled or timed out, or
   garbage stored after it), the publisher adopts that position and retries; if the history is gone
   (purge, recreated stream), it re-claims with the counter it holds; only an event of another
-  owner is a fence. Stray payloads are skipped and counted, never raised.
+  owner is a fence (the owner by the trackers' rule: newer events that rule rejects, such as a
+  forged claim, fence nothing). Stray payloads are skipped and counted, never raised.
 
 ``VersionUpdate`` (the ``update()`` context manager, module ``update``) runs the fleet side:
 reserve, pause, push, stamp, verify, announce, resume, and quarantine on failure.
@@ -45,6 +46,7 @@ from weightbus.engines.sglang import PauseMode
 from weightbus.errors import EngineError, FencedError, PublishError, SequenceConflictError
 from weightbus.producers.stamping import EngineFleet
 from weightbus.producers.update import VersionUpdate
+from weightbus.rules.chain import TrackerState
 from weightbus.rules.history import fold_history
 from weightbus.schemas import (
     MAX_VERSION,
@@ -376,6 +378,10 @@ class VersionPublisher:
         """
         history = await read_subject_history(self.bus, self.subject)
         last = history.last_valid
+        # Events after our newest one that the trackers' rule rejects (a forged claim) do not fence us.
+        folded = fold_history(self._policy, history.events) if last is not None and not self.is_mine(last) else None
+        if folded is not None and folded.latest_rejected and self._owns(folded.state):
+            last = next(e for e in reversed(history.events) if e.seq == folded.last_accepted_seq)
         if last is not None and self.is_mine(last):
             event = last.event
             if isinstance(event, WeightUpdated):
@@ -398,6 +404,9 @@ class VersionPublisher:
                 return
             return await self.resolve()
         raise self._fence(last)
+
+    def _owns(self, state: TrackerState) -> bool:
+        return (state.epoch, state.incarnation, state.publisher) == (self._epoch, self.incarnation, self._trainer_id)
 
     def _adopt_announced(self, event: WeightUpdated) -> None:
         version = event.version
