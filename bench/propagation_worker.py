@@ -87,7 +87,10 @@ def _weightbus(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
                 holder.hold(change.version)
 
         try:
-            async with VersionTracker(bus, cmd["policy"], registry=CollectorRegistry(), on_change=on_change) as tracker:
+            tracker = VersionTracker(
+                bus, cmd["policy"], registry=CollectorRegistry(), on_change=on_change, freeze_heap=True
+            )  # a long-running consumer process, as `weightbus follow` and `weightbus rollout` are
+            async with tracker:
                 await tracker.wait_ready(30)
                 ready()
                 await _wait(holder, cmd["timeout"])

@@ -340,3 +340,48 @@ async def test_gauges_are_read_at_scrape_time_and_do_not_keep_a_tracker_alive(po
     gc.collect()
     assert ref() is None
     assert sample(registry, "weightbus_current_version", policy) == 0
+
+
+async def test_a_tracker_leaves_the_collector_alone_unless_its_host_asks(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from weightbus.consumers.tracker import heap
+
+    frozen: list[int] = []
+    monkeypatch.setattr(heap.gc, "freeze", lambda: frozen.append(1))
+    monkeypatch.setattr(heap, "_frozen", False)
+    bus = MemoryBus()
+    await publish(bus, policy, 1)
+    async with VersionTracker(bus, policy) as tracker:
+        assert tracker.current == 1
+    assert frozen == []  # a library object never touches the process-wide collector by default
+    for _ in range(2):
+        async with VersionTracker(bus, policy, freeze_heap=True) as tracker:
+            assert tracker.current == 1
+    assert frozen == [1]  # opted in: frozen once per process, when first ready
+
+
+def test_the_replay_cursor_handles_each_event_once_and_tells_replayed_from_live() -> None:
+    from weightbus.consumers.tracker.cursor import ReplayCursor
+
+    cursor = ReplayCursor()
+    assert not cursor.subscribe(3, subscribed_at=100.0)
+    for seq in (1, 2, 3):
+        cursor.arrived(seq)
+        assert cursor.take(seq, published_at=50.0) is True  # stored before the subscription
+        assert cursor.advance(seq) is (seq == 3)
+    cursor.arrived(4)
+    assert cursor.take(4, published_at=50.0) is False  # beyond the boundary: live, whatever its clock
+    # A resubscribe delivers the history again: nothing is handled twice, and no gap means no rebase.
+    assert not cursor.subscribe(4, subscribed_at=200.0)
+    cursor.arrived(1)
+    assert [cursor.take(seq, 50.0) for seq in (1, 2, 3, 4)] == [None] * 4 and not cursor.rebase
+    # The retained history starts past what was handled: events were evicted while away.
+    assert not cursor.subscribe(9, subscribed_at=300.0)
+    cursor.arrived(7)
+    assert cursor.rebase and cursor.take(7, 50.0) is True
+    # The stream went back (purged, recreated): everything is handled again from its start.
+    assert cursor.subscribe(2, subscribed_at=400.0)
+    cursor.arrived(1)
+    assert cursor.take(1, 50.0) is True and not cursor.empty
+    assert cursor.subscribe(0, subscribed_at=500.0) and cursor.empty  # emptied: reset too, and nothing to replay

@@ -111,7 +111,13 @@ def follow_command(
 
             seen_unready: list[TrackerStatus] = []
             tracker = VersionTracker(
-                bus, policy, regression=regression, metrics=metrics, observer=observer, on_status=_status
+                bus,
+                policy,
+                regression=regression,
+                metrics=metrics,
+                observer=observer,
+                on_status=_status,
+                freeze_heap=True,  # a long-running process: its full collections must not stall delivery
             )
             async with tracker:
                 try:

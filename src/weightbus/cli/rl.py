@@ -82,6 +82,7 @@ def rollout_command(
         on_stale=on_stale,
         lora=lora,
         seed=seed,
+        freeze_heap=True,
     )
     registry = CollectorRegistry()
     start_metrics(metrics_port, registry)

@@ -45,6 +45,7 @@ from weightbus.cli._common import (
     with_connection,
 )
 from weightbus.consumers.monitor import MonitorState, PolicyView, reduce
+from weightbus.consumers.tracker.heap import freeze_startup_heap
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import BusError, InvalidPolicyError, SlowConsumerError
 from weightbus.rules.chain import TrackerAction
@@ -287,6 +288,7 @@ def watch_command(
         metrics = TrackerMetrics(registry) if metrics_port is not None else None
         start_metrics(metrics_port, registry, metrics_host)
         bus = await connect(nats, name="weightbus-watch", metrics=BusMetrics(registry), options=connection)
+        freeze_startup_heap()  # a long-running process: its full collections must not stall delivery
         try:
             await watch(bus, pattern, json_out=json_out, duration=duration, count=count, metrics=metrics)
         finally:

@@ -87,6 +87,9 @@ class RolloutConfig:
     consumer: str | None = None
     connection: ConnectOptions | None = None
     """NATS credentials and TLS (``weightbus.bus.ConnectOptions``); None reads the WEIGHTBUS_* variables."""
+    freeze_heap: bool = False
+    """Freeze the collector's start-up heap once the tracker is ready (``weightbus rollout`` does; see
+    ``VersionTracker``): it acts on the whole process, so an embedding host decides."""
 
 
 async def generate_group(
@@ -195,7 +198,7 @@ async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | No
                 counts["generated"] += sum(s.response_length for s in group.samples)
                 await buffer.put(group)
 
-    async with VersionTracker(bus, config.policy, registry=registry) as tracker:
+    async with VersionTracker(bus, config.policy, registry=registry, freeze_heap=config.freeze_heap) as tracker:
         lags: dict[int, float] = {}
 
         async def follow_lags() -> None:

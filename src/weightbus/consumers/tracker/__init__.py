@@ -5,6 +5,7 @@ exports its state as Prometheus metrics. Nothing here knows about groups or drai
 """
 
 from weightbus.consumers.tracker.changes import VersionChange
+from weightbus.consumers.tracker.heap import freeze_startup_heap
 from weightbus.consumers.tracker.metrics import LAG_BUCKETS, PolicyTrackerMetrics, TrackerMetrics
 from weightbus.consumers.tracker.tracker import TrackerStatus, VersionTracker, default_observer
 
@@ -16,4 +17,5 @@ __all__ = [
     "VersionChange",
     "VersionTracker",
     "default_observer",
+    "freeze_startup_heap",
 ]

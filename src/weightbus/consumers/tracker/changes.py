@@ -1,24 +1,28 @@
-"""``VersionChange`` and the change queues behind ``VersionTracker.changes()``.
+"""``VersionChange`` and ``ChangeFeed``, the fan-out behind ``VersionTracker.changes()``.
 
-A tracker keeps one ``_Listener`` per open ``changes()`` iterator and pushes each change to all of
-them; the iterator consumes its own queue with ``_Listener.next``.
+A tracker owns one ``ChangeFeed``; it pushes each change into it, and each open ``changes()``
+iterator (``ChangeFeed.follow``) consumes a queue of its own.
 
 Invariants:
 
-* A listener's queue is bounded by ``limit``. A change that finds it full is not queued: the
-  listener is marked overflowed, and its iterator raises ``SlowConsumerError`` when it next finds
-  the queue empty. The end marker (``_END``) and errors are always queued, so a slow iterator still
+* Each iterator's queue is bounded by ``limit``. A change that finds it full is not queued: the
+  queue is marked overflowed, and its iterator raises ``SlowConsumerError`` when it next finds
+  the queue empty. The end of the feed and its error are always queued, so a slow iterator still
   learns how the tracker ended.
-* Items come out in push order, and the first terminal item ends the iterator: ``_END`` ends it
-  quietly, an exception (the tracker's ``VersionRegressionError``) is raised by it.
-* ``include_regressions`` is read by the tracker when it pushes: a listener only receives ``held``
-  changes when it asked for them.
+* Items come out in push order, and the first terminal item ends the iterator: ``close`` ends it
+  quietly, ``fail`` makes it raise the error (the tracker's ``VersionRegressionError``).
+* An iterator that starts late gets the change that set the current version first (``last``),
+  then the feed's end or error if it has ended.
+* ``include_regressions`` is per iterator: it only receives ``held`` and ``rejected`` changes
+  (version unchanged) when it asked for them.
+* ``push`` allocates nothing but the queue entries of the iterators that take the change.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import AsyncIterator
 from typing import Final
 
 import msgspec
@@ -26,7 +30,7 @@ import msgspec
 from weightbus.errors import SlowConsumerError
 from weightbus.rules.chain import TrackerAction
 
-__all__ = ["VersionChange"]
+__all__ = ["ChangeFeed", "VersionChange"]
 
 _END: Final = object()
 
@@ -63,8 +67,10 @@ class VersionChange(msgspec.Struct, frozen=True):
     reason: str | None = None
 
 
-class _Listener:
-    """The bounded queue of one ``changes()`` iterator; overflow ends it with ``SlowConsumerError``."""
+class _Queue:
+    """The bounded queue of one iterator; overflow ends it with ``SlowConsumerError``."""
+
+    __slots__ = ("include_regressions", "items", "limit", "overflowed", "signal")
 
     def __init__(self, include_regressions: bool, limit: int) -> None:
         self.include_regressions = include_regressions
@@ -81,12 +87,6 @@ class _Listener:
         self.signal.set()
 
     async def next(self, subject: str) -> VersionChange | None:
-        """Wait for the next change; None once the tracker ended.
-
-        Raises:
-            VersionRegressionError: the error the tracker pushed (``raise`` mode saw a regression).
-            SlowConsumerError: the queue overflowed (``subject`` names the tracker's subject).
-        """
         while not self.items:
             if self.overflowed:
                 raise SlowConsumerError(subject, self.limit)
@@ -99,3 +99,61 @@ class _Listener:
             raise item
         assert isinstance(item, VersionChange)
         return item
+
+
+class ChangeFeed:
+    """The changes of one tracker, fanned out to every open iterator; see the module docstring.
+
+    Args:
+        subject: the tracker's subject (named by ``SlowConsumerError``).
+        limit: the bound of each iterator's queue.
+    """
+
+    def __init__(self, subject: str, limit: int) -> None:
+        self._subject = subject
+        self._limit = limit
+        self._queues: list[_Queue] = []
+        self._terminal: object | None = None
+        self.last: VersionChange | None = None
+        """The newest change that moved the version (a late iterator starts with it)."""
+
+    def push(self, change: VersionChange, changed: bool) -> None:
+        """Hand ``change`` to every iterator; ``changed`` False (held, rejected) only to those that asked."""
+        if changed:
+            self.last = change
+        for queue in self._queues:
+            if changed or queue.include_regressions:
+                queue.push(change)
+
+    def fail(self, exc: BaseException) -> None:
+        """End the feed with ``exc``: every iterator, and any started later, raises it."""
+        if self._terminal is None or self._terminal is _END:
+            self._terminal = exc
+        for queue in self._queues:
+            queue.push(exc)
+
+    def close(self) -> None:
+        """End the feed: every iterator ends once it consumed what was queued (idempotent)."""
+        if self._terminal is None:
+            self._terminal = _END
+        for queue in self._queues:
+            queue.push(_END)
+
+    async def follow(self, include_regressions: bool = False) -> AsyncIterator[VersionChange]:
+        """Iterate over the changes: ``last`` first (if any), then each one pushed, until the feed ends.
+
+        Raises:
+            VersionRegressionError: the error the feed was failed with.
+            SlowConsumerError: this iterator fell more than ``limit`` changes behind.
+        """
+        queue = _Queue(include_regressions, self._limit)
+        if self.last is not None:
+            queue.push(self.last)
+        if self._terminal is not None:
+            queue.push(self._terminal)
+        self._queues.append(queue)
+        try:
+            while (change := await queue.next(self._subject)) is not None:
+                yield change
+        finally:
+            self._queues.remove(queue)

@@ -8,7 +8,10 @@ Families (prefix ``weightbus_``, label ``policy`` only; never a version, epoch o
   so that ``time() - weightbus_last_update_timestamp_seconds`` is the time since the last update;
 * ``weightbus_propagation_lag_seconds`` histogram: publish-to-observe delay of live updates;
 * ``weightbus_version_regressions_total`` counter: lower versions seen, whatever the handling;
-* ``weightbus_tracker_resubscribes_total`` counter: subscriptions re-established after a failure.
+* ``weightbus_tracker_resubscribes_total`` counter: subscriptions re-established after a failure;
+* ``weightbus_events_rejected_total`` counter (label ``reason`` too: ``not_owner``, ``stale_claim``,
+  ``unexplained_jump``, ``unexplained_claim``, ``counter_reset``): weights events the tracker refused;
+* ``weightbus_tracker_ready`` gauge: 1 while the tracker knows the current state of the policy.
 
 One ``TrackerMetrics`` serves every policy of a process: registering the families twice on one
 registry raises, so trackers share it and bind a policy with ``for_policy``.
@@ -87,7 +90,8 @@ class TrackerMetrics:
         )
         self.rejected = Counter(
             "weightbus_events_rejected",
-            "Weights events the tracker refused (not from the owner, unexplained jump, stale claim, counter reset).",
+            "Weights events the tracker refused "
+            "(not from the owner, stale claim, unexplained jump or claim, counter reset).",
             ["policy", "reason"],
             registry=self.registry,
         )

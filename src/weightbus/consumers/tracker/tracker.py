@@ -3,7 +3,9 @@
 The tracker subscribes to ``weightbus.<policy>.weights`` replaying the subject's retained history
 (``Deliver.ALL``), so a tracker that starts or restarts learns the current version from the stream at
 once, and validates the whole chain of claims, reservations and updates with the pure rule
-``tracker_state.decide``.
+``rules.chain.decide``. Its parts: ``cursor`` (where the subscription stands: replayed or live,
+handled or not), ``health`` (the watchdog beside the loop), ``changes`` (the iterators' fan-out),
+``alerts`` and ``metrics``.
 
 Invariants:
 
@@ -30,14 +32,14 @@ Invariants:
 * The per-event path does no logging work for disabled levels, arms no timer (the health check is
   a watchdog beside the loop), sets no gauge (they are read at scrape time) and allocates no wake-up
   when nobody waits; ``on_change`` is called
-  synchronously with each change for hosts that want a callback instead of an iterator. The
-  start-up heap is frozen for the collector once ready (``freeze_heap``).
+  synchronously with each change for hosts that want a callback instead of an iterator.
+* A library object leaves the process alone: the collector's start-up heap is frozen once ready
+  only when the host asks for it (``freeze_heap``; the CLI's long-running processes do).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import socket
@@ -50,12 +52,15 @@ from types import TracebackType
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import subjects
-from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped, Subscription
+from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped
 from weightbus.consumers.tracker.alerts import TrackerAlerts
-from weightbus.consumers.tracker.changes import _END, VersionChange, _Listener
+from weightbus.consumers.tracker.changes import ChangeFeed, VersionChange
+from weightbus.consumers.tracker.cursor import ReplayCursor
+from weightbus.consumers.tracker.health import SubscriptionWatchdog
+from weightbus.consumers.tracker.heap import freeze_startup_heap
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import SlowConsumerError, TrackerNotReadyError, VersionRegressionError
-from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerState, decide
+from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState, decide
 from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightUpdated
 
 __all__ = ["TrackerStatus", "VersionChange", "VersionTracker", "default_observer"]
@@ -76,10 +81,6 @@ class TrackerStatus(StrEnum):
 
 _READY = frozenset({TrackerStatus.CURRENT, TrackerStatus.NEVER_PUBLISHED})
 _NO_STATE = TrackerState()
-
-
-class _SubscriptionLost(Exception):
-    """The subscription stalled or its stream was reset; raised inside the follow loop only."""
 
 
 def default_observer() -> str:
@@ -110,9 +111,10 @@ class VersionTracker:
             the subject's last sequence (a stalled or reset subscription is recreated).
         on_change: called synchronously with every ``VersionChange`` (must not block).
         freeze_heap: when the tracker is first ready, move everything allocated so far into the
-            collector's permanent generation (``gc.freeze``, once per process), so that a long-running
-            consumer's full collections do not stall event delivery (about 0.5 s per collection seen
-            with 8 tracker processes; all of them collecting at the same moment).
+            collector's permanent generation (``freeze_startup_heap``: ``gc.freeze``, once per
+            process), so that a long-running consumer's full collections do not stall event delivery
+            (about 0.5 s per collection seen with 8 tracker processes, all of them collecting at the
+            same moment). Off by default: it acts on the whole process, so the host decides.
         on_status: called synchronously with every status change (``deaf``, ``current``...).
 
     Raises:
@@ -135,7 +137,7 @@ class VersionTracker:
         ready_timeout: float = 10.0,
         check_interval: float = 2.0,
         on_change: Callable[[VersionChange], None] | None = None,
-        freeze_heap: bool = True,
+        freeze_heap: bool = False,
         on_status: Callable[[TrackerStatus], None] | None = None,
     ) -> None:
         if metrics is not None and registry is not None:
@@ -152,7 +154,6 @@ class VersionTracker:
         self._retry_delay = retry_delay
         self._max_retry_delay = max_retry_delay
         self._check_interval = check_interval
-        self._max_pending = max_pending_changes
         self._on_change = on_change
         self._state = TrackerState()
         me = weakref.ref(self)  # the registry outlives trackers; it must not keep one alive
@@ -165,16 +166,9 @@ class VersionTracker:
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
         self._waker = asyncio.Event()
-        self._listeners: list[_Listener] = []
-        self._last_change: VersionChange | None = None
-        self._last_handled: int | None = None
-        self._position = 0
-        self._boundary: int | None = None
-        self._subscribed_at = 0.0
-        self._last_item_at = time.monotonic()
+        self._feed = ChangeFeed(self._subject, max_pending_changes)
+        self._cursor = ReplayCursor()
         self._waiters = 0
-        self._rebase = False
-        self._first_of_subscription = False
         self._freeze_heap = freeze_heap
         self._on_status = on_status
         self.deaf_reason: str | None = None
@@ -239,7 +233,7 @@ class VersionTracker:
         self._status = status
         ready = status in _READY
         if ready and not self._was_ready and self._freeze_heap:
-            _freeze_startup_heap()
+            freeze_startup_heap()
         self._was_ready = self._was_ready or ready
         self._m.set_ready(ready)
         if self._on_status is not None:
@@ -329,85 +323,48 @@ class VersionTracker:
                     delay = min(delay * 2, self._max_retry_delay)
         except VersionRegressionError as exc:
             self._error = exc
-            for listener in self._listeners:
-                listener.push(exc)
+            self._feed.fail(exc)
             raise
         finally:
             self._running = False
             self._finish()
 
     async def _follow(self) -> None:
+        cursor = self._cursor
         async with self._bus.subscribe(self._subject, deliver=Deliver.ALL, include_invalid=True) as sub:
-            self._subscribed_at = time.time()
+            subscribed_at = time.time()
             stored = await self._bus.last_seq(self._subject)
-            if self._last_handled is not None and stored < self._last_handled:
+            handled = cursor.last_handled
+            if cursor.subscribe(stored, subscribed_at):
                 log.error(
                     "the weights stream was reset (purged or recreated); replaying it from its start",
-                    extra={"policy": self.policy, "stored": stored, "handled": self._last_handled},
+                    extra={"policy": self.policy, "stored": stored, "handled": handled},
                 )
-                self._last_handled = None
-            self._boundary = stored
-            self._position = 0
-            self._first_of_subscription = True
-            if stored == 0:
+            if cursor.empty:
                 self._replayed()
+            watchdog = SubscriptionWatchdog(self._bus, self._subject, cursor, self._check_interval, self._caught_up)
             # The health check runs beside the loop, so the per-event path pays no timer per event.
-            watchdog = asyncio.create_task(self._watch(sub), name=f"weightbus-tracker-watchdog-{self.policy}")
+            watching = asyncio.create_task(watchdog.watch(sub), name=f"weightbus-tracker-watchdog-{self.policy}")
             try:
                 async for item in sub:
-                    self._last_item_at = time.monotonic()
-                    if self._first_of_subscription:
-                        self._first_of_subscription = False
-                        # The retained history no longer holds the last event we handled: events were
-                        # evicted while we were away, so the chain restarts from what is retained.
-                        if self._last_handled is not None and item.seq is not None and item.seq > self._last_handled:
-                            self._rebase = True
+                    cursor.arrived(item.seq)
                     if isinstance(item, Skipped):
                         self._advance(item.seq)
                     else:
                         await self._handle(item)
             finally:
-                watchdog.cancel()
+                watching.cancel()
 
-    async def _watch(self, sub: Subscription) -> None:
-        """Every ``check_interval`` of silence: is the subject where the subscription is? If not, fail it."""
-        stalled = 0
-        while True:
-            await asyncio.sleep(self._check_interval)
-            if time.monotonic() - self._last_item_at < self._check_interval:
-                stalled = 0
-                continue
-            try:
-                stalled = await self._check_health(stalled)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # Ends the iteration in ``_follow`` with this error: the loop then resubscribes.
-                fail = getattr(sub, "fail", None)
-                if fail is None:
-                    raise
-                fail(exc)
-                return
-
-    async def _check_health(self, stalled: int) -> int:
-        stored = await self._bus.last_seq(self._subject)  # a BusError here (stream gone) makes us deaf
-        if stored < self._position:
-            raise _SubscriptionLost(f"the stream was reset (last sequence {stored} < {self._position})")
-        if stored > self._position:
-            if stalled >= 1:
-                raise _SubscriptionLost(f"no delivery while the subject moved to sequence {stored}")
-            return stalled + 1
+    def _caught_up(self) -> None:
         if self._status is TrackerStatus.DEAF:
             self._replayed()
-        return 0
 
     def _finish(self) -> None:
         if self._stopped:
             return
         self._stopped = True
         self._set_status(TrackerStatus.STOPPED)
-        for listener in self._listeners:
-            listener.push(_END)
+        self._feed.close()
         self._wake()
 
     # -- waiting and iterating -------------------------------------------------------------------
@@ -458,7 +415,7 @@ class VersionTracker:
     def __aiter__(self) -> AsyncIterator[VersionChange]:
         return self.changes()
 
-    async def changes(self, *, include_regressions: bool = False) -> AsyncIterator[VersionChange]:
+    def changes(self, *, include_regressions: bool = False) -> AsyncIterator[VersionChange]:
         """Iterate over version changes: the change that set the current version first (if known), then each one.
 
         Args:
@@ -468,19 +425,7 @@ class VersionTracker:
             VersionRegressionError: ``raise`` mode saw a regression.
             SlowConsumerError: this iterator fell more than ``max_pending_changes`` behind.
         """
-        listener = _Listener(include_regressions, self._max_pending)
-        if self._last_change is not None:
-            listener.push(self._last_change)
-        if self._error is not None:
-            listener.push(self._error)
-        elif self._stopped:
-            listener.push(_END)
-        self._listeners.append(listener)
-        try:
-            while (change := await listener.next(self._subject)) is not None:
-                yield change
-        finally:
-            self._listeners.remove(listener)
+        return self._feed.follow(include_regressions)
 
     # -- the follow loop -------------------------------------------------------------------------
 
@@ -488,17 +433,14 @@ class VersionTracker:
         """The history is replayed up to the boundary: settle the status from what was seen."""
         if self._state.version is not None:
             self._set_status(TrackerStatus.CURRENT)
-        elif self._seen_valid or self._boundary == 0:
+        elif self._seen_valid or self._cursor.empty:
             self._set_status(TrackerStatus.NEVER_PUBLISHED)
         else:
             self._set_status(TrackerStatus.NO_VALID_VERSION)
         self.deaf_reason = None if self.ready else self.deaf_reason
 
     def _advance(self, seq: int | None) -> None:
-        if seq is not None and seq > self._position:
-            self._position = seq
-        boundary = self._boundary
-        if self._status not in _READY and (boundary is None or seq is None or self._position >= boundary):
+        if self._cursor.advance(seq) and self._status not in _READY:
             self._replayed()
         else:
             self._wake()
@@ -513,20 +455,15 @@ class VersionTracker:
             )
             self._advance(seq)
             return
-        if seq is not None and self._last_handled is not None and seq <= self._last_handled:
+        replayed = self._cursor.take(seq, event.published_at)
+        if replayed is None:
             self._advance(seq)  # history already handled before a resubscribe
             return
-        replayed = (
-            seq <= self._boundary
-            if seq is not None and self._boundary is not None
-            else (event.published_at < self._subscribed_at)
-        )
         self._seen_valid = True
-        decision = decide(self._state, event, self.mode, rebase=self._rebase)
-        if self._rebase and isinstance(event, WeightUpdated) and decision.reason is None:
-            self._rebase = False
-        if seq is not None:
-            self._last_handled = seq
+        cursor = self._cursor
+        decision = decide(self._state, event, self.mode, rebase=cursor.rebase)
+        if cursor.rebase and isinstance(event, WeightUpdated) and decision.reason is None:
+            cursor.rebase = False
         self._state = state = decision.state
         lag: float | None = None
         if decision.is_update and not replayed:
@@ -536,34 +473,8 @@ class VersionTracker:
             self._m.observe_lag(lag)
         if decision.alert:
             await self._alerts.raise_alert(decision, event, env, replayed, self._m)
-        changed = decision.changed
-        if changed or decision.action in (TrackerAction.HELD, TrackerAction.REJECTED):
-            change = VersionChange(
-                policy=self.policy,
-                action=decision.action,
-                previous=decision.previous.version,
-                version=state.version,
-                incoming=decision.incoming,
-                epoch=event.epoch,
-                publisher=event.trainer_id,
-                published_at=event.published_at,
-                received_at=env.received_at,
-                lag=lag,
-                replayed=replayed,
-                reason=decision.reason,
-            )
-            if changed:
-                self._last_change = change
-                if self._on_change is not None:
-                    self._on_change(change)
-                if log.isEnabledFor(logging.INFO):
-                    log.info(
-                        "weight version changed",
-                        extra={"policy": self.policy, "action": decision.action.value, "version": state.version},
-                    )
-            for listener in self._listeners:
-                if changed or listener.include_regressions:
-                    listener.push(change)
+        if decision.changed or decision.action in (TrackerAction.HELD, TrackerAction.REJECTED):
+            self._emit(decision, event, env, lag, replayed)
         self._advance(seq)
         if self._status is TrackerStatus.NEVER_PUBLISHED and state.version is not None:
             self._set_status(TrackerStatus.CURRENT)
@@ -573,16 +484,39 @@ class VersionTracker:
             assert decision.previous.version is not None and decision.incoming is not None
             raise VersionRegressionError(self.policy, decision.previous.version, decision.incoming, event.trainer_id)
 
-
-_heap_frozen = False
-
-
-def _freeze_startup_heap() -> None:
-    global _heap_frozen
-    if not _heap_frozen:
-        _heap_frozen = True
-        gc.collect()
-        gc.freeze()
+    def _emit(
+        self,
+        decision: TrackerDecision,
+        event: WeightUpdated | PublisherClaimed | VersionReserved,
+        env: Envelope,
+        lag: float | None,
+        replayed: bool,
+    ) -> None:
+        """Hand one change (or held/rejected event) to ``on_change`` and the iterators."""
+        changed = decision.changed
+        change = VersionChange(
+            policy=self.policy,
+            action=decision.action,
+            previous=decision.previous.version,
+            version=decision.state.version,
+            incoming=decision.incoming,
+            epoch=event.epoch,
+            publisher=event.trainer_id,
+            published_at=event.published_at,
+            received_at=env.received_at,
+            lag=lag,
+            replayed=replayed,
+            reason=decision.reason,
+        )
+        if changed:
+            if self._on_change is not None:
+                self._on_change(change)
+            if log.isEnabledFor(logging.INFO):
+                log.info(
+                    "weight version changed",
+                    extra={"policy": self.policy, "action": decision.action.value, "version": change.version},
+                )
+        self._feed.push(change, changed)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
