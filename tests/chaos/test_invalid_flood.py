@@ -16,6 +16,11 @@ needs).
 
 ``test_trainer_survives_invalid_payloads_on_its_subject``: invalid payloads on the weights subject do not
 stop the trainer (the publisher resolves its conditional publish past them from the history).
+
+``test_forged_claims_raced_against_every_update_move_nothing``: schema-valid claims that nothing on the
+chain explains (the largest safe integer and below, with no history or a higher epoch), each raced
+against one of the trainer's updates: no tracker moves, the trainer is never fenced, every forged claim
+is counted and alerted exactly once.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ from prometheus_client import CollectorRegistry
 
 from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, rss_mib, wait_until
 from weightbus.bus import BusMetrics, Deliver, NatsBus, connect, subjects
+from weightbus.bus.history import read_subject_history
 from weightbus.consumers import VersionTracker
 from weightbus.consumers.monitor import MonitorState, reduce
 from weightbus.embedded.server import EmbeddedNats
 from weightbus.producers import VersionPublisher
+from weightbus.schemas import PublisherClaimed, VersionRejected, WeightUpdated, encode, now
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]
 
@@ -175,4 +182,55 @@ async def test_trainer_survives_invalid_payloads_on_its_subject(own_server: Embe
         assert version == 2
     finally:
         await rogue.close()
+        await bus.close()
+
+
+async def test_forged_claims_raced_against_every_update_move_nothing(own_server: EmbeddedNats) -> None:
+    policy = "chaos-forged-claims"
+    registry = CollectorRegistry()
+    bus = await connect(own_server.url, name="chaos-trainer")
+    tracker_bus = await connect(own_server.url, name="chaos-tracker")
+    rogue = await nats.connect(own_server.url, name="chaos-rogue")
+    js = rogue.jetstream()
+    pub = await VersionPublisher(bus, policy, trainer_id="t").start()
+    assert pub.epoch is not None
+    tracker = await VersionTracker(tracker_bus, policy, registry=registry).start()
+    try:
+        for i in range(UPDATES):
+            forged = PublisherClaimed(
+                policy=policy,
+                epoch=pub.epoch + 1 + i,
+                trainer_id=f"typo-{i}",
+                published_at=now(),
+                version=2**53 - 1 - i,
+                previous_trainer_id=None if i % 2 else "t",
+                reserved=2**53 - 1 - i if i % 3 else None,
+            )
+            racer = asyncio.create_task(js.publish(subjects.weights(policy), encode(forged)))
+            async with pub.update() as version:
+                await asyncio.sleep(0)
+            assert version == i + 1
+            await racer
+        assert pub.fenced is None
+        assert await tracker.wait_for(UPDATES, 30) == UPDATES
+
+        def _rejected() -> float:
+            labels = {"policy": policy, "reason": "unexplained_claim"}
+            return registry.get_sample_value("weightbus_events_rejected_total", labels) or 0.0
+
+        await wait_until(lambda: _rejected() == UPDATES, 30, "the tracker to count every forged claim")
+        async with VersionTracker(tracker_bus, policy, registry=CollectorRegistry()) as late:
+            assert late.current == UPDATES and late.publisher == "t"
+        weights = await read_subject_history(bus, subjects.weights(policy))
+        updates = [e.event for e in weights.events if isinstance(e.event, WeightUpdated)]
+        assert [(u.version, u.trainer_id) for u in updates] == [(v, "t") for v in range(1, UPDATES + 1)]
+        alerts = await read_subject_history(bus, subjects.alerts(policy))
+        rejected = [e.event for e in alerts.events if isinstance(e.event, VersionRejected)]
+        assert sorted(a.publisher for a in rejected) == sorted(f"typo-{i}" for i in range(UPDATES))
+        assert {a.reason for a in rejected} == {"unexplained_claim"}
+        assert tracker.current == UPDATES
+    finally:
+        await tracker.stop()
+        await rogue.close()
+        await tracker_bus.close()
         await bus.close()

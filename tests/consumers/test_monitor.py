@@ -87,6 +87,18 @@ def test_lower_version_is_held_flagged_as_rejected_and_recorded_as_an_alert() ->
     assert "v57 → v1" in view.alerts[0].summary and "cell-1" in view.alerts[0].summary
 
 
+def test_a_forged_claim_far_above_the_chain_is_flagged_and_moves_neither_version_nor_owner() -> None:
+    forged = PublisherClaimed(
+        policy="p", epoch=2, trainer_id="typo", published_at=200.0, version=2**53 - 1, previous_trainer_id=None
+    )
+    view = run((W, upd(3), 101.0, True), (W, forged, 201.0, True), (W, upd(4), 202.0, True)).policies["p"]
+    assert (view.weights.version, view.weights.epoch, view.weights.publisher) == (4, 1, "a")
+    assert view.rejected is not None and (view.rejected.version, view.rejected.held) == (2**53 - 1, 3)
+    assert view.rejected.publisher == "typo"
+    assert [a.kind for a in view.alerts] == ["rejected_seen"]
+    assert "unexplained_claim" in view.alerts[0].summary and "typo" in view.alerts[0].summary
+
+
 def test_drains_keep_recent_reports_and_totals() -> None:
     s = "weightbus.p.drains"
     state = run(*[(s, drain(i, 10, i, 1, 0.5 * i, i), 200.0, True) for i in range(1, 6)], max_recent=3)
