@@ -253,6 +253,13 @@ async def test_a_forged_claim_far_above_the_chain_pins_no_tracker_fences_no_owne
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     doc = json.loads((await cli.communicate())[0])
+    text = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "weightbus", "status", "--policy", policy, "--nats", nats_url,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    shown = (await text.communicate())[0].decode()
+    assert f"REJECTED   v{2**53 - 1} by typo" in shown and "PublisherClaimed not accepted (unexplained_claim)" in shown
+    assert "version    4" in shown
     assert (doc["version"], doc["publisher"], doc["latest_rejected"]) == (4, "t", False)
     assert [(r["reason"], r["event_type"], r["version"], r["held"]) for r in doc["rejected"]] == [
         ("unexplained_claim", "PublisherClaimed", 2**53 - 1, 3)
