@@ -128,11 +128,12 @@ class WeightbusDataBuffer:
         dynamic_filter: a miles dynamic filter ``(args, group) -> output with .keep and .reason``; by default
             loaded from ``args.dynamic_sampling_filter_path`` through miles when that is set.
         ready_timeout: seconds the first ``put``/``get``, and then each ``get_metrics`` window's first
-            ``get``, wait for a tracker that is not ready.
+            ``get``, wait for a tracker that is not ready; by default ``args.weightbus_ready_timeout``
+            or ``WEIGHTBUS_READY_TIMEOUT``, else 10.
 
     Raises:
         ValueError: no policy (``args.weightbus_policy`` / ``WEIGHTBUS_POLICY``), a bad
-            ``WEIGHTBUS_UNKNOWN``, or ``args`` without ``rollout_batch_size``.
+            ``WEIGHTBUS_UNKNOWN`` or ready timeout, or ``args`` without ``rollout_batch_size``.
     """
 
     def __init__(
@@ -141,7 +142,7 @@ class WeightbusDataBuffer:
         *,
         bus: Bus | None = None,
         dynamic_filter: Callable[[Any, list[Any]], Any] | None = None,
-        ready_timeout: float = 10.0,
+        ready_timeout: float | None = None,
     ) -> None:
         args = input.args
         self._args = args
@@ -176,6 +177,14 @@ class WeightbusDataBuffer:
         consumer = os.environ.get("WEIGHTBUS_CONSUMER") or f"miles:{socket.gethostname()}:{os.getpid()}"
         # A boot id keeps a restarted process' report ids from being deduplicated against the last run's.
         self.consumer = f"{consumer}:{uuid.uuid4().hex[:8]}"
+        if ready_timeout is None:
+            raw = _setting(args, "weightbus_ready_timeout", "WEIGHTBUS_READY_TIMEOUT", "10")
+            try:
+                ready_timeout = float(raw)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise ValueError(f"WEIGHTBUS_READY_TIMEOUT must be a number of seconds, not {raw!r}") from None
+        if ready_timeout < 0:
+            raise ValueError(f"the ready timeout must be >= 0 seconds, not {ready_timeout}")
         self._ready_timeout = ready_timeout
         self._dynamic_filter = dynamic_filter
         self._filter_path = getattr(args, "dynamic_sampling_filter_path", None)

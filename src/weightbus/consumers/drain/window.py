@@ -174,6 +174,9 @@ class DrainWindow:
         Returns:
             True if the group was kept (it is in ``t.kept``).
         """
+        newest = self._newest
+        if newest is not None and t.current is not None and newest > t.current:
+            t.evidence(newest)  # admitted while this judgement waited (an aborted group's label, say)
         reason = t.add(group)
         kept = reason is Reason.FRESH or reason is Reason.UNMEASURED
         if not kept:
