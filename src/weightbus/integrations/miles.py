@@ -25,8 +25,9 @@ training step. This class keeps miles' contract and replaces its staleness contr
   ``--dynamic-sampling-filter-path`` rejects are dropped, as miles does.
 * **Metrics** keep miles' names (``rollout/fully_async/queue_size``, ``aborted_groups_filtered``,
   ``stale_groups_filtered``, ``avg_staleness``, ``max_staleness``, ``buffer_avg_staleness``,
-  ``buffer_max_staleness``, ``rollout/dynamic_filter/drop_<reason>``) plus ``weightbus/*``; each
-  ``get_metrics()`` window is published as a ``DrainReport`` on ``weightbus.<policy>.drains``.
+  ``buffer_max_staleness``, ``rollout/dynamic_filter/drop_<reason>``, none for a reason-less drop) plus
+  ``weightbus/*``; each ``get_metrics()`` window is published as a ``DrainReport`` on
+  ``weightbus.<policy>.drains``.
 * The capacity is miles' ``floor(async_data_buffer_capacity_factor * rollout_batch_size)`` groups; a full
   buffer blocks ``put``.
 
