@@ -1,7 +1,9 @@
 """Benchmark: how many groups per second the staleness stage judges, against miles' old per-group poll.
 
 The stage judges N groups of 8 samples against an in-memory current version (labels pre-parsed when
-the samples are built). The old approach (miles before #2244) asked the router for the version with
+the samples are built), through the drain engine (``DrainWindow``) as ``judge_groups`` does; the
+``FullyAsyncBuffer`` line times one ``drain`` of the same groups already buffered (the engine's
+per-group ``take``), for information. The old approach (miles before #2244) asked the router for the version with
 one ``GET /model_info`` per drained group; here that is a sync ``httpx.Client`` with keep-alive
 against a local stdlib ``ThreadingHTTPServer`` answering ``{"weight_version": "10"}``, plus the same
 comparison. Results go to stdout and ``bench/results/drain.json``. Stdlib, weightbus and httpx only.
@@ -12,6 +14,7 @@ Usage: python bench/drain.py [--groups N] [--http-groups M] [--repeat R] [--out 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -24,7 +27,7 @@ from pathlib import Path
 import httpx
 from prometheus_client import CollectorRegistry
 
-from weightbus.consumers import StalenessMetrics, StalenessStage
+from weightbus.consumers import FullyAsyncBuffer, StalenessMetrics, StalenessStage
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 SAMPLES_PER_GROUP = 8
@@ -64,6 +67,29 @@ def bench_stage(n: int, repeat: int) -> dict[str, float]:
         judgement = stage.judge(groups, CURRENT)
         best = min(best, time.perf_counter() - start)
         kept = judgement.stats.kept
+    return {"groups": n, "seconds": best, "groups_per_s": n / best, "kept": kept}
+
+
+def bench_buffer(n: int, repeat: int) -> dict[str, float]:
+    """One ``FullyAsyncBuffer.drain`` of every kept group, the ``n`` groups buffered beforehand (not timed)."""
+
+    async def once() -> tuple[float, int]:
+        groups = build_groups(n)
+        metrics = StalenessMetrics(CollectorRegistry()).for_policy("bench")
+        stage = StalenessStage(max_staleness=MAX_STALENESS, on_stale="drop", metrics=metrics)
+        buffer = FullyAsyncBuffer(n, stage=stage)
+        for group in groups:
+            await buffer.put(group)
+        kept = n - n // 4  # a quarter is stale (see build_groups)
+        start = time.perf_counter()
+        drain = await buffer.drain(kept, CURRENT)
+        return time.perf_counter() - start, drain.stats.kept
+
+    best = float("inf")
+    kept = 0
+    for _ in range(repeat):
+        seconds, kept = asyncio.run(once())
+        best = min(best, seconds)
     return {"groups": n, "seconds": best, "groups_per_s": n / best, "kept": kept}
 
 
@@ -120,15 +146,18 @@ def main() -> None:
 
     load_before = os.getloadavg()[0]
     stage = bench_stage(args.groups, args.repeat)
+    buffer = bench_buffer(args.groups, min(args.repeat, 3))
     http = bench_http_poll(args.http_groups)
     ratio = stage["groups_per_s"] / http["groups_per_s"]
     print(f"stage (in-memory version, pre-parsed labels): {stage['groups_per_s']:>12,.0f} groups/s")
+    print(f"FullyAsyncBuffer.drain (groups buffered):     {buffer['groups_per_s']:>12,.0f} groups/s")
     print(f"old   (GET /model_info per group, keep-alive): {http['groups_per_s']:>12,.0f} groups/s")
     print(f"ratio: {ratio:,.0f}x  (target for the stage: >= 300,000 groups/s)")
     print(f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after (2 cores: above 2 is shared)")
     result = {
         "samples_per_group": SAMPLES_PER_GROUP,
         "stage": stage,
+        "buffer_drain": buffer,
         "http_poll": http,
         "ratio": ratio,
         "target_groups_per_s": 300_000,

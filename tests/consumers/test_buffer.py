@@ -267,3 +267,60 @@ async def test_drain_wakes_a_blocked_producer_before_waiting_for_more():
     drain = await asyncio.wait_for(buffer.drain(2, 1), 1)
     assert [g.prompt_index for g in drain.groups] == [1, 2]
     assert await producer
+
+
+async def test_put_side_rejects_reach_prometheus_once_with_the_drain_not_per_put():
+    registry = CollectorRegistry()
+    metrics = StalenessMetrics(registry).for_policy("p")
+    buffer = FullyAsyncBuffer(
+        10, stage=StalenessStage(metrics=metrics), dynamic_filter=lambda g: "" if g.prompt_index == 8 else None
+    )
+    assert not await buffer.put(make_group(9, ["1"], status=SampleStatus.ABORTED))
+    assert not await buffer.put(make_group(8, ["1"]))
+    await fill(buffer, make_group(1, ["1"]))
+
+    def groups(action, reason):
+        return registry.get_sample_value("weightbus_groups_total", {"policy": "p", "action": action, "reason": reason})
+
+    assert groups("dropped", "aborted") is None and groups("dropped", "filtered") is None
+    assert registry.get_sample_value("weightbus_buffer_groups", {"policy": "p"}) == 1  # read at scrape time
+    drain = await buffer.drain(1, 1)
+    assert groups("dropped", "aborted") == 1 and groups("dropped", "filtered") == 1
+    assert drain.stats.reasons == {"aborted": 1, "filtered": 1}
+    assert "rollout/dynamic_filter/drop_" not in "".join(drain.metrics)  # a reason-less reject has no key
+
+
+async def test_a_newer_label_anywhere_in_the_buffer_is_evidence_for_the_drain():
+    buffer = FullyAsyncBuffer(10, stage=StalenessStage(max_staleness=0))
+    await fill(buffer, make_group(1, ["0"]), make_group(2, ["1"]))
+    drain = await buffer.drain(1, 0)
+    # version 1 exists (group 2 was generated with it): group 1 is a version behind, as judge_groups says
+    assert [g.prompt_index for g in drain.groups] == [2]
+    assert (drain.stats.current, drain.stats.reasons) == (1, {"stale": 1})
+
+
+async def test_an_aborted_label_put_while_a_drain_waits_reaches_it():
+    buffer = FullyAsyncBuffer(10, stage=StalenessStage(max_staleness=1))
+    pending = asyncio.create_task(buffer.drain(1, 10))
+    await asyncio.sleep(0.01)
+    assert not await buffer.put(make_group(1, ["13"], status=SampleStatus.ABORTED))
+    await fill(buffer, make_group(2, ["11"]), make_group(3, ["13"]))
+    drain = await asyncio.wait_for(pending, 1)
+    assert [g.prompt_index for g in drain.groups] == [3]
+    assert drain.stats.reasons == {"aborted": 1, "stale": 1}
+
+
+async def test_a_cancelled_drains_filter_counts_stay_in_the_next_window():
+    buffer = FullyAsyncBuffer(10, stage=StalenessStage(max_staleness=1))
+    await fill(buffer, make_group(1, ["5"]), make_group(2, ["10"]))
+    task = asyncio.create_task(buffer.drain(2, 10))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(buffer) == 1  # the kept group is back; the stale one was routed
+    await fill(buffer, make_group(3, ["10"]))
+    drain = await buffer.drain(2, 10)
+    assert [g.prompt_index for g in drain.groups] == [2, 3]
+    assert drain.stats.reasons == {"stale": 1} and drain.stats.staleness_max == 5
+    assert drain.stats.dropped == 1 and drain.stats.kept == 2

@@ -106,3 +106,104 @@ async def test_publish_failure_is_logged_and_counted_and_never_fails_the_drain(h
 def test_reporter_validates_the_policy():
     with pytest.raises(InvalidPolicyError):
         DrainReporter(MemoryBus(), "bad.policy", "rm-0")
+
+
+class BufferingBus:
+    """A bus that, while ``down``, keeps what is published and answers nothing, as nats-py's reconnect
+    buffer does; when ``up()`` it stores what it kept, deduplicating by ``msg_id`` as JetStream does."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.kept: list[tuple[str, object]] = []
+        self.stored: dict[str, object] = {}
+        self.calls = 0
+
+    async def publish(self, subject, event, *, msg_id, expected_last_seq=None, headers=None) -> PublishAck:
+        self.calls += 1
+        if self.down:
+            self.kept.append((msg_id, event))
+            await asyncio.sleep(10)  # no acknowledgement while disconnected
+        duplicate = msg_id in self.stored
+        self.stored.setdefault(msg_id, event)
+        return PublishAck(seq=len(self.stored), duplicate=duplicate)
+
+    def up(self) -> None:
+        self.down = False
+        for msg_id, event in self.kept:
+            self.stored.setdefault(msg_id, event)
+        self.kept.clear()
+
+
+async def test_a_report_stored_after_its_publish_timed_out_is_not_counted_as_failed():
+    registry = CollectorRegistry()
+    metrics = StalenessMetrics(registry).for_policy("p")
+    bus = BufferingBus()
+    reporter = DrainReporter(bus, "p", "rm-0", metrics=metrics, timeout=0.05)
+    stats = judge_groups([make_group(1, ["1"])], 1).stats
+    bus.down = True
+    reporter.submit(stats)
+    async with asyncio.timeout(5):
+        while reporter.in_doubt == 0:
+            await asyncio.sleep(0.01)
+    bus.up()  # the client's buffer went out on reconnect: report 1 is stored
+    reporter.submit(stats)
+    await reporter.flush(5)
+    assert sorted(bus.stored) == ["p:drain:rm-0:1", "p:drain:rm-0:2"]
+    assert reporter.failures == 0 and reporter.in_doubt == 0
+    assert registry.get_sample_value("weightbus_drain_report_failures_total", {"policy": "p"}) == 0
+    await reporter.aclose()
+
+
+async def test_a_report_that_never_lands_is_counted_once_when_given_up():
+    bus = BufferingBus()
+    reporter = DrainReporter(bus, "p", "rm-0", timeout=0.05)
+    bus.down = True
+    reporter.submit(judge_groups([make_group(1, ["1"])], 1).stats)
+    async with asyncio.timeout(5):
+        while reporter.in_doubt == 0:
+            await asyncio.sleep(0.01)
+    bus.kept.clear()  # lost with the connection
+    await reporter.aclose()
+    assert reporter.failures == 1 and reporter.in_doubt == 0 and bus.stored == {}
+
+
+def test_a_report_submitted_outside_the_event_loop_is_dropped_and_counted():
+    reporter = DrainReporter(MemoryBus(), "p", "rm-0")
+    assert not reporter.submit(judge_groups([make_group(1, ["1"])], 1).stats)
+    assert reporter.dropped == 1 and reporter.seq == 1
+
+
+@pytest.mark.nats
+@pytest.mark.slow
+async def test_reports_queued_while_nats_is_down_and_stored_later_are_not_failures(tmp_path, policy):
+    from weightbus.bus import connect
+    from weightbus.bus.history import read_subject_history
+    from weightbus.embedded.server import EmbeddedNats
+
+    server = EmbeddedNats(store_dir=tmp_path / "js").start()
+    bus = await connect(server.url, publish_timeout=0.3, publish_attempts=1)
+    try:
+        reporter = DrainReporter(bus, policy, "rm-0", timeout=0.5)
+        buffer = FullyAsyncBuffer(16, reporter=reporter)
+        for i in range(4):
+            await buffer.put(make_group(i, ["3"]))
+        await buffer.drain(1, 3)
+        await reporter.flush(5)
+        server.kill()
+        await buffer.drain(1, 3)  # its publish times out: nats-py keeps it for the reconnect
+        async with asyncio.timeout(10):
+            while reporter.in_doubt == 0:
+                await asyncio.sleep(0.05)
+        await asyncio.to_thread(server.start)  # the same store: the kept publish goes out
+        async with asyncio.timeout(20):
+            while not bus.client.is_connected:
+                await asyncio.sleep(0.05)
+        await buffer.drain(1, 3)
+        await reporter.flush(10)
+        seqs = [env.event.seq for env in (await read_subject_history(bus, subjects.drains(policy))).events]
+        assert sorted(seqs) == [1, 2, 3]  # each stored once: the retry of 2 was deduplicated or stored it
+        assert reporter.failures == 0
+        await reporter.aclose()
+    finally:
+        await bus.close()
+        server.stop()

@@ -170,3 +170,31 @@ def test_property_batch_agrees_with_the_pure_rule(specs, current, max_staleness,
         one_by_one.add(g)
     assert {g.prompt_index for g in one_by_one.kept} == kept_ids
     assert one_by_one.current == final
+
+
+def test_a_window_of_per_group_judgements_as_miles_gets_them():
+    """miles' buffer: one judgement per get, the window finished by get_metrics; evidence carries across gets."""
+    registry = CollectorRegistry()
+    metrics = StalenessMetrics(registry).for_policy("p")
+    routed: list[Group] = []
+    w = StalenessStage(max_staleness=1, metrics=metrics).window(on_unused=routed.append)
+    taken: list[Group] = []
+    for group in (make_group(1, ["13"]), make_group(2, ["11"]), make_group(3, ["13"]), make_group(4, ["11"])):
+        t = w.begin(10, "current")
+        if w.take(t, group):
+            taken.extend(w.close(t))
+        else:
+            w.close(t)
+    # 13, seen in the first get, makes the 11s of later gets stale; what was handed out stays handed out
+    assert [g.prompt_index for g in taken] == [1, 3] and [g.prompt_index for g in routed] == [2, 4]
+    fresh = {"policy": "p", "action": "kept", "reason": "fresh"}
+    assert registry.get_sample_value("weightbus_groups_total", fresh) is None  # nothing before the window ends
+    stats = w.finish([make_group(5, ["14"])])
+    assert (stats.kept, stats.dropped, stats.reasons, stats.current) == (2, 2, {"stale": 2}, 13)
+    assert (stats.tracker_current, stats.tracker_behind, stats.version_state) == (10, 4, "current")
+    assert (stats.staleness_max, stats.queue_size, stats.buffer_max_staleness) == (2, 1, -1)
+    assert registry.get_sample_value("weightbus_groups_total", fresh) == 2
+    # the next window starts from what is still held (14): its first get is judged against it
+    t = w.begin(10, "given")
+    assert not w.take(t, make_group(6, ["12"])) and w.close(t) == []
+    assert w.finish([]).version_state == "given"

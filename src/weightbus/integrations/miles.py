@@ -8,9 +8,14 @@ training step. This class keeps miles' contract and replaces its staleness contr
 
 * **The version comes from the bus.** A ``VersionTracker`` follows ``weightbus.<policy>.weights`` (policy
   from ``args.weightbus_policy`` or ``WEIGHTBUS_POLICY``; NATS from ``args.weightbus_nats`` or
-  ``WEIGHTBUS_NATS``), so a restarted trainer or a failover never moves it backwards. The version miles
-  passes to ``get`` (or, in older miles, puts on ``DataBufferInput.weight_version``) is only a lower
+  ``WEIGHTBUS_NATS``), so a restarted trainer or a failover never moves it backwards. The versions miles
+  passes to ``get`` (or, in older miles, puts on ``DataBufferInput.weight_version``) are only a lower
   bound: the group is judged against the highest of them and the tracker's.
+* **A tracker that is not ready** (starting, deaf during a NATS outage, or a subject with only invalid
+  events) is waited for, at most ``ready_timeout`` seconds once per ``get_metrics`` window, before
+  anything is taken; if it is still not ready the group is judged against the highest version miles
+  has passed, logged and reported as ``version_state="given"``; if miles passed none, ``get`` raises
+  ``TrackerNotReadyError`` with every group still buffered.
 * **The strict rule** (``weightbus.rules.staleness.judge``) judges the oldest label of every sample,
   turn and nested trajectory (miles' ``Sample.weight_versions``); a label that is not a version
   (``"default"``) or a group without any label is never silently fresh (``unknown_version``), unless
@@ -20,10 +25,16 @@ training step. This class keeps miles' contract and replaces its staleness contr
   ``--dynamic-sampling-filter-path`` rejects are dropped, as miles does.
 * **Metrics** keep miles' names (``rollout/fully_async/queue_size``, ``aborted_groups_filtered``,
   ``stale_groups_filtered``, ``avg_staleness``, ``max_staleness``, ``buffer_avg_staleness``,
-  ``buffer_max_staleness``, ``rollout/dynamic_filter/drop_<reason>``) plus ``weightbus/*``; each
-  ``get_metrics()`` window is published as a ``DrainReport`` on ``weightbus.<policy>.drains``.
+  ``buffer_max_staleness``, ``rollout/dynamic_filter/drop_<reason>``, none for a reason-less drop) plus
+  ``weightbus/*``; each ``get_metrics()`` window is published as a ``DrainReport`` on
+  ``weightbus.<policy>.drains``.
 * The capacity is miles' ``floor(async_data_buffer_capacity_factor * rollout_batch_size)`` groups; a full
   buffer blocks ``put``.
+
+The judging, the evidence (a label newer than the current version in any group buffered, taken or
+refused since the window opened raises the current version of every later ``get``), the window's
+counts, the metrics and the reports are weightbus' drain engine (``DrainWindow``), the same one
+``FullyAsyncBuffer`` and ``judge_groups`` use; this class only translates miles' objects and calls.
 
 Importing this module never imports miles; the dynamic filter (only when its path is set) is loaded
 through miles' own helpers. The bus connects on the first ``put``/``get`` (miles constructs the buffer
@@ -37,31 +48,24 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable
 from typing import Any, Final
 
 from weightbus.bus.protocol import Bus
 from weightbus.consumers.drain.reports import DrainReporter
-from weightbus.consumers.drain.stage import DrainStats
+from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
-from weightbus.rules.staleness import UNKNOWN_POLICIES, Reason, group_versions, judge
+from weightbus.errors import TrackerNotReadyError
+from weightbus.rules.staleness import UNKNOWN_POLICIES, group_versions
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 __all__ = ["WeightbusDataBuffer", "miles_group_versions", "to_weightbus_group"]
 
 log = logging.getLogger("weightbus.integrations.miles")
 
-_PREFIX: Final = "rollout/fully_async/"
 _STATUSES: Final = {s.value for s in SampleStatus}
-
-
-def _iter_items(group: Iterable[Any]) -> Iterator[Any]:
-    for item in group:
-        if isinstance(item, list):
-            yield from item
-        else:
-            yield item
+_ENTRY: Final = "miles_entry"  # a converted group's metadata key for miles' DataBufferInput
 
 
 def _status(sample: Any) -> SampleStatus:
@@ -80,11 +84,11 @@ def _convert(sample: Any, fallback_index: int) -> Sample:
     )
 
 
-def to_weightbus_group(group: list[Any]) -> Group:
+def to_weightbus_group(group: list[Any], metadata: dict[str, Any] | None = None) -> Group:
     """A miles group (``list[Sample | list[Sample]]``; a nested list is one trajectory) as a weightbus ``Group``.
 
     Only what the staleness rule reads is carried over: each sample's ``index``, ``weight_versions``
-    (one label per generate call or turn) and ``status``.
+    (one label per generate call or turn) and ``status``; ``metadata`` goes on the group as is.
     """
     flat: list[Sample] = []
     trajectories: list[list[Sample]] = []
@@ -100,31 +104,12 @@ def to_weightbus_group(group: list[Any]) -> Group:
             flat.append(_convert(item, n))
             n += 1
     first = flat[0].index if flat else trajectories[0][0].index if trajectories and trajectories[0] else 0
-    return Group(prompt_index=first, samples=flat, trajectories=trajectories)
+    return Group(prompt_index=first, samples=flat, trajectories=trajectories, metadata=metadata or {})
 
 
 def miles_group_versions(group: list[Any]) -> Any:
     """``group_versions`` of a miles group: the oldest and newest version over every sample and turn."""
     return group_versions(to_weightbus_group(group))
-
-
-@dataclass
-class _Window:
-    """What happened since the last ``get_metrics()``."""
-
-    kept: int = 0
-    unused: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
-    staleness: list[int] = field(default_factory=list)
-    tracker_behind: int = 0
-    unknown_label_groups: int = 0
-    dynamic_filter: dict[str, int] = field(default_factory=dict)
-    current: int | None = None
-    tracker_current: int | None = None
-
-    def count(self, reason: str) -> None:
-        self.reasons[reason] = self.reasons.get(reason, 0) + 1
-        self.unused += 1
 
 
 def _setting(args: Any, name: str, env: str, default: str | None = None) -> str | None:
@@ -135,7 +120,7 @@ def _setting(args: Any, name: str, env: str, default: str | None = None) -> str 
 
 
 class WeightbusDataBuffer:
-    """miles' ``DataBuffer`` contract backed by weightbus' version tracker and staleness rule; see the module.
+    """miles' ``DataBuffer`` contract backed by weightbus' version tracker and drain engine; see the module.
 
     Args:
         input: miles' ``DataBufferConstructorInput`` (``args`` and ``unused_handler_fn``; older miles
@@ -143,11 +128,13 @@ class WeightbusDataBuffer:
         bus: a connected bus to use instead of connecting to ``WEIGHTBUS_NATS`` (tests, shared connections).
         dynamic_filter: a miles dynamic filter ``(args, group) -> output with .keep and .reason``; by default
             loaded from ``args.dynamic_sampling_filter_path`` through miles when that is set.
-        ready_timeout: seconds the first ``put``/``get`` waits for the tracker to learn the stored version.
+        ready_timeout: seconds the first ``put``/``get``, and then each ``get_metrics`` window's first
+            ``get``, wait for a tracker that is not ready; by default ``args.weightbus_ready_timeout``
+            or ``WEIGHTBUS_READY_TIMEOUT``, else 10.
 
     Raises:
         ValueError: no policy (``args.weightbus_policy`` / ``WEIGHTBUS_POLICY``), a bad
-            ``WEIGHTBUS_UNKNOWN``, or ``args`` without ``rollout_batch_size``.
+            ``WEIGHTBUS_UNKNOWN`` or ready timeout, or ``args`` without ``rollout_batch_size``.
     """
 
     def __init__(
@@ -156,7 +143,7 @@ class WeightbusDataBuffer:
         *,
         bus: Bus | None = None,
         dynamic_filter: Callable[[Any, list[Any]], Any] | None = None,
-        ready_timeout: float = 10.0,
+        ready_timeout: float | None = None,
     ) -> None:
         args = input.args
         self._args = args
@@ -174,17 +161,31 @@ class WeightbusDataBuffer:
         unknown = _setting(args, "weightbus_unknown", "WEIGHTBUS_UNKNOWN", "stale")
         if unknown not in UNKNOWN_POLICIES:
             raise ValueError(f"WEIGHTBUS_UNKNOWN must be 'stale' or 'ignore', not {unknown!r}")
-        self._unknown = unknown
         batch = getattr(args, "rollout_batch_size", None)
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"args.rollout_batch_size must be a positive int, not {batch!r}")
         factor = float(getattr(args, "async_data_buffer_capacity_factor", 2.0) or 2.0)
         self.capacity = max(1, int(factor * batch))
         self.max_staleness: int | None = getattr(args, "max_weight_staleness", None)
-        self._recycles = getattr(args, "async_unused_samples_handler", "drop") == "retry"
+        recycles = getattr(args, "async_unused_samples_handler", "drop") == "retry"
+        # miles' handler drops or retries by itself; the stage only decides how the window counts them.
+        self.stage = StalenessStage(
+            max_staleness=self.max_staleness,
+            on_stale="recycle" if recycles else "drop",
+            unknown=unknown,  # type: ignore[arg-type]  # checked above
+        )
+        self._window = self.stage.window(on_unused=self._unused)
         consumer = os.environ.get("WEIGHTBUS_CONSUMER") or f"miles:{socket.gethostname()}:{os.getpid()}"
         # A boot id keeps a restarted process' report ids from being deduplicated against the last run's.
         self.consumer = f"{consumer}:{uuid.uuid4().hex[:8]}"
+        if ready_timeout is None:
+            raw = _setting(args, "weightbus_ready_timeout", "WEIGHTBUS_READY_TIMEOUT", "10")
+            try:
+                ready_timeout = float(raw)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise ValueError(f"WEIGHTBUS_READY_TIMEOUT must be a number of seconds, not {raw!r}") from None
+        if ready_timeout < 0:
+            raise ValueError(f"the ready timeout must be >= 0 seconds, not {ready_timeout}")
         self._ready_timeout = ready_timeout
         self._dynamic_filter = dynamic_filter
         self._filter_path = getattr(args, "dynamic_sampling_filter_path", None)
@@ -194,11 +195,9 @@ class WeightbusDataBuffer:
         self._reporter: DrainReporter | None = None
         self._start_lock: asyncio.Lock | None = None
         self._cond: asyncio.Condition | None = None
-        self._buffer: list[Any] = []
-        self._window = _Window()
-        self._last_current: int | None = None
-        self._floor: int | None = None
-        self._reports: set[asyncio.Task[bool]] = set()
+        self._buffer: deque[Group] = deque()
+        self._passed: int | None = None  # the highest version miles has passed (get or put)
+        self._waited = False  # this window already waited for a tracker that is not ready
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -222,10 +221,11 @@ class WeightbusDataBuffer:
                 await tracker.wait_ready(timeout=self._ready_timeout)
             except TimeoutError:
                 log.warning(
-                    "the policy's version is not known yet; judging against miles' version meanwhile",
-                    extra={"policy": self.policy, "timeout": self._ready_timeout},
+                    "the policy's version is not known yet; get() waits for it, then judges against miles' version",
+                    extra={"policy": self.policy, "timeout": self._ready_timeout, "status": tracker.status.value},
                 )
             self._reporter = DrainReporter(self._bus, self.policy, self.consumer)
+            self._window.reporter = self._reporter
             self._tracker = tracker
             if self._dynamic_filter is None and self._filter_path:
                 self._dynamic_filter = _load_miles_dynamic_filter(self._filter_path)
@@ -233,8 +233,10 @@ class WeightbusDataBuffer:
 
     async def aclose(self) -> None:
         """Publish pending drain reports, stop the tracker, and close the bus if this buffer connected it."""
-        if self._reports:
-            await asyncio.gather(*self._reports, return_exceptions=True)
+        reporter, self._reporter = self._reporter, None
+        self._window.reporter = None
+        if reporter is not None:
+            await reporter.aclose()
         if self._tracker is not None:
             await self._tracker.stop()
             self._tracker = None
@@ -247,29 +249,33 @@ class WeightbusDataBuffer:
         """The version tracker, once started."""
         return self._tracker
 
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def buffered(self) -> list[Any]:
+        """miles' ``DataBufferInput`` of every group waiting, in order (a snapshot)."""
+        return [group.metadata[_ENTRY] for group in self._buffer]
+
     # -- miles' DataBuffer contract --------------------------------------------------------------
 
     async def put(self, input: Any) -> None:
         """Accept a finished group: aborted ones go to the unused handler, filtered ones are dropped."""
         await self.start()
         assert self._cond is not None
-        reported = getattr(input, "weight_version", None)  # older miles: the engine version at finish
-        if isinstance(reported, int):
-            self._floor = reported if self._floor is None else max(self._floor, reported)
-        if any(_status(s) is SampleStatus.ABORTED for s in _iter_items(input.group)):
-            self._window.count(Reason.ABORTED)
-            self._unused_handler(input.prompt_group)
+        self._pass(getattr(input, "weight_version", None))  # older miles: the engine version at finish
+        group = to_weightbus_group(input.group, {_ENTRY: input})
+        if not self._window.admit(group):
             return
         if self._dynamic_filter is not None:
             verdict = self._dynamic_filter(self._args, input.group)
             if not getattr(verdict, "keep", True):
-                reason = str(getattr(verdict, "reason", "") or "filtered")
-                self._window.dynamic_filter[reason] = self._window.dynamic_filter.get(reason, 0) + 1
+                # Counted under its reason; miles emits no drop_<reason> key for a reason-less drop.
+                self._window.filtered(str(getattr(verdict, "reason", None) or ""))
                 return
         async with self._cond:
             while len(self._buffer) >= self.capacity:
                 await self._cond.wait()
-            self._buffer.append(input)
+            self._buffer.append(group)
             self._cond.notify_all()
 
     async def get(self, current_version: int | None = None, **context: Any) -> Any:
@@ -278,81 +284,85 @@ class WeightbusDataBuffer:
         Args:
             current_version: the version miles knows (a lower bound: the tracker's is used when higher).
             context: further context miles passes; unused.
+
+        Raises:
+            TrackerNotReadyError: the tracker is not ready and miles never passed a version; nothing
+                was taken from the buffer.
         """
         await self.start()
-        assert self._cond is not None and self._tracker is not None
+        assert self._cond is not None
+        self._pass(current_version)
+        current, version_state = await self._read_version()  # before anything is taken
+        w = self._window
+        buffer = self._buffer
         async with self._cond:
-            while True:
-                while not self._buffer:
-                    await self._cond.wait()
-                entry = self._buffer.pop(0)
-                self._cond.notify_all()
-                tracked = self._tracker.current
-                candidates = [v for v in (tracked, current_version, self._floor) if v is not None]
-                current = max(candidates) if candidates else None
-                versions = miles_group_versions(entry.group)
-                verdict = judge(versions, current, max_staleness=self.max_staleness, unknown=self._unknown)
-                w = self._window
-                w.tracker_current = tracked
-                if verdict.current is not None:
-                    w.current = verdict.current if w.current is None else max(w.current, verdict.current)
-                    self._last_current = w.current
-                w.tracker_behind += int(verdict.tracker_behind)
-                w.unknown_label_groups += int(versions.unknown or not versions.labelled)
-                if verdict.staleness is not None:
-                    w.staleness.append(verdict.staleness)
-                if verdict.keep:
-                    w.kept += 1
-                    return entry
-                log.info(
-                    "group not trained on",
-                    extra={"policy": self.policy, "reason": str(verdict.reason), "staleness": verdict.staleness},
-                )
-                w.count(verdict.reason)
-                self._unused_handler(entry.prompt_group)
+            t = w.begin(current, version_state)
+            try:
+                while True:
+                    while not buffer:
+                        await self._cond.wait()
+                    group = buffer.popleft()
+                    self._cond.notify_all()
+                    try:
+                        kept = w.take(t, group)
+                    except BaseException:
+                        buffer.appendleft(group)
+                        raise
+                    if kept:
+                        w.close(t)
+                        return group.metadata[_ENTRY]
+            except BaseException:
+                buffer.extendleft(reversed(w.abandon(t)))
+                raise
 
     def get_metrics(self) -> dict[str, float]:
         """miles' metric names plus ``weightbus/*`` for the window since the last call; publishes a ``DrainReport``."""
-        w, self._window = self._window, _Window()
-        buffered = [
-            self._last_current - v.oldest
-            for entry in self._buffer
-            if self._last_current is not None and (v := miles_group_versions(entry.group)).oldest is not None
-        ]
-        unused_filtered = w.unused
-        stats = DrainStats(
-            current=w.current,
-            tracker_current=w.tracker_current,
-            kept=w.kept,
-            recycled=unused_filtered if self._recycles else 0,
-            dropped=(0 if self._recycles else unused_filtered) + sum(w.dynamic_filter.values()),
-            reasons=dict(w.reasons),
-            staleness_avg=sum(w.staleness) / len(w.staleness) if w.staleness else None,
-            staleness_max=max(w.staleness) if w.staleness else None,
-            staleness_count=len(w.staleness),
-            tracker_behind=w.tracker_behind,
-            unknown_label_groups=w.unknown_label_groups,
-            queue_size=len(self._buffer),
-            buffer_avg_staleness=sum(buffered) / len(buffered) if buffered else None,
-            buffer_max_staleness=max(buffered) if buffered else None,
-            dynamic_filter=dict(w.dynamic_filter),
-        )
-        self._publish_report(stats)
-        return stats.metrics
+        self._waited = False
+        state = "given"  # a window without a get: what a get would have said now
+        tracker = self._tracker
+        if tracker is not None and tracker.ready:
+            if tracker.state.version is not None:
+                state = "current"
+            elif self._passed is None:
+                state = "never_published"
+        return self._window.finish(self._buffer, version_state=state).metrics
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _publish_report(self, stats: DrainStats) -> None:
-        if self._reporter is None:
-            return
+    def _pass(self, version: Any) -> None:
+        if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+            self._passed = version if self._passed is None else max(self._passed, version)
+
+    async def _read_version(self) -> tuple[int | None, str]:
+        """The version to judge a ``get`` against, and where it came from (``DrainStats.version_state``)."""
+        tracker = self._tracker
+        assert tracker is not None
+        if not tracker.ready and not self._waited:
+            try:
+                await tracker.wait_ready(self._ready_timeout)
+            except TimeoutError:
+                self._waited = True  # once per window: a drain of n gets does not wait n times
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            log.warning("get_metrics called outside the event loop; drain report not published")
-            return
-        task = loop.create_task(self._reporter.report(stats))
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
+            tracked = tracker.current
+        except TrackerNotReadyError as exc:
+            if self._passed is None:
+                raise TrackerNotReadyError(
+                    self.policy, exc.status, "miles passed no version either; every group is still buffered"
+                ) from exc
+            log.warning(
+                "the version tracker is not ready (%s); judging against the highest version miles passed, %d",
+                exc.status,
+                self._passed,
+                extra={"policy": self.policy, "status": exc.status, "version": self._passed},
+            )
+            return self._passed, "given"
+        passed = self._passed
+        if tracked is None:
+            return passed, "never_published" if passed is None else "given"
+        return (tracked if passed is None else max(tracked, passed)), "current"
+
+    def _unused(self, group: Group) -> None:
+        self._unused_handler(group.metadata[_ENTRY].prompt_group)
 
 
 def _load_miles_dynamic_filter(path: str) -> Callable[[Any, list[Any]], Any]:

@@ -1,7 +1,8 @@
 """The drain: generated groups buffered, judged with ``weightbus.rules.staleness`` when taken, routed.
 
 ``FullyAsyncBuffer`` is the fully-async buffer, ``judge_groups`` the one-call judgement for hosts with
-their own buffer; both report through ``DrainMetrics`` and ``DrainReporter``. Nothing here follows
+their own buffer; both, and miles' buffer (``weightbus.integrations.miles``), go through one drain
+engine, ``DrainWindow``, and report through ``DrainMetrics`` and ``DrainReporter``. Nothing here follows
 the bus's weights subject: the version comes from a source passed in (a tracker, an int, a callable).
 """
 
@@ -11,9 +12,11 @@ from weightbus.consumers.drain.metrics import STALENESS_BUCKETS, DrainMetrics, S
 from weightbus.consumers.drain.reports import DrainReporter, to_drain_report
 from weightbus.consumers.drain.stage import OnStale, StalenessStage, judge_groups
 from weightbus.consumers.drain.tally import DrainTally
+from weightbus.consumers.drain.window import VERSION_STATES, DrainWindow
 
 __all__ = [
     "STALENESS_BUCKETS",
+    "VERSION_STATES",
     "Action",
     "CurrentSource",
     "Decision",
@@ -22,6 +25,7 @@ __all__ = [
     "DrainReporter",
     "DrainStats",
     "DrainTally",
+    "DrainWindow",
     "FullyAsyncBuffer",
     "Judgement",
     "OnStale",

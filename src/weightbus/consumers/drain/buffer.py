@@ -11,34 +11,38 @@ Invariants (miles fully-async, §9 items 3 to 11, with weightbus' stricter rule)
   group and hands it out through ``recycled()`` (or an ``on_recycle`` callable); dynamic-filter
   rejects are always dropped;
 * the statistics of a drain cover everything since the previous drain, put-side events included,
-  and reset with every drain (miles ``get_metrics``);
+  and reset with every drain (miles ``get_metrics``); Prometheus is updated once per drain (the
+  buffer-size gauge is read at scrape time), never per put;
 * the version source is read once per drain; a tracker that is not ready (starting, deaf, or a
   subject with no valid event) is waited for, up to ``ready_timeout``, then the drain raises
   ``TrackerNotReadyError``: a drain never judges against "no version" by accident. Only a tracker
   whose policy never announced a version turns the filter off, and the drain says so
   (``version_state="never_published"``);
-* a label newer than the drain's current, in any group (an aborted group filtered at put
-  included), raises the drain's current: versions only go forward;
+* a label newer than the drain's current, in any group it holds, takes or took at put (an aborted
+  group filtered at put included), raises the drain's current: versions only go forward (the
+  drain engine's evidence, ``DrainWindow``);
 * a drain that is cancelled or fails (a group of the wrong size) puts every group it had kept back
   at the head, in order: nothing drained is lost;
 * the ``DrainReport`` goes out in the background (``DrainReporter.submit``): a drain never waits on
   the bus;
 * after ``fail(exc)`` every drain and put raises ``exc`` at once, even with groups queued.
+
+The buffer is a host of the drain engine (``DrainWindow``): it owns the FIFO, the waiting and the
+recycling; the engine owns the judging, the evidence, the window's counts, metrics and reports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from weightbus.consumers.drain.stage import Action, DrainStats, StalenessStage
-from weightbus.consumers.drain.tally import DrainTally
 from weightbus.errors import TrackerNotReadyError
-from weightbus.rules.staleness import Reason, raw_scan
-from weightbus.schemas.rollouts import HAS_VERSION, Group
+from weightbus.schemas.rollouts import Group
 
 if TYPE_CHECKING:
     from weightbus.consumers.drain.reports import DrainReporter
@@ -157,12 +161,12 @@ class FullyAsyncBuffer:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.stage = stage if stage is not None else StalenessStage()
-        self.reporter = reporter
         self._on_recycle = on_recycle
         self._dynamic_filter = dynamic_filter
         self._samples_per_group = samples_per_group
         self.ready_timeout = ready_timeout
-        self._newest_seen: int | None = None
+        self.window = self.stage.window(on_unused=self._unused, reporter=reporter)
+        """The drain engine: evidence, the window since the last drain, metrics and reports."""
         self._items: deque[Group] = deque()
         self._changed = asyncio.Condition()
         # Unbounded on purpose: recycling must never block a drain, whose caller may be the one
@@ -170,16 +174,18 @@ class FullyAsyncBuffer:
         self._recycled: asyncio.Queue[Group] = asyncio.Queue()
         self._error: BaseException | None = None
         self._wakers: set[asyncio.Task[None]] = set()
-        self._last_current: int | None = None
-        self._reset_window()
+        if self.stage.metrics is not None:
+            items = weakref.ref(self._items)  # the registry outlives buffers; it must not keep one alive
+            self.stage.metrics.track_buffer(lambda: len(q) if (q := items()) is not None else 0)
 
-    def _reset_window(self) -> None:
-        self._win_aborted = 0
-        self._win_filtered: dict[str, int] = {}
-        self._win_recycled = 0
-        self._win_dropped = 0
-        self._win_reasons: dict[str, int] = {}  # from cancelled drains
-        self._win_values: list[int] = []  # from cancelled drains
+    @property
+    def reporter(self) -> DrainReporter | None:
+        """Publishes a ``DrainReport`` after each drain (the engine's reporter)."""
+        return self.window.reporter
+
+    @reporter.setter
+    def reporter(self, reporter: DrainReporter | None) -> None:
+        self.window.reporter = reporter
 
     def __len__(self) -> int:
         return len(self._items)
@@ -207,31 +213,18 @@ class FullyAsyncBuffer:
             BaseException: the error given to ``fail``.
         """
         self._raise_if_failed()
-        if group.is_aborted:
-            _, newest, flags = raw_scan(group)
-            if flags & HAS_VERSION and (self._newest_seen is None or newest > self._newest_seen):
-                self._newest_seen = newest  # still evidence of the current version at the next drain
-            self._win_aborted += 1
-            self._route(group)
-            if self.stage.metrics is not None:
-                # Put-side: no drain's tally sees this group, so Prometheus is told here.
-                self.stage.metrics.count_groups(self.stage.unused_action, Reason.ABORTED)
+        if not self.window.admit(group):
             return False
         if self._dynamic_filter is not None:
             reject = self._dynamic_filter(group)
             if reject is not None:
-                self._win_filtered[reject] = self._win_filtered.get(reject, 0) + 1
-                self._win_dropped += 1
-                if self.stage.metrics is not None:
-                    self.stage.metrics.count_groups(Action.DROPPED, Reason.FILTERED)
+                self.window.filtered(reject)
                 return False
         async with self._changed:
             await self._changed.wait_for(lambda: len(self._items) < self.capacity or self._error is not None)
             self._raise_if_failed()
             self._items.append(group)
             self._changed.notify_all()
-        if self.stage.metrics is not None:
-            self.stage.metrics.set_buffer(len(self._items))
         return True
 
     async def drain(self, n: int, current: CurrentSource) -> Drain:
@@ -252,9 +245,9 @@ class FullyAsyncBuffer:
             raise ValueError(f"n must be >= 1, got {n}")
         self._raise_if_failed()
         value, version_state = await read_current(current, self.ready_timeout)
-        t = self.stage.tally(value)
-        if self._newest_seen is not None:
-            t.evidence(self._newest_seen)
+        w = self.window
+        t = w.begin(value, version_state)
+        take = w.take
         items = self._items
         popped = False
         try:
@@ -268,51 +261,23 @@ class FullyAsyncBuffer:
                         self._notify()
                         popped = False
                     group = await self._take()
-                reason = t.add(group)
-                if reason is not Reason.FRESH and reason is not Reason.UNMEASURED:
-                    self._route(group)
-                if t.evicted:
-                    for evicted in t.evicted:
-                        self._route(evicted)
-                    t.evicted.clear()
+                take(t, group)
         except BaseException:
-            self._abandon(t)
+            self._put_back(w.abandon(t))
             raise
         if popped:
             self._notify()
-        kept = sorted(t.kept, key=_sort_key)
         if self._samples_per_group is not None:
-            for group in kept:
+            for group in t.kept:
                 size = sum(1 for _ in group.iter_samples()) if group.trajectories else len(group.samples)
                 if size != self._samples_per_group:
-                    self._abandon(t)
+                    self._put_back(w.abandon(t))
                     raise ValueError(
                         f"group {group.prompt_index} has {size} samples, expected {self._samples_per_group}; "
                         "every kept group was put back"
                     )
-        return self._finish(t, kept, version_state)
-
-    def _finish(self, t: DrainTally, kept: list[Group], version_state: str) -> Drain:
-        if t.current is not None:
-            self._last_current = t.current
-        buf_avg, buf_max = self._buffer_staleness()
-        stats = t.finish(
-            recycled=self._win_recycled,
-            dropped=self._win_dropped,
-            filtered=self._win_filtered,
-            queue_size=len(self._items),
-            buffer_avg_staleness=buf_avg,
-            buffer_max_staleness=buf_max,
-            version_state=version_state,
-        )
-        self.stage.record(t, stats)
-        stats = _merge_window(stats, self._win_aborted, self._win_reasons, self._win_values)
-        self._reset_window()
-        if self.stage.metrics is not None:
-            self.stage.metrics.set_buffer(stats.queue_size, buf_avg, buf_max)
-        if self.reporter is not None:
-            self.reporter.submit(stats)
-        return Drain(groups=kept, stats=stats)
+        kept = sorted(w.close(t), key=_sort_key)
+        return Drain(groups=kept, stats=w.finish(items))
 
     def recycled(self) -> AsyncIterator[Group]:
         """Recycled prompt groups (already reset for a retry), as they come; never ends."""
@@ -337,44 +302,19 @@ class FullyAsyncBuffer:
             self._changed.notify_all()
             return group
 
-    def _route(self, group: Group) -> None:
-        """Send a group that was not kept to ``on_stale``, counting it in the window."""
+    def _unused(self, group: Group) -> None:
+        """The engine's route for a group not kept: recycle it (reset) or let it go."""
         if self.stage.unused_action is Action.RECYCLED:
-            self._win_recycled += 1
             group.reset_for_retry()
             if self._on_recycle is not None:
                 self._on_recycle(group)
             else:
                 self._recycled.put_nowait(group)
-        else:
-            self._win_dropped += 1
 
-    def _abandon(self, t: DrainTally) -> None:
-        """A drain was interrupted: its kept groups go back to the head, its filter counts stay."""
-        self._items.extendleft(reversed(t.kept))
-        for reason, n in ((Reason.STALE, t.n_stale), (Reason.UNKNOWN_VERSION, t.n_unknown)):
-            if n:
-                self._win_reasons[reason.value] = self._win_reasons.get(reason.value, 0) + n
-                if self.stage.metrics is not None:
-                    self.stage.metrics.count_groups(self.stage.unused_action, reason, n)
-        stale = [t.current - lo for lo in t.stale_oldest] if t.current is not None else []
-        self._win_values.extend(stale)
-        if self.stage.metrics is not None:
-            self.stage.metrics.observe_staleness(stale)
+    def _put_back(self, groups: list[Group]) -> None:
+        """An interrupted drain's kept groups go back to the head, in order."""
+        self._items.extendleft(reversed(groups))
         self._notify()
-
-    def _buffer_staleness(self) -> tuple[float | None, int | None]:
-        cur = self._last_current
-        if cur is None:
-            return None, None
-        values = []
-        for group in self._items:
-            lo, _, flags = raw_scan(group)
-            if flags & HAS_VERSION:
-                values.append(cur - int(lo))
-        if not values:
-            return None, None
-        return sum(values) / len(values), max(values)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -397,21 +337,3 @@ class FullyAsyncBuffer:
 
 def _sort_key(group: Group) -> int:
     return group.sort_key
-
-
-def _merge_window(stats: DrainStats, aborted: int, reasons: dict[str, int], values: list[int]) -> DrainStats:
-    """Fold put-side aborts and a cancelled drain's filter counts into a drain's statistics."""
-    if not aborted and not reasons and not values:
-        return stats
-    merged = dict(stats.reasons)
-    if aborted:
-        merged[Reason.ABORTED.value] = merged.get(Reason.ABORTED.value, 0) + aborted
-    for reason, n in reasons.items():
-        merged[reason] = merged.get(reason, 0) + n
-    avg, mx, count = stats.staleness_avg, stats.staleness_max, stats.staleness_count
-    if values:
-        total = (avg or 0.0) * count + sum(values)
-        count += len(values)
-        avg = total / count
-        mx = max(values) if mx is None else max(mx, *values)
-    return replace(stats, reasons=merged, staleness_avg=avg, staleness_max=mx, staleness_count=count)

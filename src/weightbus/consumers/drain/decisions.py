@@ -1,6 +1,6 @@
 """The staleness stage's results: each group's ``Decision`` and each judgement's ``Judgement`` and ``DrainStats``.
 
-Frozen values built by ``StalenessStage`` and its ``_Tally`` (``stage.py``) and read by the buffer,
+Frozen values built by the drain engine (``DrainWindow``, ``window.py``) and read by the buffer,
 the drain reports and host frameworks; they hold no rule of their own.
 
 Invariants:
@@ -62,7 +62,9 @@ class DrainStats:
         buffer_avg_staleness, buffer_max_staleness: of the groups left, against the last known version.
         dynamic_filter: dynamic-filter drops by the host's reason.
         version_state: ``current`` (a tracker's version), ``never_published`` (filter off: the policy
-            never announced a version) or ``given`` (passed directly by the caller).
+            never announced a version) or ``given`` (passed directly by the caller, or miles' own
+            version while the tracker was not ready); a window of several judgements reports the
+            least trusted (``VERSION_STATES``).
     """
 
     current: int | None

@@ -11,7 +11,8 @@ Families (prefix ``weightbus_``, label ``policy``; no version numbers or group i
 * ``weightbus_drain_reports_dropped_total`` drain reports dropped because the reporter's bounded
   queue was full (the bus was away for longer than the queue covers).
 
-Everything is updated once per drain from its tallies, never per group: prometheus-client's
+Everything is updated once per drain from its tallies (``DrainWindow.finish``), never per group or
+per put; the buffer-size gauge is read at scrape time from the buffer (``track_buffer``): prometheus-client's
 ``Histogram.observe`` costs about 2 µs, which alone would halve the stage's throughput. The staleness
 histogram is therefore a small custom collector fed with per-drain counts.
 """
@@ -19,7 +20,7 @@ histogram is therefore a small custom collector fed with per-drain counts.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from threading import Lock
 from typing import Final
 
@@ -186,6 +187,10 @@ class DrainMetrics:
         """Record the version a drain judged against (left unchanged when None)."""
         if current is not None:
             self._current.set(current)
+
+    def track_buffer(self, size: Callable[[], int]) -> None:
+        """Read ``weightbus_buffer_groups`` from ``size`` at every scrape (``set_buffer`` sizes are then ignored)."""
+        self._buffer_groups.set_function(size)
 
     def set_buffer(self, size: int, avg: float | None = None, maximum: int | None = None) -> None:
         """Record the buffer's size and, when known, its staleness against the last known version."""

@@ -2,16 +2,23 @@
 
 Invariants: a report's ``msg_id`` is deterministic (``<policy>:drain:<consumer>:<seq>``), so a
 retried publish stores one event; ``seq`` counts a reporter's drains from ``start_seq + 1``; a
-publish that fails or times out is logged and counted, and never fails the drain it describes.
+publish that fails or times out is logged, and never fails the drain it describes.
 ``submit`` never waits on the bus: reports go out in the background, in order, through a bounded
 queue (``max_queued``); a report that finds the queue full is dropped and counted
 (``weightbus_drain_reports_dropped_total``), so a drain costs the same with NATS up or down.
+
+A background publish that fails is in doubt, not failed: the client may still hold it and store it
+when the connection is back. It is published again (same ``msg_id``: a stored one comes back as a
+duplicate) after the next publish that succeeds; only a report given up for good counts in
+``failures`` and ``weightbus_drain_report_failures_total``: one still in doubt at ``flush`` or
+``aclose``, or pushed out of the ``max_queued`` reports kept in doubt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 
 from weightbus.bus import subjects
 from weightbus.bus.protocol import Bus
@@ -93,10 +100,18 @@ class DrainReporter:
         self.timeout = timeout
         self.seq = start_seq
         self.failures = 0
+        """Reports given up for good (see the module): not stored, as far as this reporter knows."""
         self.dropped = 0
         self.max_queued = max_queued
         self._queue: asyncio.Queue[DrainReport] | None = None
         self._worker: asyncio.Task[None] | None = None
+        self._doubtful: deque[DrainReport] = deque()  # failed background publishes, maybe stored later
+        self._sending: DrainReport | None = None
+
+    @property
+    def in_doubt(self) -> int:
+        """Background reports whose publish failed and that will be published again."""
+        return len(self._doubtful)
 
     def submit(self, stats: DrainStats) -> bool:
         """Queue the report of one drain for the background publisher; never waits, never raises for the bus.
@@ -106,37 +121,72 @@ class DrainReporter:
         """
         self.seq += 1
         event = to_drain_report(stats, policy=self.policy, consumer=self.consumer, seq=self.seq)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._drop(event, "submitted outside the event loop")
+            return False
         if self._queue is None:
             self._queue = asyncio.Queue(self.max_queued)
         if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(self._drain_queue(), name="weightbus-drain-reports")
+            self._worker = loop.create_task(self._drain_queue(), name="weightbus-drain-reports")
         try:
             self._queue.put_nowait(event)
         except asyncio.QueueFull:
-            self.dropped += 1
-            if self.metrics is not None:
-                self.metrics.report_dropped()
-            log.warning("drain report queue full; report dropped", extra={"policy": self.policy, "seq": event.seq})
+            self._drop(event, "queue full")
             return False
         return True
+
+    def _drop(self, event: DrainReport, why: str) -> None:
+        self.dropped += 1
+        if self.metrics is not None:
+            self.metrics.report_dropped()
+        log.warning("drain report dropped: %s", why, extra={"policy": self.policy, "seq": event.seq})
 
     async def _drain_queue(self) -> None:
         assert self._queue is not None
         while True:
             event = await self._queue.get()
+            self._sending = event
             try:
-                await self._publish(event)
+                stored = await self._attempt(event)
+                self._sending = None
+                if stored:
+                    await self._settle()
+                else:
+                    self._doubtful.append(event)
+                    if len(self._doubtful) > self.max_queued:
+                        self._give_up(self._doubtful.popleft())
             finally:
                 self._queue.task_done()
 
+    async def _settle(self) -> None:
+        """The bus answers again: publish the reports in doubt once more, oldest first."""
+        while self._doubtful:
+            if not await self._attempt(self._doubtful[0]):
+                return
+            self._doubtful.popleft()
+
+    def _give_up(self, event: DrainReport) -> None:
+        self.failures += 1
+        if self.metrics is not None:
+            self.metrics.report_failed()
+        log.warning("drain report %s given up", self._msg_id(event), extra={"policy": self.policy, "seq": event.seq})
+
     async def flush(self, timeout: float | None = None) -> None:
-        """Wait until every submitted report was published or given up (bounded by ``timeout``)."""
+        """Wait until every submitted report was published or given up (bounded by ``timeout``).
+
+        Reports still in doubt are given up here (counted in ``failures``).
+        """
         if self._queue is not None and self._worker is not None and not self._worker.done():
             async with asyncio.timeout(timeout):
                 await self._queue.join()
+        while self._doubtful:
+            self._give_up(self._doubtful.popleft())
 
     async def aclose(self, timeout: float = 5.0) -> None:
-        """Flush what is queued (up to ``timeout`` seconds), then stop the background publisher."""
+        """Flush what is queued (up to ``timeout`` seconds), then stop the background publisher; what is
+        left is given up (counted in ``failures``)."""
         try:
             await self.flush(timeout)
         except TimeoutError:
@@ -150,6 +200,15 @@ class DrainReporter:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
+        # What is still being sent, queued or in doubt now is given up for good.
+        if self._sending is not None:  # cancelled in the middle of its publish
+            self._doubtful.append(self._sending)
+            self._sending = None
+        while self._queue is not None and not self._queue.empty():
+            self._doubtful.append(self._queue.get_nowait())
+            self._queue.task_done()
+        while self._doubtful:
+            self._give_up(self._doubtful.popleft())
 
     async def report(self, stats: DrainStats) -> bool:
         """Publish the report of one drain now, waiting for the bus; never raises for a bus failure.
@@ -158,16 +217,20 @@ class DrainReporter:
             True if the bus confirmed the report (a duplicate counts as confirmed).
         """
         self.seq += 1
-        return await self._publish(to_drain_report(stats, policy=self.policy, consumer=self.consumer, seq=self.seq))
+        event = to_drain_report(stats, policy=self.policy, consumer=self.consumer, seq=self.seq)
+        if await self._attempt(event):
+            return True
+        self._give_up(event)  # the caller waited for the answer: nothing retries it
+        return False
 
-    async def _publish(self, event: DrainReport) -> bool:
-        msg_id = f"{self.policy}:drain:{self.consumer}:{event.seq}"
+    def _msg_id(self, event: DrainReport) -> str:
+        return f"{self.policy}:drain:{self.consumer}:{event.seq}"
+
+    async def _attempt(self, event: DrainReport) -> bool:
+        msg_id = self._msg_id(event)
         try:
             await asyncio.wait_for(self.bus.publish(self.subject, event, msg_id=msg_id), self.timeout)
         except (BusError, TimeoutError) as exc:
-            self.failures += 1
-            if self.metrics is not None:
-                self.metrics.report_failed()
             log.warning("drain report %s on %s not published: %s", msg_id, self.subject, exc or type(exc).__name__)
             return False
         return True

@@ -12,28 +12,33 @@ Invariants:
   semantics); a recycled group is reset after it was measured;
 * Prometheus is touched once per judgement, never per group.
 
-``judge_groups`` is the one-call helper for host frameworks (miles, slime): no bus, no buffer. The
-running bookkeeping of one judgement is ``DrainTally`` (``tally``); the result types (``Action``,
-``Decision``, ``DrainStats``, ``Judgement``) live in ``decisions`` and are re-exported here. The
-flow reads buffer → ``DrainTally`` (the rule, ``staleness.judge``) → buffer.
+``judge_groups`` is the one-call helper for host frameworks (miles, slime): no bus, no buffer. Every
+host, this one included, goes through the drain engine ``DrainWindow`` (``window``), which applies
+the rule through ``DrainTally`` (``tally``); the result types (``Action``, ``Decision``,
+``DrainStats``, ``Judgement``) live in ``decisions`` and are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Literal
 
 from weightbus.consumers.drain.decisions import Action, Decision, DrainStats, Judgement
 from weightbus.consumers.drain.metrics import DrainMetrics
 from weightbus.consumers.drain.tally import DrainTally
+from weightbus.consumers.drain.window import DrainWindow
 from weightbus.rules.staleness import UNKNOWN_POLICIES, Reason, UnknownPolicy, group_versions, judge
 from weightbus.schemas.rollouts import Group
+
+if TYPE_CHECKING:
+    from weightbus.consumers.drain.reports import DrainReporter
 
 __all__ = [
     "Action",
     "Decision",
     "DrainStats",
     "DrainTally",
+    "DrainWindow",
     "Judgement",
     "OnStale",
     "StalenessStage",
@@ -86,45 +91,29 @@ class StalenessStage:
         action = Action.KEPT if verdict.keep else self.unused_action
         return Decision(action, verdict.reason, verdict)
 
-    def tally(self, current: int | None) -> DrainTally:
-        """A fresh running judgement against ``current`` (used by the buffer, one per drain)."""
-        return DrainTally(current, self.max_staleness, self.unknown)
+    def window(
+        self, *, on_unused: Callable[[Group], None] | None = None, reporter: DrainReporter | None = None
+    ) -> DrainWindow:
+        """A drain engine with this configuration (one per host: a buffer, an adapter); see ``DrainWindow``."""
+        return DrainWindow(self, on_unused=on_unused, reporter=reporter)
 
     def judge(self, groups: Iterable[Group], current: int | None) -> Judgement:
-        """Judge a batch of groups against one snapshot of ``current``.
+        """Judge a batch of groups against one snapshot of ``current``: one window of one judgement.
 
         Kept groups keep their input order. Groups not kept are reset for a retry under
         ``on_stale="recycle"``; metrics are updated once.
         """
-        t = self.tally(current)
-        unused = t.add_many(groups)
-        unused.extend(t.evicted)
+        w = DrainWindow(self)
+        t = w.begin(current)
+        unused = w.take_many(t, groups)
         recycled: list[Group] = []
         dropped: list[Group] = []
         if self.unused_action is Action.RECYCLED:
             recycled = [g.reset_for_retry() for g in unused]
         else:
             dropped = unused
-        stats = t.finish(recycled=len(recycled), dropped=len(dropped))
-        self.record(t, stats)
-        return Judgement(kept=t.kept, recycled=recycled, dropped=dropped, stats=stats)
-
-    def record(self, t: DrainTally, stats: DrainStats, *, filtered: int = 0) -> None:
-        """Push one finished judgement's tallies to Prometheus (no-op without metrics)."""
-        m = self.metrics
-        if m is None:
-            return
-        fresh, unmeasured = t.kept_counts()
-        m.count_groups(Action.KEPT, Reason.FRESH, fresh)
-        m.count_groups(Action.KEPT, Reason.UNMEASURED, unmeasured)
-        unused = self.unused_action.value
-        m.count_groups(unused, Reason.STALE, t.n_stale)
-        m.count_groups(unused, Reason.UNKNOWN_VERSION, t.n_unknown)
-        m.count_groups(unused, Reason.ABORTED, t.n_aborted)
-        m.count_groups(Action.DROPPED, Reason.FILTERED, filtered)
-        m.observe_staleness(t.final_values)
-        m.tracker_behind(t.behind)
-        m.set_current(stats.current)
+        kept = w.close(t)
+        return Judgement(kept=kept, recycled=recycled, dropped=dropped, stats=w.finish())
 
 
 def judge_groups(

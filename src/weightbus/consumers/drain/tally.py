@@ -1,8 +1,9 @@
 """``DrainTally``: the running bookkeeping of one judgement (one drain, or one ``judge_groups`` call).
 
-The buffer feeds it the groups it takes, in order; the tally applies the one staleness rule
-(``staleness.judge``) to each and remembers what was kept, the staleness values and the counts by
-reason; the buffer routes what was not kept and asks ``finish`` for the statistics. Invariants:
+``DrainWindow`` (``window.py``, the drain engine every host goes through) feeds it the groups a host
+takes, in order; the tally applies the one staleness rule (``staleness.judge``) to each and remembers
+what was kept, the staleness values and the counts by reason; the window routes what was not kept
+and folds the tally into its statistics. Invariants:
 
 * every group goes through ``staleness.judge``, except in the inlined fast paths of ``add`` and
   ``add_many`` for flat, numeric, not-aborted groups no newer than the snapshot, which one property
@@ -10,7 +11,7 @@ reason; the buffer routes what was not kept and asks ``finish`` for the statisti
 * any label newer than ``current``, an aborted group's included (and ``evidence`` from groups that
   never reached the drain), raises ``current``; groups already kept are judged again against it
   and the ones now too stale move to ``evicted`` for the caller to route;
-* statistics are taken against the final ``current``.
+* staleness values are taken against the final ``current`` (``staleness_values``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import math
 from collections.abc import Iterable
 from typing import Final
 
-from weightbus.consumers.drain.decisions import DrainStats
 from weightbus.rules.staleness import GroupVersions, Reason, UnknownPolicy, judge, raw_scan
 from weightbus.schemas.rollouts import ABORTED, HAS_UNKNOWN, HAS_VERSION, NO_NEWEST, NO_OLDEST, Group, SampleStatus
 
@@ -52,7 +52,6 @@ class DrainTally:
         "n_aborted",
         "behind",
         "unknown_labels",
-        "final_values",
     )
 
     def __init__(self, current: int | None, max_staleness: int | None, unknown: UnknownPolicy = "stale") -> None:
@@ -64,14 +63,13 @@ class DrainTally:
         self.kept: list[Group] = []
         self.kept_oldest: list[int | None] = []
         self.evicted: list[Group] = []  # kept groups that a later raise of ``current`` made stale
-        # oldest versions of stale groups; every staleness is taken against the final current in ``finish``
+        # oldest versions of stale groups; every staleness is taken against the final current (``staleness_values``)
         self.stale_oldest: list[int] = []
         self.n_stale = 0
         self.n_unknown = 0
         self.n_aborted = 0
         self.behind = 0
         self.unknown_labels = 0
-        self.final_values: list[int] = []
 
     def add(self, group: Group) -> Reason:
         """Judge one group; a kept group is recorded here, any other is the caller's to route.
@@ -109,9 +107,11 @@ class DrainTally:
         return self._judge(group, lo, hi, flags)
 
     def evidence(self, newest: int) -> None:
-        """A version seen outside the judged groups (an aborted group filtered at put): raise ``current`` to it."""
+        """A version seen outside the judged groups (``DrainWindow.evidence``): raise ``current`` to it.
+
+        Not counted in ``behind``, which counts the judged groups newer than the snapshot.
+        """
         if self.current is not None and newest > self.current:
-            self.behind += 1
             self._raise_current(newest)
 
     def _judge(self, group: Group, lo: float, hi: int, flags: int) -> Reason:
@@ -231,51 +231,3 @@ class DrainTally:
         """``(fresh, unmeasured)`` among the groups kept so far."""
         unmeasured = self.kept_oldest.count(None)
         return len(self.kept_oldest) - unmeasured, unmeasured
-
-    def finish(
-        self,
-        *,
-        recycled: int,
-        dropped: int,
-        filtered: dict[str, int] | None = None,
-        queue_size: int = 0,
-        buffer_avg_staleness: float | None = None,
-        buffer_max_staleness: int | None = None,
-        version_state: str = "given",
-    ) -> DrainStats:
-        """The statistics, with the kept groups measured against the final ``current``.
-
-        Also leaves every known staleness value in ``final_values`` for the histogram.
-        """
-        cur = self.current
-        values = self.staleness_values()
-        self.final_values = values
-        reasons: dict[str, int] = {}
-        for reason, n in (
-            (Reason.STALE, self.n_stale),
-            (Reason.UNKNOWN_VERSION, self.n_unknown),
-            (Reason.ABORTED, self.n_aborted),
-        ):
-            if n:
-                reasons[reason.value] = n
-        n_filtered = sum((filtered or {}).values())
-        if n_filtered:
-            reasons[Reason.FILTERED.value] = n_filtered
-        return DrainStats(
-            current=cur,
-            tracker_current=self.snapshot,
-            kept=len(self.kept),
-            recycled=recycled,
-            dropped=dropped,
-            reasons=reasons,
-            staleness_avg=sum(values) / len(values) if values else None,
-            staleness_max=max(values) if values else None,
-            staleness_count=len(values),
-            tracker_behind=self.behind,
-            unknown_label_groups=self.unknown_labels,
-            queue_size=queue_size,
-            buffer_avg_staleness=buffer_avg_staleness,
-            buffer_max_staleness=buffer_max_staleness,
-            dynamic_filter=dict(filtered or {}),
-            version_state=version_state,
-        )
