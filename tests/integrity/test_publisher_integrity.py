@@ -14,12 +14,15 @@ import pytest
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
 from weightbus.consumers import VersionTracker
-from weightbus.errors import FencedError
+from weightbus.errors import CounterExhaustedError, FencedError, PublishError
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.schemas import (
+    MAX_VERSION,
     EngineOutOfSync,
     Event,
     FleetQuarantined,
+    LoraAdapter,
+    PublisherClaimed,
     VersionRejected,
     VersionReserved,
     WeightUpdated,
@@ -357,3 +360,57 @@ async def test_a_publisher_fenced_while_it_pauses_resumes_the_fleet_and_touches_
     ]
     assert state.pause_mode is None and state.weight_version == "1"
     assert await nats_bus.last_seq(subjects.weights(policy)) == before  # nothing stored by the fenced publisher
+
+
+async def _forge_claim(bus: Bus, policy: str, reserved: int) -> None:
+    """A claim nobody's counter made, stored as any trainer credential could: it says ``reserved`` was issued."""
+    forged = PublisherClaimed(
+        policy=policy, epoch=0, trainer_id="forger", published_at=now(), reserved=reserved, incarnation="f"
+    )
+    await bus.publish(subjects.weights(policy), forged, msg_id=f"{policy}:forged-claim")
+
+
+async def test_at_the_ceiling_nothing_is_published_and_nothing_pushed(
+    nats_bus: NatsBus, policy: str, engines: Engines
+) -> None:
+    await _forge_claim(nats_bus, policy, MAX_VERSION)
+    fleet = EngineFleet([engines.add("e1")])
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t", fleet=fleet, pause="retract").start()
+    after_claim = await nats_bus.last_seq(subjects.weights(policy))
+    ran = False
+    with pytest.raises(CounterExhaustedError) as info:
+        async with pub.update():
+            ran = True
+    assert not ran
+    err = info.value
+    assert isinstance(err, PublishError) and (err.policy, err.issued) == (policy, MAX_VERSION)
+    assert "new policy id" in str(err)
+    assert await nats_bus.last_seq(subjects.weights(policy)) == after_claim  # no reservation, no announcement
+    assert engines.paths("http://e1") == ["/model_info"]  # the start's label read; no pause, no stamp
+    assert engines.states["http://e1"].weight_version == "default"
+    with pytest.raises(CounterExhaustedError):
+        await pub.publish_lora(LoraAdapter(name="a", path="/a"))
+    assert engines.paths("http://e1") == ["/model_info"]
+    async with VersionTracker(nats_bus, policy) as tracker:
+        assert tracker.current is None  # never an event the consumers drop as invalid
+
+
+async def test_the_last_valid_number_is_published_once_then_the_counter_is_exhausted(
+    nats_bus: NatsBus, policy: str
+) -> None:
+    await _forge_claim(nats_bus, policy, MAX_VERSION - 1)
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    async with pub.update() as version:
+        assert version == MAX_VERSION
+    with pytest.raises(CounterExhaustedError):
+        async with pub.update():
+            pytest.fail("no number above the bound")
+    restarted = await VersionPublisher(nats_bus, policy, trainer_id="t2").start()
+    with pytest.raises(CounterExhaustedError):
+        async with restarted.update():
+            pytest.fail("no number above the bound")
+    recorded = await history(nats_bus, subjects.weights(policy))
+    assert _announced(recorded) == [(MAX_VERSION, pub.incarnation)]
+    assert not recorded[-2].event.reserves_next  # nothing above the bound was reserved either
+    async with VersionTracker(nats_bus, policy) as tracker:
+        assert tracker.current == MAX_VERSION

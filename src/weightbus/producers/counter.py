@@ -14,6 +14,9 @@ protocol (``producers.update``) drives it. Invariants:
   (stored once, whatever happened).
   ``claim()`` resumes above the highest number ever issued that the retained history shows, and
   above any number the caller knows of (the engines' labels), so a lost history never reissues one.
+* **Never above the bound.** No number above ``MAX_VERSION`` (2**53 - 1) is ever taken: at the
+  ceiling, ``check_ceiling`` and ``take`` raise ``CounterExhaustedError`` (a new policy id is the way
+  on) and nothing is published.
 * **One owner, per instance.** ``claim()`` claims with epoch + 1 and this instance's random
   ``incarnation``; two processes with the same ``trainer_id`` are two claimants, and the bus lets
   exactly one own the counter. Once another publisher has claimed, this one's next conditional
@@ -35,7 +38,7 @@ from typing import Final
 from weightbus.bus import subjects
 from weightbus.bus.history import History, read_subject_history
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
-from weightbus.errors import FencedError, PublishError, SequenceConflictError
+from weightbus.errors import CounterExhaustedError, FencedError, PublishError, SequenceConflictError
 from weightbus.rules.history import fold_history
 from weightbus.schemas import (
     MAX_VERSION,
@@ -247,15 +250,31 @@ class FencedCounter:
 
     # -- the protocol steps ------------------------------------------------------------------------
 
+    def check_ceiling(self) -> None:
+        """Raise ``CounterExhaustedError`` when the next number would exceed ``MAX_VERSION``.
+
+        Raises:
+            CounterExhaustedError: ``MAX_VERSION`` was issued (a new policy id is the way on).
+        """
+        if self.next_version > MAX_VERSION:
+            log.error(
+                "the version counter is exhausted; publish under a new policy id",
+                extra={"policy": self._policy, "issued": self._issued},
+            )
+            raise CounterExhaustedError(self._subject, self._policy, self._issued)
+
     async def take(self, version: int, lora: LoraAdapter | None) -> None:
         """Take ``version`` (``next_version``), fenced: a read if our last event reserved it, else a reservation.
 
         From here on ``version`` is never issued again, whatever follows.
 
         Raises:
+            CounterExhaustedError: ``version`` is above ``MAX_VERSION`` (nothing was published).
             FencedError, PublishError: as a conditional publish (nothing was taken; a retry takes the
                 same number).
         """
+        if version > MAX_VERSION:
+            raise CounterExhaustedError(self._subject, self._policy, self._issued)
         if self._holds(version):
             await self.check_owner()
             if not self._holds(version):  # resolving doubt moved the counter (a later event of ours)

@@ -205,6 +205,10 @@ class VersionPublisher:
 
         Args:
             lora: the LoRA adapter this push loads (recorded on the events); None for a full push.
+
+        Entering raises ``CounterExhaustedError`` (nothing paused, reserved or pushed) once the
+        counter has issued ``MAX_VERSION``, ``FencedError`` once another publisher owns it, and
+        ``PublishError`` when the number could not be taken.
         """
         return VersionUpdate(self._counter, self._bus, self._fleet, self._pause, self._slot, lora)
 

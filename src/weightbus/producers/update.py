@@ -5,6 +5,8 @@ of the publisher that made it, so the two modules do not import each other.
 
 The order, and why (docs/design.md has the long form):
 
+0. a counter that has issued ``MAX_VERSION`` raises ``CounterExhaustedError`` before anything
+   else: no number above it can be sent, and nothing is paused, reserved or pushed;
 1. **take** ``v`` on the bus, fenced, and **pause** the fleet at the same time. The number is
    used up before any engine can carry it: the previous announcement reserved it
    (``reserves_next``), so taking it is one read that checks no other owner wrote since; otherwise
@@ -127,6 +129,7 @@ class VersionUpdate:
             raise RuntimeError("another update of this publisher is in progress; updates are sequential")
         if counter.fenced is not None:
             raise counter.fenced  # known without a read: never pause the owner's fleet again
+        counter.check_ceiling()  # before the pause: an exhausted counter touches nothing
         slot.active = True
         try:
             version = counter.next_version
