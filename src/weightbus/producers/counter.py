@@ -12,8 +12,14 @@ protocol (``producers.update``) drives it. Invariants:
   issued again, whatever happens to its update: the next take is ``v + 1``. A reservation that was
   not confirmed touched no engine, so the next take retries it with the same number and message id
   (stored once, whatever happened).
-  ``claim()`` resumes above the highest number ever issued that the retained history shows, and
-  above any number the caller knows of (the engines' labels), so a lost history never reissues one.
+  ``claim()`` resumes above the highest number ever issued that the retained history shows, above
+  the counter's high-water mark (``producers.highwater``: a subject of its own, so evicting the
+  weights history does not lose it), and above any number the caller knows of (the engines' labels,
+  the trainer's checkpoint), so a lost history never reissues one.
+* **Covered before carried.** A take stores (or finds) a mark covering its number beside the fence
+  check or the reservation; if the mark cannot be written the take fails like a failed
+  reservation, before any engine is touched. An announcement that reserves ahead writes the mark
+  for the next number beside itself.
 * **Never above the bound.** No number above ``MAX_VERSION`` (2**53 - 1) is ever taken: at the
   ceiling, ``check_ceiling`` and ``take`` raise ``CounterExhaustedError`` (a new policy id is the way
   on) and nothing is published.
@@ -31,14 +37,16 @@ protocol (``producers.update``) drives it. Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Final
 
 from weightbus.bus import subjects
 from weightbus.bus.history import History, read_subject_history
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
-from weightbus.errors import CounterExhaustedError, FencedError, PublishError, SequenceConflictError
+from weightbus.errors import BusError, CounterExhaustedError, FencedError, PublishError, SequenceConflictError
+from weightbus.producers.highwater import HighWaterMark
 from weightbus.rules.history import fold_history
 from weightbus.schemas import (
     MAX_VERSION,
@@ -98,6 +106,7 @@ class FencedCounter:
         self._seq: int | None = None
         self._fenced: FencedError | None = None
         self._last_event: WeightUpdated | None = None
+        self._mark = HighWaterMark(bus, policy, trainer_id=trainer_id, incarnation=incarnation)
 
     # -- read-only state ---------------------------------------------------------------------------
 
@@ -162,29 +171,56 @@ class FencedCounter:
 
     # -- claiming ----------------------------------------------------------------------------------
 
-    async def claim(self, *, engine_high: int | None = None, engines: Sequence[str] = ()) -> None:
-        """Resume the counter from the bus (and the engines' highest label) and claim it, fencing any previous owner.
+    async def claim(
+        self, *, engine_high: int | None = None, engines: Sequence[str] = (), floor: int | None = None
+    ) -> None:
+        """Resume the counter and claim it, fencing any previous owner.
+
+        The counter resumes above the highest of: the number the retained weights history shows as
+        issued, the counter's high-water mark, ``engine_high`` and ``floor``.
 
         Args:
             engine_high: the highest numeric label any engine carries (None: no fleet, or no label).
             engines: the engines' URLs (named in the alert when they are ahead of the bus).
+            floor: a number the trainer knows was issued (its checkpoint's version), or None.
 
         Raises:
             PublishError: the claim could not be stored, or other publishers kept claiming
                 ``claim_attempts`` times in a row.
-            BusError: the history could not be read.
+            BusError: the history or the mark could not be read.
         """
         for attempt in range(1, self._claim_attempts + 1):
-            history = await read_subject_history(self._bus, self._subject)
+            history, mark = await asyncio.gather(read_subject_history(self._bus, self._subject), self._mark.read())
             version, issued, high_epoch = _fold(history, self._policy)
             last = history.last_valid
             previous = last.event.trainer_id if last is not None else None  # type: ignore[union-attr]
+            if mark is not None:
+                if mark.version > issued:
+                    log.error(
+                        "the weights history is behind the counter's high-water mark (its events were evicted, "
+                        "purged or overwritten); resuming above the mark",
+                        extra={"policy": self._policy, "history_issued": issued, "mark": mark.version},
+                    )
+                    issued = mark.version
+                if mark.announced is not None and (version is None or mark.announced > version):
+                    version = mark.announced
+            if floor is not None and floor > issued:
+                log.warning(
+                    "the trainer's checkpoint is ahead of the bus's counter; resuming above it",
+                    extra={"policy": self._policy, "issued": issued, "floor": floor},
+                )
+                issued = floor
             if engine_high is not None and engine_high > issued:
                 await self._counter_behind_engines(issued, engine_high, engines, history)
                 issued = engine_high
                 if version is None or engine_high > version:
                     version = engine_high
             if await self._claim(high_epoch + 1, version, issued, previous, history.last_seq):
+                if self.next_version > MAX_VERSION:
+                    log.error(
+                        "claimed an exhausted counter: every update will raise CounterExhaustedError",
+                        extra={"policy": self._policy, "issued": issued},
+                    )
                 return
             log.info(
                 "another publisher claimed at the same time; re-reading",
@@ -275,13 +311,21 @@ class FencedCounter:
         """
         if version > MAX_VERSION:
             raise CounterExhaustedError(self._subject, self._policy, self._issued)
-        if self._holds(version):
-            await self.check_owner()
-            if not self._holds(version):  # resolving doubt moved the counter (a later event of ours)
-                await self.reserve(version, lora)
+        if self._fenced is not None:
+            raise self._fenced
+        step = self._take_held(version, lora) if self._holds(version) else self.reserve(version, lora)
+        if version > self._mark.covers:
+            # Beside the fence: the mark must cover the number before any engine may carry it.
+            assert self._epoch is not None
+            await _both(step, self._mark.cover(version, epoch=self._epoch, announced=self._version))
         else:
-            await self.reserve(version, lora)
+            await step
         self._entered = max(self._entered, version)
+
+    async def _take_held(self, version: int, lora: LoraAdapter | None) -> None:
+        await self.check_owner()
+        if not self._holds(version):  # resolving doubt moved the counter (a later event of ours)
+            await self.reserve(version, lora)
 
     async def reserve(self, version: int, lora: LoraAdapter | None) -> None:
         """Store ``VersionReserved(version)``; the number is used up from here on, whatever follows.
@@ -303,6 +347,8 @@ class FencedCounter:
         # had landed, the bus deduplicates it (and resolve() adopts it), so an outage does not burn numbers.
         await self._conditional(event, f"{self._policy}:reserve:{self._incarnation}:{version}")
         self._issued = max(self._issued, version)
+        # Ours to take until a take completes: a take that failed beside it (the mark) retries this number.
+        self._pre = max(self._pre or 0, version)
 
     async def announce(self, version: int, lora: LoraAdapter | None, engines: Sequence[str] = ()) -> WeightUpdated:
         """Store ``WeightUpdated(version)``: the engines serve it and trackers may take it.
@@ -327,7 +373,28 @@ class FencedCounter:
             incarnation=self._incarnation,
             reserves_next=self._reserve_next and version < MAX_VERSION,
         )
-        ack = await self._conditional(event, f"{self._policy}:{self._epoch}:{version}:{self._incarnation}")
+        msg_id = f"{self._policy}:{self._epoch}:{version}:{self._incarnation}"
+        ahead = version + 1 if event.reserves_next else version
+        if ahead > self._mark.covers:
+            # Beside the announcement, off the critical path. A failed write is not a failed update: the
+            # engines carry ``version``, which the take covered; the next take covers ``ahead`` first.
+            announced, marked = await asyncio.gather(
+                self._conditional(event, msg_id),
+                self._mark.cover(ahead, epoch=self._epoch, announced=self._version),
+                return_exceptions=True,
+            )
+            if isinstance(announced, BaseException):
+                raise announced
+            if isinstance(marked, BaseException):
+                if not isinstance(marked, BusError):
+                    raise marked
+                log.error(
+                    "the counter's mark was not written beside the announcement; the next take writes it",
+                    extra={"policy": self._policy, "version": version, "error": repr(marked)},
+                )
+            ack = announced
+        else:
+            ack = await self._conditional(event, msg_id)
         self._adopt_announced(event)
         log.info(
             "published weight version",
@@ -423,6 +490,14 @@ class FencedCounter:
             },
         )
         return err
+
+
+async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
+    """Await both concurrently; raise the first one's failure, else the second's."""
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 def _fold(history: History, policy: str) -> tuple[int | None, int, int]:

@@ -9,8 +9,10 @@ quarantine on failure). Invariants:
   the async context manager and read-only state; the counter's steps are not reachable from it, so
   no caller can announce without the take, the stamp and the quarantine.
 * **A number names at most one set of weights.** ``start()`` resumes above the highest number ever
-  issued that the retained history shows and, with a fleet, above the highest numeric label any
-  engine carries, so a lost history (purge, recreated stream, evicted events) never reissues a number.
+  issued that the retained history shows, above the counter's high-water mark (a subject of its own
+  that no number of writes to the weights subject evicts), above the trainer's checkpoint version
+  (``floor``) and, with a fleet, above the highest numeric label any engine carries, so a lost
+  history (purge, recreated stream, evicted events) never reissues a number.
 * **One owner, per instance.** ``start()`` claims with a new epoch and a random ``incarnation``; once
   another publisher has claimed, every update raises ``FencedError`` and touches neither the counter
   nor the fleet's numbers.
@@ -30,7 +32,7 @@ from weightbus.errors import EngineError, FencedError
 from weightbus.producers.counter import FencedCounter
 from weightbus.producers.stamping import EngineFleet
 from weightbus.producers.update import UpdateSlot, VersionUpdate
-from weightbus.schemas import LoraAdapter, WeightUpdated, parse_version
+from weightbus.schemas import MAX_VERSION, LoraAdapter, WeightUpdated, parse_version
 
 __all__ = ["VersionPublisher", "default_trainer_id"]
 
@@ -64,10 +66,13 @@ class VersionPublisher:
             event per update. A publisher that takes over skips the number its predecessor reserved
             this way; pass False for a one-shot publisher (the CLI's ``publish``), whose successor
             should not skip one.
+        floor: the version of the trainer's own checkpoint (as AReaL and verl derive theirs from
+            the checkpointed step): ``start()`` resumes above it even when the bus has lost every
+            trace of it; None to rely on the bus and the engines alone.
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
-        ValueError: ``pause`` without a fleet.
+        ValueError: ``pause`` without a fleet; ``floor`` is not a version (0 to ``MAX_VERSION``).
     """
 
     def __init__(
@@ -81,9 +86,12 @@ class VersionPublisher:
         claim_attempts: int = _CLAIM_ATTEMPTS,
         incarnation: str | None = None,
         reserve_next: bool = True,
+        floor: int | None = None,
     ) -> None:
         if pause is not None and fleet is None:
             raise ValueError("pause needs an engine fleet")
+        if floor is not None and (type(floor) is not int or not 0 <= floor <= MAX_VERSION):
+            raise ValueError(f"floor must be a version from 0 to {MAX_VERSION}, got {floor!r}")
         self._bus = bus
         self._counter = FencedCounter(
             bus,
@@ -96,6 +104,7 @@ class VersionPublisher:
         self._fleet = fleet
         self._pause: PauseMode | None = pause
         self._slot = UpdateSlot()
+        self._floor = floor
 
     # -- identity and state (read-only) ------------------------------------------------------------
 
@@ -157,7 +166,10 @@ class VersionPublisher:
     # -- claiming ----------------------------------------------------------------------------------
 
     async def start(self) -> VersionPublisher:
-        """Resume the counter from the bus (and the engines' labels) and claim it, fencing any previous owner.
+        """Resume the counter and claim it, fencing any previous owner.
+
+        The counter resumes above the highest of: what the weights history shows as issued, the
+        counter's high-water mark (``weightbus.<policy>.counter``), the engines' labels, and ``floor``.
 
         Returns:
             ``self``.
@@ -170,7 +182,7 @@ class VersionPublisher:
         if self.started:
             return self
         engines = self._fleet.urls if self._fleet is not None else ()
-        await self._counter.claim(engine_high=await self._engine_high(), engines=engines)
+        await self._counter.claim(engine_high=await self._engine_high(), engines=engines, floor=self._floor)
         return self
 
     async def _engine_high(self) -> int | None:

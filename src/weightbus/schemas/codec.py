@@ -27,6 +27,8 @@ from weightbus.schemas.alerts import (
 from weightbus.schemas.drains import DrainMessage, DrainReport
 from weightbus.schemas.weights import (
     AppliedMessage,
+    CounterHighWater,
+    CounterMessage,
     PublisherClaimed,
     VersionReserved,
     WeightApplied,
@@ -49,6 +51,7 @@ Event = (
     | EngineOutOfSync
     | FleetQuarantined
     | DrainReport
+    | CounterHighWater
 )
 
 #: subject family → the tagged union carried on it.
@@ -57,6 +60,7 @@ FAMILIES: Final[dict[str, Any]] = {
     "applied": AppliedMessage,
     "alerts": AlertMessage,
     "drains": DrainMessage,
+    "counter": CounterMessage,
 }
 
 _DECODERS: Final = {family: msgspec.json.Decoder(union) for family, union in FAMILIES.items()}
@@ -71,6 +75,7 @@ _FAMILY_OF_TYPE: Final[dict[type, str]] = {
     EngineOutOfSync: "alerts",
     FleetQuarantined: "alerts",
     DrainReport: "drains",
+    CounterHighWater: "counter",
 }
 
 

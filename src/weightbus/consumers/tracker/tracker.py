@@ -24,7 +24,9 @@ Invariants:
   alerted once per offending event: the alert's message id derives from the event's stream
   sequence and id, and an event replayed from history is alerted only if no alert for it is
   retained. ``raise`` mode raises ``VersionRegressionError`` for a live regression only; a replayed
-  one is held, so a restarted consumer does not crash-loop on history.
+  one is held, so a restarted consumer does not crash-loop on history. Once ready, a version held
+  below the counter's high-water mark (read once per subscription; module ``highwater``) is
+  reported as a counter reset: the weights history was evicted or overwritten.
 * Propagation lag (``published_at`` → receipt) is observed for live updates only; a negative value
   from clock skew is recorded as 0.
 * The per-event path does no logging work for disabled levels, arms no timer (the health check is
@@ -53,6 +55,7 @@ from weightbus.bus import subjects
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped, Subscription
 from weightbus.consumers.tracker.alerts import TrackerAlerts
 from weightbus.consumers.tracker.changes import _END, VersionChange, _Listener
+from weightbus.consumers.tracker.highwater import HighWaterWatch
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import SlowConsumerError, TrackerNotReadyError, VersionRegressionError
 from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerState, decide
@@ -149,6 +152,7 @@ class VersionTracker:
         self._subject = subjects.weights(policy)
         self._m = self.metrics.for_policy(self.policy)
         self._alerts = TrackerAlerts(bus, self.policy, self.observer, self.mode)
+        self._high_water = HighWaterWatch(bus, self.policy, self.observer, self._m)
         self._retry_delay = retry_delay
         self._max_retry_delay = max_retry_delay
         self._check_interval = check_interval
@@ -337,6 +341,7 @@ class VersionTracker:
             self._finish()
 
     async def _follow(self) -> None:
+        await self._high_water.load()  # before the boundary: every version it names is in what we replay
         async with self._bus.subscribe(self._subject, deliver=Deliver.ALL, include_invalid=True) as sub:
             self._subscribed_at = time.time()
             stored = await self._bus.last_seq(self._subject)
@@ -351,6 +356,7 @@ class VersionTracker:
             self._first_of_subscription = True
             if stored == 0:
                 self._replayed()
+                await self._check_high_water()
             # The health check runs beside the loop, so the per-event path pays no timer per event.
             watchdog = asyncio.create_task(self._watch(sub), name=f"weightbus-tracker-watchdog-{self.policy}")
             try:
@@ -366,8 +372,16 @@ class VersionTracker:
                         self._advance(item.seq)
                     else:
                         await self._handle(item)
+                    if self._high_water.below(self._state.version):
+                        await self._check_high_water()
             finally:
                 watchdog.cancel()
+
+    async def _check_high_water(self) -> None:
+        """Once ready: a version held below the counter's high-water mark is a counter reset, reported once."""
+        state = self._state
+        if self.ready and self._high_water.below(state.version):
+            await self._high_water.report(state.version, state.epoch, state.publisher)
 
     async def _watch(self, sub: Subscription) -> None:
         """Every ``check_interval`` of silence: is the subject where the subscription is? If not, fail it."""
