@@ -8,6 +8,7 @@ import pytest
 
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus.protocol import Bus
+from weightbus.consumers import VersionTracker
 from weightbus.errors import FencedError, PublishError
 from weightbus.producers import EngineFleet, VersionPublisher, read_status
 from weightbus.schemas import (
@@ -305,3 +306,18 @@ async def test_a_fenced_zombie_never_lowers_the_mark(bus: Bus, policy: str) -> N
     marks = [e.event for e in await history(bus, subjects.counter(policy))]
     assert [(m.version, m.trainer_id) for m in marks] == [(1, "zombie"), (2, "owner"), (3, "owner")]
     assert (marks[-1].announced, marks[-1].epoch) == (1, 1)
+
+
+async def test_garbage_stored_on_the_counter_subject_hides_no_mark(policy: str) -> None:
+    mem = MemoryBus()
+    pub = await VersionPublisher(mem, policy, trainer_id="t").start()
+    for _ in range(3):
+        async with pub.update():
+            pass
+    await mem.publish_raw(subjects.counter(policy), b"hello", msg_id=f"{policy}:garbage")
+    mem.purge(subjects.weights(policy))
+    restarted = await VersionPublisher(mem, policy, trainer_id="t2").start()
+    async with restarted.update() as version:
+        assert version == 5  # above the highest retained mark (4), read past the garbage
+    async with VersionTracker(mem, policy) as tracker:  # the tracker's one read fails: it follows without
+        assert tracker.current == 5

@@ -59,20 +59,19 @@ async def read_high_water(bus: Bus, policy: str) -> StoredMark:
             extra={"policy": policy, "error": str(exc)},
         )
         history = await read_subject_history(bus, subject)
-        marks = [e.event for e in history.events if _is_mark(e.event, policy)]
-        best = max(marks, key=lambda m: m.version, default=None)  # type: ignore[union-attr]
-        return StoredMark(best, history.last_seq)  # type: ignore[arg-type]
+        marks = [m for m in (_mark_of(e.event, policy) for e in history.events) if m is not None]
+        return StoredMark(max(marks, key=lambda m: m.version, default=None), history.last_seq)
     if last is None:
         return StoredMark(None, 0)
-    if not _is_mark(last.event, policy):
+    mark = _mark_of(last.event, policy)
+    if mark is None or last.seq is None:
         log.warning("the newest mark names another policy; ignored", extra={"policy": policy})
         return StoredMark(None, await bus.last_seq(subject))
-    assert isinstance(last.event, CounterHighWater) and last.seq is not None
-    return StoredMark(last.event, last.seq)
+    return StoredMark(mark, last.seq)
 
 
-def _is_mark(event: object, policy: str) -> bool:
-    return isinstance(event, CounterHighWater) and event.policy == policy
+def _mark_of(event: object, policy: str) -> CounterHighWater | None:
+    return event if isinstance(event, CounterHighWater) and event.policy == policy else None
 
 
 class HighWaterMark:
