@@ -13,7 +13,9 @@ The order, and why (docs/design.md has the long form):
    (the first update after a claim or after a failed update) a ``VersionReserved(v)`` is stored,
    a conditional publish. A pause changes neither weights nor labels, so it need not wait: if the
    take fails (fenced, bus down), the fleet is resumed and nothing else is touched. A publisher
-   that knows it is fenced raises before touching the fleet, so a zombie pauses it at most once;
+   that knows it is fenced raises before touching the fleet, so a zombie pauses it at most once.
+   The take also writes the counter's high-water mark when it does not cover ``v`` yet, and fails
+   if it cannot: no engine may carry a number the mark does not cover;
 2. each engine's label is read: a label that is neither the last announced version, ``v`` nor a
    quarantine label (``"default"`` after a restart) is alerted (``EngineOutOfSync``,
    ``unexpected_label``) before the push could hide it, and again before the stamp; never silently
@@ -22,8 +24,8 @@ The order, and why (docs/design.md has the long form):
 4. **stamp** what the push did not label: each engine's label is read; only if some engine still
    needs ``v`` is ownership checked (one read) before ``/update_weight_version``; then read back;
 5. **announce** ``WeightUpdated(v, reserves_next=True)``: the only bus round trip after the engines
-   carry ``v``. The announcement is conditional on our previous event, so it is the fence check of
-   the push;
+   carry ``v`` (the mark for ``v + 1`` is written beside it). The announcement is conditional on
+   our previous event, so it is the fence check of the push;
 6. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
    drain before ``v`` is on the bus. The engines' ``WeightApplied`` read-backs (monitoring) are
    published beside the resume, off the update's critical path.
