@@ -5,13 +5,15 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     WeightbusError
     ├── InvalidPolicyError (ValueError)       policy id is not a single NATS subject token
     ├── InvalidEventError (ValueError)        a payload failed the typed decode at the bus boundary
+    │   └── UnsendableEventError              an event refused before sending: it would fail that decode
     ├── BusError
     │   ├── BusConnectError (ConnectionError) NATS could not be reached or used; ``cause`` says why
     │   │   └── StreamConfigError             the WEIGHTBUS stream exists but lacks what weightbus needs
     │   ├── BusConfigError (ValueError)       connection options that cannot work (a missing file, ...)
     │   ├── PermissionDeniedError             the server refused a publish or subscribe for this user
     │   ├── PublishError                      the bus refused or could not confirm a publish
-    │   │   └── SequenceConflictError         a conditional publish lost: the subject moved on
+    │   │   ├── SequenceConflictError         a conditional publish lost: the subject moved on
+    │   │   └── CounterExhaustedError         the policy's counter reached MAX_VERSION: use a new policy id
     │   └── SlowConsumerError                 a subscriber fell behind its bounded queue
     ├── FencedError                           another publisher owns the policy's counter
     ├── TrackerNotReadyError                  a tracker does not know the current state (starting, deaf)
@@ -29,6 +31,7 @@ __all__ = [
     "BusConfigError",
     "BusConnectError",
     "BusError",
+    "CounterExhaustedError",
     "EngineError",
     "EngineOutOfSyncError",
     "FencedError",
@@ -40,6 +43,7 @@ __all__ = [
     "SlowConsumerError",
     "StreamConfigError",
     "TrackerNotReadyError",
+    "UnsendableEventError",
     "VersionRegressionError",
     "WeightbusError",
 ]
@@ -64,7 +68,8 @@ class InvalidEventError(WeightbusError, ValueError):
     Attributes:
         subject: the NATS subject it arrived on.
         family: the subject family (``weights``, ``applied``, ``alerts``, ``drains``) or ``unknown``.
-        reason: a low-cardinality label: ``malformed``, ``invalid``, ``oversized``, ``unknown_subject``.
+        reason: a low-cardinality label: ``malformed``, ``invalid``, ``oversized``, ``unknown_subject``
+            (decoding), ``unsendable`` (an event refused before sending).
         detail: the decoder's message, e.g. ``Expected `int` >= 0 - at `$.version```.
     """
 
@@ -74,6 +79,22 @@ class InvalidEventError(WeightbusError, ValueError):
         self.reason = reason
         self.detail = detail
         super().__init__(f"invalid {family} event on {subject!r} ({reason}): {detail}")
+
+
+class UnsendableEventError(InvalidEventError):
+    """An event weightbus refuses to send, because every consumer's typed decode would drop it.
+
+    Raised by the encoder, before anything reaches the wire, on both buses.
+
+    Attributes:
+        event_type: the event's class name (``WeightUpdated``).
+        path: the JSON path of the offending field (``$.version``), or ``$`` for the whole event.
+    """
+
+    def __init__(self, subject: str, family: str, event_type: str, path: str, detail: str) -> None:
+        self.event_type = event_type
+        self.path = path
+        super().__init__(subject, family, "unsendable", f"{event_type} not sent: {detail}")
 
 
 class BusError(WeightbusError):
@@ -150,6 +171,29 @@ class SequenceConflictError(PublishError):
     def __init__(self, subject: str, expected: int) -> None:
         self.expected = expected
         super().__init__(subject, f"the subject's last sequence is no longer {expected}")
+
+
+class CounterExhaustedError(PublishError):
+    """The policy's version counter has issued ``MAX_VERSION`` (2**53 - 1): no valid next number exists.
+
+    Raised before anything is reserved, paused or pushed. A number above ``MAX_VERSION`` would be
+    dropped as invalid by every consumer (JSON consumers cannot all hold it exactly), so the policy
+    cannot go on: publish the new weights under a new policy id.
+
+    Attributes:
+        policy: the policy id.
+        issued: the highest number issued so far.
+    """
+
+    def __init__(self, subject: str, policy: str, issued: int) -> None:
+        self.policy = policy
+        self.issued = issued
+        super().__init__(
+            subject,
+            f"the version counter of policy {policy!r} is exhausted: {issued} was issued and no version may "
+            "exceed 2**53 - 1; nothing was reserved or pushed; publish under a new policy id "
+            "(a forged claim or reservation can also cause this: check the weights history)",
+        )
 
 
 class SlowConsumerError(BusError):

@@ -102,9 +102,18 @@ async def test_each_role_can_do_its_job(server: EmbeddedNats, stream: None) -> N
         await rollout.publish_raw(subjects.alerts("policy-b"), b"{}", msg_id="roles:alert:1")
         last = await monitor.last(subjects.weights("policy-b"))
         assert last is not None and last.event.version == 1  # type: ignore[union-attr]
+        for reader in (rollout, monitor):  # the counter's high-water mark, written by each trainer's update
+            mark = await reader.last(subjects.counter("policy-b"))
+            assert mark is not None and mark.event.version == 2  # type: ignore[union-attr]
         async with asyncio.timeout(5), monitor.subscribe("weightbus.>", deliver=Deliver.LAST_PER_SUBJECT) as sub:
-            seen = {(await sub.__anext__()).subject for _ in range(3)}  # the "{}" alert is skipped as invalid
-        assert seen == {subjects.weights("policy-a"), subjects.weights("policy-b"), subjects.drains("policy-b")}
+            seen = {(await sub.__anext__()).subject for _ in range(5)}  # the "{}" alert is skipped as invalid
+        assert seen == {
+            subjects.weights("policy-a"),
+            subjects.weights("policy-b"),
+            subjects.counter("policy-a"),
+            subjects.counter("policy-b"),
+            subjects.drains("policy-b"),
+        }
     finally:
         for bus in (trainer, scoped, rollout, monitor):
             await bus.close()
@@ -132,7 +141,11 @@ def _forbidden_api(bus: NatsBus) -> dict[str, Awaitable[Any]]:
 
 
 def _forbidden_publishes(role: str) -> list[str]:
-    other = [subjects.weights("policy-b"), subjects.applied("policy-b")] if role != "trainer" else []
+    other = (
+        [subjects.weights("policy-b"), subjects.counter("policy-b"), subjects.applied("policy-b")]
+        if role != "trainer"
+        else []
+    )
     drains = [subjects.drains("policy-b")] if role != "rollout" else []
     alerts = [subjects.alerts("policy-b")] if role in ("monitor", "trainer-policy-a") else []
     return [*other, *drains, *alerts, "weightbus.policy-b.other", "$JS.API.STREAM.PURGE.WEIGHTBUS"]

@@ -15,6 +15,7 @@ MODULES = [
     "weightbus.rules.chain",
     "weightbus.rules.history",
     "weightbus.consumers.drain",
+    "weightbus.consumers.drain.window",
     "weightbus.consumers.tracker",
     "weightbus.embedded",
 ]

@@ -10,16 +10,20 @@ import asyncio
 from collections.abc import Mapping
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
 from weightbus.consumers import VersionTracker
-from weightbus.errors import FencedError
+from weightbus.errors import CounterExhaustedError, FencedError, PublishError
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.schemas import (
+    MAX_VERSION,
     EngineOutOfSync,
     Event,
     FleetQuarantined,
+    LoraAdapter,
+    PublisherClaimed,
     VersionRejected,
     VersionReserved,
     WeightUpdated,
@@ -207,7 +211,7 @@ async def test_out_of_range_and_unexplained_versions_are_never_adopted(
     assert any(isinstance(a, VersionRejected) and a.reason == "unexplained_jump" for a in alerts)
 
 
-async def test_a_purged_history_is_resumed_above_the_engines_labels_and_trackers_hold(
+async def test_a_purged_history_is_resumed_above_the_counter_mark_and_trackers_hold(
     nats_bus: NatsBus, policy: str, engines: Engines
 ) -> None:
     fleet = EngineFleet([engines.add("e1"), engines.add("e2")])
@@ -218,19 +222,26 @@ async def test_a_purged_history_is_resumed_above_the_engines_labels_and_trackers
                 pass
         await tracker.wait_for(3, 5)
         await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
-        # A replacement trainer without a fleet would restart the counter at 1: trackers hold 3, loudly.
+        # A replacement trainer without a fleet resumes above the counter's mark (4, reserved by the
+        # announcement of 3): it used to restart at 1, reissuing numbers the engines had carried.
         blind = await VersionPublisher(nats_bus, policy, trainer_id="blind").start()
         async with blind.update() as version:
-            assert version == 1
-        # A replacement with the fleet resumes above the highest label any engine carries.
+            assert version == 5
+        # A replacement with the fleet resumes above the mark and the highest label any engine carries.
         restarted = await VersionPublisher(nats_bus, policy, trainer_id="t2", fleet=fleet).start()
         async with restarted.update() as version:
-            assert version == 4
-        assert await tracker.wait_for(4, 5) == 4
+            assert version == 7  # 6 was reserved by the blind publisher's announcement of 5
+        assert await tracker.wait_for(7, 5) == 7
+    assert _announced(await history(nats_bus, subjects.weights(policy))) == [
+        (5, blind.incarnation),
+        (7, restarted.incarnation),
+    ]
+    for url in fleet.urls:
+        assert _stamped_numbers(engines, url) == ["1", "2", "3", "7"]
     alerts = [e.event for e in await history(nats_bus, subjects.alerts(policy))]
     reasons = {getattr(a, "reason", type(a).__name__) for a in alerts}
-    assert "counter_reset" in reasons  # the blind claim
-    assert any(type(a).__name__ == "VersionRegressed" and a.incoming == 1 for a in alerts)
+    assert "counter_reset" in reasons  # the blind claim names 2 (the mark's announced), below the held 3
+    assert not any(type(a).__name__ == "VersionRegressed" for a in alerts)  # no version went backwards
 
 
 async def test_the_running_owner_survives_a_purge_by_reclaiming_its_counter(nats_bus: NatsBus, policy: str) -> None:
@@ -357,3 +368,147 @@ async def test_a_publisher_fenced_while_it_pauses_resumes_the_fleet_and_touches_
     ]
     assert state.pause_mode is None and state.weight_version == "1"
     assert await nats_bus.last_seq(subjects.weights(policy)) == before  # nothing stored by the fenced publisher
+
+
+async def _forge_claim(bus: Bus, policy: str, reserved: int) -> None:
+    """A claim nobody's counter made, stored as any trainer credential could: it says ``reserved`` was issued."""
+    forged = PublisherClaimed(
+        policy=policy, epoch=0, trainer_id="forger", published_at=now(), reserved=reserved, incarnation="f"
+    )
+    await bus.publish(subjects.weights(policy), forged, msg_id=f"{policy}:forged-claim")
+
+
+async def test_at_the_ceiling_nothing_is_published_and_nothing_pushed(
+    nats_bus: NatsBus, policy: str, engines: Engines
+) -> None:
+    await _forge_claim(nats_bus, policy, MAX_VERSION)
+    fleet = EngineFleet([engines.add("e1")])
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t", fleet=fleet, pause="retract").start()
+    after_claim = await nats_bus.last_seq(subjects.weights(policy))
+    ran = False
+    with pytest.raises(CounterExhaustedError) as info:
+        async with pub.update():
+            ran = True
+    assert not ran
+    err = info.value
+    assert isinstance(err, PublishError) and (err.policy, err.issued) == (policy, MAX_VERSION)
+    assert "new policy id" in str(err)
+    assert await nats_bus.last_seq(subjects.weights(policy)) == after_claim  # no reservation, no announcement
+    assert engines.paths("http://e1") == ["/model_info"]  # the start's label read; no pause, no stamp
+    assert engines.states["http://e1"].weight_version == "default"
+    with pytest.raises(CounterExhaustedError):
+        await pub.publish_lora(LoraAdapter(name="a", path="/a"))
+    assert engines.paths("http://e1") == ["/model_info"]
+    async with VersionTracker(nats_bus, policy) as tracker:
+        assert tracker.current is None  # never an event the consumers drop as invalid
+
+
+async def test_the_last_valid_number_is_published_once_then_the_counter_is_exhausted(
+    nats_bus: NatsBus, policy: str
+) -> None:
+    await _forge_claim(nats_bus, policy, MAX_VERSION - 1)
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    async with pub.update() as version:
+        assert version == MAX_VERSION
+    with pytest.raises(CounterExhaustedError):
+        async with pub.update():
+            pytest.fail("no number above the bound")
+    restarted = await VersionPublisher(nats_bus, policy, trainer_id="t2").start()
+    with pytest.raises(CounterExhaustedError):
+        async with restarted.update():
+            pytest.fail("no number above the bound")
+    recorded = await history(nats_bus, subjects.weights(policy))
+    assert _announced(recorded) == [(MAX_VERSION, pub.incarnation)]
+    assert not recorded[-2].event.reserves_next  # nothing above the bound was reserved either
+    async with VersionTracker(nats_bus, policy) as tracker:
+        assert tracker.current == MAX_VERSION
+
+
+async def _alerts_of(bus: Bus, policy: str, reason: str, timeout: float = 5.0) -> list[VersionRejected]:
+    """The ``VersionRejected`` alerts with ``reason`` stored on the policy's alerts subject (waits for one)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        found = [
+            e.event
+            for e in await history(bus, subjects.alerts(policy), idle=0.1)
+            if isinstance(e.event, VersionRejected) and e.event.reason == reason
+        ]
+        if found or asyncio.get_running_loop().time() > deadline:
+            return found
+
+
+def _rejected_total(registry: CollectorRegistry, policy: str, reason: str) -> float:
+    return registry.get_sample_value("weightbus_events_rejected_total", {"policy": policy, "reason": reason}) or 0.0
+
+
+async def test_history_evicted_by_low_writes_is_resumed_above_the_counter_mark_and_reported(
+    nats_bus: NatsBus, policy: str
+) -> None:
+    weights = subjects.weights(policy)
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    for _ in range(5):
+        async with pub.update():
+            pass
+    # 264 low-version writes (retention is 256 per subject) evict every event of the real history.
+    for i in range(264):
+        low = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue", published_at=now())
+        await nats_bus.publish(weights, low, msg_id=f"{policy}:low:{i}")
+    retained = await history(nats_bus, weights)
+    assert len(retained) == 256 and {e.event.trainer_id for e in retained} == {"rogue"}
+
+    first = CollectorRegistry()
+    async with VersionTracker(nats_bus, policy, registry=first, observer="r1", check_interval=0.2) as tracker:
+        assert tracker.current == 1  # all the history still says
+        (alert,) = await _alerts_of(nats_bus, policy, "counter_reset")
+        # The mark written beside the announcement of 5 names 4 as announced and acknowledged.
+        assert (alert.event_type, alert.current, alert.incoming, alert.publisher) == ("CounterHighWater", 1, 4, "t")
+        assert _rejected_total(first, policy, "counter_reset") == 1
+        # A restarted trainer without a fleet resumes above the mark (6, reserved by the announcement of 5).
+        restarted = await VersionPublisher(nats_bus, policy, trainer_id="t-restarted").start()
+        async with restarted.update() as version:
+            assert version == 7
+        assert await tracker.wait_for(7, 5) == 7
+    # No number named a second set of weights: the restarted trainer announced 7 only.
+    assert [(v, inc) for v, inc in _announced(await history(nats_bus, weights)) if inc] == [(7, restarted.incarnation)]
+    later = CollectorRegistry()
+    async with VersionTracker(nats_bus, policy, registry=later, observer="r2") as tracker:
+        assert tracker.current == 7
+    assert _rejected_total(later, policy, "counter_reset") == 0  # above the mark: nothing to report
+    assert len(await _alerts_of(nats_bus, policy, "counter_reset")) == 1  # one alert for the fleet
+
+
+async def test_a_tracker_of_a_purged_history_reports_the_counter_reset(nats_bus: NatsBus, policy: str) -> None:
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    for _ in range(3):
+        async with pub.update():
+            pass
+    await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
+    registry = CollectorRegistry()
+    async with VersionTracker(nats_bus, policy, registry=registry) as tracker:
+        assert tracker.current is None  # never published, as far as the weights subject knows: filter off
+        (alert,) = await _alerts_of(nats_bus, policy, "counter_reset")
+        assert (alert.current, alert.incoming) == (None, 2)
+    assert _rejected_total(registry, policy, "counter_reset") == 1
+
+
+async def test_a_trainer_resumes_above_its_checkpoint_when_the_bus_lost_everything(
+    nats_bus: NatsBus, policy: str, engines: Engines
+) -> None:
+    fleet = EngineFleet([engines.add("e1")])
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t", fleet=fleet).start()
+    for _ in range(3):
+        async with pub.update():
+            pass
+    # The trainer checkpointed at version 3; then the weights and the counter subjects are lost, and
+    # the engines restart with their boot label.
+    for subject in (subjects.weights(policy), subjects.counter(policy)):
+        await nats_bus.js.purge_stream(nats_bus.stream, subject=subject)
+    engines.add("e1")
+    restored = await VersionPublisher(nats_bus, policy, trainer_id="t", fleet=fleet, floor=3).start()
+    async with restored.update() as version:
+        assert version == 4
+    assert _stamped_numbers(engines, "http://e1") == ["4"]
+    async with VersionTracker(nats_bus, policy) as tracker:
+        assert tracker.current == 4
+    with pytest.raises(ValueError, match="floor"):
+        VersionPublisher(nats_bus, policy, floor=MAX_VERSION + 1)

@@ -8,11 +8,20 @@ import pytest
 
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus.protocol import Bus
+from weightbus.consumers import VersionTracker
 from weightbus.errors import FencedError, PublishError
-from weightbus.producers import VersionPublisher, read_status
-from weightbus.schemas import Event, LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated, now
+from weightbus.producers import EngineFleet, VersionPublisher, read_status
+from weightbus.schemas import (
+    CounterHighWater,
+    Event,
+    LoraAdapter,
+    PublisherClaimed,
+    VersionReserved,
+    WeightUpdated,
+    now,
+)
 
-from .conftest import HookBus, history
+from .conftest import Engines, HookBus, history
 
 
 async def test_new_policy_claims_epoch_0_and_starts_at_1(bus: Bus, policy: str) -> None:
@@ -254,3 +263,61 @@ async def test_read_status_shows_what_trackers_hold_with_the_rejected_event_flag
     assert status.lora == LoraAdapter(name="a", path="/p")
     assert status.rejected == "regression: WeightUpdated v1 by rogue"
     assert status.invalid == 1
+
+
+async def test_a_mark_that_cannot_be_written_fails_the_take_before_any_engine_and_burns_no_number(
+    policy: str, engines: Engines
+) -> None:
+    mem = MemoryBus()
+    refuse = True
+
+    async def refuse_marks(subject: str, event: Event) -> None:
+        if refuse and isinstance(event, CounterHighWater):
+            raise PublishError(subject, "no acknowledgement after 5 attempts")
+
+    fleet = EngineFleet([engines.add("e1")])
+    pub = await VersionPublisher(
+        HookBus(mem, refuse_marks), policy, trainer_id="t", fleet=fleet, pause="retract"
+    ).start()
+    with pytest.raises(PublishError, match="no acknowledgement"):
+        async with pub.update():
+            pytest.fail("nothing may carry a number the mark does not cover")
+    state = engines.states["http://e1"]
+    assert state.pause_mode is None and state.weight_version == "default"  # paused beside the take, resumed
+    assert not state.recorded("/update_weight_version")
+    refuse = False
+    async with pub.update() as version:
+        assert version == 1  # the reservation that landed is taken again, not burned
+    mark = (await mem.last(subjects.counter(policy))).event
+    assert isinstance(mark, CounterHighWater) and (mark.version, mark.announced) == (2, None)
+    assert state.weight_version == "1"
+
+
+async def test_a_fenced_zombie_never_lowers_the_mark(bus: Bus, policy: str) -> None:
+    zombie = await VersionPublisher(bus, policy, trainer_id="zombie", reserve_next=False).start()
+    async with zombie.update():
+        pass
+    owner = await VersionPublisher(bus, policy, trainer_id="owner").start()
+    async with owner.update() as version:
+        assert version == 2
+    with pytest.raises(FencedError):
+        async with zombie.update():  # its number 2 is below the owner's mark: its write loses the race
+            pytest.fail("a fenced publisher's block never runs")
+    marks = [e.event for e in await history(bus, subjects.counter(policy))]
+    assert [(m.version, m.trainer_id) for m in marks] == [(1, "zombie"), (2, "owner"), (3, "owner")]
+    assert (marks[-1].announced, marks[-1].epoch) == (1, 1)
+
+
+async def test_garbage_stored_on_the_counter_subject_hides_no_mark(policy: str) -> None:
+    mem = MemoryBus()
+    pub = await VersionPublisher(mem, policy, trainer_id="t").start()
+    for _ in range(3):
+        async with pub.update():
+            pass
+    await mem.publish_raw(subjects.counter(policy), b"hello", msg_id=f"{policy}:garbage")
+    mem.purge(subjects.weights(policy))
+    restarted = await VersionPublisher(mem, policy, trainer_id="t2").start()
+    async with restarted.update() as version:
+        assert version == 5  # above the highest retained mark (4), read past the garbage
+    async with VersionTracker(mem, policy) as tracker:  # the tracker's one read fails: it follows without
+        assert tracker.current == 5

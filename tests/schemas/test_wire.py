@@ -10,6 +10,7 @@ import pytest
 from weightbus.errors import InvalidEventError
 from weightbus.schemas import (
     MAX_EVENT_BYTES,
+    CounterHighWater,
     DrainReport,
     EngineOutOfSync,
     LoraAdapter,
@@ -34,6 +35,10 @@ EVENTS = [
         ),
     ),
     (W, PublisherClaimed(policy="p", epoch=2, trainer_id="t1", published_at=3.0, version=4, previous_trainer_id="t0")),
+    (
+        "weightbus.p.counter",
+        CounterHighWater(policy="p", version=9, epoch=2, trainer_id="t1", published_at=3.5, announced=7),
+    ),
     (
         "weightbus.p.applied",
         WeightApplied(policy="p", version=4, engine="http://e", read_back="4", ok=True, published_at=3.0),
@@ -85,6 +90,18 @@ def test_wire_shape_is_tagged_json() -> None:
     data = json.loads(encode(EVENTS[0][1]))  # type: ignore[arg-type]
     assert data["type"] == "weight.updated"
     assert data["version"] == 3 and data["policy"] == "p"
+
+
+def test_the_counter_subject_carries_only_marks() -> None:
+    mark = b'{"type":"counter.high_water","policy":"p","version":9,"epoch":0,"trainer_id":"t","published_at":1}'
+    assert decode("weightbus.p.counter", mark) == CounterHighWater(
+        policy="p", version=9, epoch=0, trainer_id="t", published_at=1.0
+    )
+    with pytest.raises(InvalidEventError) as info:
+        decode(W, mark)
+    assert info.value.reason == "invalid"
+    with pytest.raises(InvalidEventError):
+        decode("weightbus.p.counter", encode(EVENTS[1][1]))  # type: ignore[arg-type]
 
 
 def test_older_payload_decodes_with_defaults() -> None:
@@ -157,9 +174,10 @@ def test_family_of_rejects_foreign_objects() -> None:
 
 def test_json_schemas_cover_every_family_and_tag() -> None:
     schemas = json_schemas()
-    assert set(schemas) == {"weights", "applied", "alerts", "drains"}
+    assert set(schemas) == {"weights", "applied", "alerts", "drains", "counter"}
     text = json.dumps(schemas)
-    for tag in ("weight.updated", "weight.claimed", "weight.applied", "alert.version_regressed", "drain.report"):
+    tags = ("weight.updated", "weight.claimed", "weight.applied", "alert.version_regressed", "drain.report")
+    for tag in (*tags, "counter.high_water"):
         assert tag in text
     # A schema consumer can see the non-negative version constraint.
     assert schemas["weights"]["$defs"]["WeightUpdated"]["properties"]["version"]["minimum"] == 0

@@ -1,8 +1,9 @@
 """The subject scheme and NATS wildcard matching.
 
-Every policy owns four subjects, so that several trainers share one NATS::
+Every policy owns five subjects, so that several trainers share one NATS::
 
-    weightbus.<policy>.weights   WeightUpdated, PublisherClaimed   (durable; the current version)
+    weightbus.<policy>.weights   WeightUpdated, PublisherClaimed, VersionReserved  (durable; the current version)
+    weightbus.<policy>.counter   CounterHighWater                  (the counter's high-water mark; read last)
     weightbus.<policy>.applied   WeightApplied                     (per-engine read-back)
     weightbus.<policy>.alerts    VersionRegressed, EngineOutOfSync
     weightbus.<policy>.drains    DrainReport
@@ -23,6 +24,7 @@ __all__ = [
     "PREFIX",
     "alerts",
     "applied",
+    "counter",
     "drains",
     "matches",
     "policy_of",
@@ -32,7 +34,7 @@ __all__ = [
 ]
 
 PREFIX: Final = "weightbus"
-FAMILY_NAMES: Final = ("weights", "applied", "alerts", "drains")
+FAMILY_NAMES: Final = ("weights", "applied", "alerts", "drains", "counter")
 _POLICY_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -74,6 +76,11 @@ def alerts(policy: str) -> str:
 def drains(policy: str) -> str:
     """``weightbus.<policy>.drains``."""
     return _subject(policy, "drains")
+
+
+def counter(policy: str) -> str:
+    """``weightbus.<policy>.counter``."""
+    return _subject(policy, "counter")
 
 
 def policy_pattern(policy: str | None) -> str:

@@ -13,7 +13,9 @@ __all__ = ["register"]
 
 
 def schema_command(
-    family: Annotated[str | None, typer.Argument(help="Only this family: weights, applied, alerts or drains.")] = None,
+    family: Annotated[
+        str | None, typer.Argument(help="Only this family: weights, counter, applied, alerts or drains.")
+    ] = None,
 ) -> None:
     """Print the JSON Schema of each event family (keyed by family) as one JSON document."""
     schemas = json_schemas()

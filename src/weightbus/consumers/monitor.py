@@ -9,8 +9,8 @@ Invariants:
 * Versions go through the same rule as ``VersionTracker`` (``rules.chain.decide``, ``hold`` mode):
   the monitor shows what every tracker holds, never a version the rule rejected. The newest event
   the rule did not take (a lower version, or one that is not from the owner or that nothing
-  explains, such as a claim far above the chain) is kept in ``rejected`` and recorded as a ``regression_seen`` or ``rejected_seen``
-  alert, next to the alerts trackers published.
+  explains, such as a claim far above the chain) is kept in ``rejected`` and recorded as a
+  ``regression_seen`` or ``rejected_seen`` alert, next to the alerts trackers published.
 * Lag is measured only for events the caller marks ``live``; the stored events a subscription
   replays at start are ages, not lags.
 * Recent drains and alerts are bounded (``max_recent`` per policy); totals are kept separately.

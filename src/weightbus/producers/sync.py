@@ -40,6 +40,7 @@ class SyncVersionPublisher:
         pause: pause mode for the fleet during an update, or None.
         api_key: bearer token for the engines.
         connect_timeout: seconds for the NATS connect.
+        floor: the version of the trainer's own checkpoint; see ``VersionPublisher``.
 
     Raises:
         ValueError: neither ``nats_url`` nor ``bus_factory``; both ``engines`` and ``router``.
@@ -57,6 +58,7 @@ class SyncVersionPublisher:
         pause: PauseMode | None = None,
         api_key: str | None = None,
         connect_timeout: float = 5.0,
+        floor: int | None = None,
     ) -> None:
         if bus_factory is None and nats_url is None:
             raise ValueError("pass nats_url or bus_factory")
@@ -71,6 +73,7 @@ class SyncVersionPublisher:
         self._pause: PauseMode | None = pause
         self._api_key = api_key
         self._connect_timeout = connect_timeout
+        self._floor = floor
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._bus: Bus | None = None
@@ -148,7 +151,12 @@ class SyncVersionPublisher:
         elif self._engines:
             self._fleet = EngineFleet(self._engines, api_key=self._api_key)
         pub = VersionPublisher(
-            self._bus, self._policy, trainer_id=self._trainer_id, fleet=self._fleet, pause=self._pause
+            self._bus,
+            self._policy,
+            trainer_id=self._trainer_id,
+            fleet=self._fleet,
+            pause=self._pause,
+            floor=self._floor,
         )
         return await pub.start()
 

@@ -1,8 +1,9 @@
 """The wire contract: msgspec event types, one tagged union per subject family, and the one decode.
 
 Families and their subjects: ``weights`` (``WeightUpdated``, ``PublisherClaimed``,
-``VersionReserved``), ``applied`` (``WeightApplied``), ``alerts`` (``VersionRegressed``,
-``VersionRejected``, ``EngineOutOfSync``, ``FleetQuarantined``), ``drains`` (``DrainReport``).
+``VersionReserved``), ``counter`` (``CounterHighWater``), ``applied`` (``WeightApplied``),
+``alerts`` (``VersionRegressed``, ``VersionRejected``, ``EngineOutOfSync``, ``FleetQuarantined``),
+``drains`` (``DrainReport``).
 Rollout data: ``Sample``, ``Group``, ``TokenSpan`` (module ``rollouts``).
 """
 
@@ -20,6 +21,8 @@ from weightbus.schemas.drains import DrainMessage, DrainReport
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus, TokenSpan, parse_version
 from weightbus.schemas.weights import (
     AppliedMessage,
+    CounterHighWater,
+    CounterMessage,
     LoraAdapter,
     PublisherClaimed,
     VersionReserved,
@@ -35,6 +38,8 @@ __all__ = [
     "QUARANTINE_PREFIX",
     "AlertMessage",
     "AppliedMessage",
+    "CounterHighWater",
+    "CounterMessage",
     "DrainMessage",
     "DrainReport",
     "EngineOutOfSync",

@@ -60,12 +60,16 @@ class VersionRejected(AlertEvent, tag="alert.version_rejected"):
     Attributes:
         reason: ``not_owner`` (not from the owner of the latest claim), ``stale_claim`` (a claim that
             does not supersede the owner), ``unexplained_jump`` (a version above anything the owner
-            reserved), ``counter_reset`` (a takeover whose counter is below the held version),
+            reserved), ``counter_reset`` (a takeover whose counter is below the held version, or,
+            with ``event_type`` ``CounterHighWater``, a held version below what the counter's
+            high-water mark says was announced: the weights history was evicted or overwritten),
             ``unexplained_claim`` (a takeover whose version or reservation is more than one above
             the highest number the chain had seen).
-        event_type: the wire tag of the refused event.
-        incoming: its version (None for a claim without one).
-        event_seq: its stream sequence, so each refused event is alerted once.
+        event_type: the class name of the refused event (``CounterHighWater`` for the mark).
+        current: the version the tracker holds (None: none).
+        incoming: its version (None for a claim without one; the mark's ``announced`` for the mark).
+        incoming_epoch, publisher: the event's (or the mark's) epoch and trainer id.
+        event_seq: its stream sequence (the mark's), so each refused event is alerted once.
     """
 
     policy: PolicyId

@@ -3,6 +3,11 @@
 The family is the last token of the subject (``weightbus.<policy>.<family>``). Encoders and decoders
 are built once at import. Nothing but ``InvalidEventError`` ever leaves ``decode``: not JSON, wrong
 types, a negative version, an unknown tag, an oversized payload, or a subject outside the scheme.
+
+``encode`` checks what it sends against the same types: an event that every consumer's decode
+would drop (a version above ``MAX_VERSION``, a negative count, an oversized payload; msgspec's
+constructors check no constraint) raises ``UnsendableEventError`` naming the field, and never
+reaches the wire. Both buses encode through it, so weightbus never produces an invalid event.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from typing import Any, Final
 
 import msgspec
 
-from weightbus.errors import InvalidEventError
+from weightbus.errors import InvalidEventError, UnsendableEventError
 from weightbus.schemas.alerts import (
     AlertMessage,
     EngineOutOfSync,
@@ -22,6 +27,8 @@ from weightbus.schemas.alerts import (
 from weightbus.schemas.drains import DrainMessage, DrainReport
 from weightbus.schemas.weights import (
     AppliedMessage,
+    CounterHighWater,
+    CounterMessage,
     PublisherClaimed,
     VersionReserved,
     WeightApplied,
@@ -44,6 +51,7 @@ Event = (
     | EngineOutOfSync
     | FleetQuarantined
     | DrainReport
+    | CounterHighWater
 )
 
 #: subject family → the tagged union carried on it.
@@ -52,6 +60,7 @@ FAMILIES: Final[dict[str, Any]] = {
     "applied": AppliedMessage,
     "alerts": AlertMessage,
     "drains": DrainMessage,
+    "counter": CounterMessage,
 }
 
 _DECODERS: Final = {family: msgspec.json.Decoder(union) for family, union in FAMILIES.items()}
@@ -66,6 +75,7 @@ _FAMILY_OF_TYPE: Final[dict[type, str]] = {
     EngineOutOfSync: "alerts",
     FleetQuarantined: "alerts",
     DrainReport: "drains",
+    CounterHighWater: "counter",
 }
 
 
@@ -81,9 +91,33 @@ def family_of(event: Event) -> str:
         raise TypeError(f"not a weightbus event: {type(event).__name__}") from None
 
 
+_CHECKERS: Final = {cls: msgspec.json.Decoder(cls) for cls in _FAMILY_OF_TYPE}
+
+
 def encode(event: Event) -> bytes:
-    """Encode an event as its wire JSON (``{"type": <tag>, ...}``)."""
-    return _ENCODER.encode(event)
+    """Encode an event as its wire JSON (``{"type": <tag>, ...}``), checked against its type first.
+
+    Raises:
+        TypeError: ``event`` is not a weightbus event.
+        UnsendableEventError: the encoded event would fail the typed decode (its ``path`` names the
+            field, e.g. ``$.version``), or it is larger than ``MAX_EVENT_BYTES``.
+    """
+    family = family_of(event)
+    data = _ENCODER.encode(event)
+    if len(data) > MAX_EVENT_BYTES:
+        raise _unsendable(event, family, "$", f"{len(data)} bytes > {MAX_EVENT_BYTES}")
+    try:
+        _CHECKERS[type(event)].decode(data)
+    except msgspec.ValidationError as exc:
+        detail = str(exc)
+        _, _, at = detail.rpartition(" - at `")
+        raise _unsendable(event, family, at.rstrip("`") if at else "$", detail) from None
+    return data
+
+
+def _unsendable(event: Event, family: str, path: str, detail: str) -> UnsendableEventError:
+    policy = getattr(event, "policy", "?")
+    return UnsendableEventError(f"weightbus.{policy}.{family}", family, type(event).__name__, path, detail)
 
 
 def decode(subject: str, data: bytes) -> Event:

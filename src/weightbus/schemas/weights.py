@@ -1,4 +1,4 @@
-"""Weight events, trainer → rollout workers and monitors (``weightbus.<policy>.weights`` and ``.applied``).
+"""Weight events, trainer → rollout workers and monitors (``weightbus.<policy>.weights``, ``.applied``, ``.counter``).
 
 ``WeightUpdated`` announces that every engine of a policy now serves ``version``; it is published
 after the engines were stamped and read back, and before they resume generating. Two more events
@@ -10,6 +10,10 @@ A ``WeightUpdated`` with ``reserves_next`` also reserves ``version + 1`` for its
 update, so that an update that follows a successful one needs no reservation event of its own:
 followers receive one event per update.
 ``WeightApplied`` is the per-engine read-back of one stamp.
+``CounterHighWater`` (on ``weightbus.<policy>.counter``, a subject of its own) is the counter's
+high-water mark: the highest number the owner ever took, written before any engine can carry it.
+It survives any number of writes to the weights subject, so a publisher resumes above it and a
+tracker that holds a version below what it says was announced reports a counter reset.
 
 Every publisher instance has an ``incarnation`` (random, unique per ``start()``): two processes
 with the same ``trainer_id`` are still two owners to the fence and to trackers.
@@ -25,6 +29,9 @@ from weightbus.schemas.common import Epoch, PolicyId, Timestamp, Version
 
 __all__ = [
     "AppliedMessage",
+    "CounterEvent",
+    "CounterHighWater",
+    "CounterMessage",
     "LoraAdapter",
     "PublisherClaimed",
     "VersionReserved",
@@ -124,5 +131,33 @@ class WeightApplied(WeightEvent, tag="weight.applied"):
     lora: LoraAdapter | None = None
 
 
+class CounterEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of counter-family events; encoded as ``{"type": <tag>, ...}``."""
+
+
+class CounterHighWater(CounterEvent, tag="counter.high_water"):
+    """The counter of ``policy`` has issued every number up to ``version``; none of them is ever issued again.
+
+    Written by the owner on ``weightbus.<policy>.counter`` with each reservation and announcement
+    (conditional on the subject's last mark, so the newest mark is the highest), before any engine
+    can carry a number it does not cover.
+
+    Attributes:
+        version: the highest number taken (reserved, or reserved ahead by an announcement).
+        epoch, trainer_id, incarnation: the writer (the owner when it wrote).
+        announced: the highest version announced and acknowledged when the mark was written (None:
+            none yet). A tracker that holds less has lost history: a counter reset.
+    """
+
+    policy: PolicyId
+    version: Version
+    epoch: Epoch
+    trainer_id: str
+    published_at: Timestamp
+    incarnation: str = ""
+    announced: Version | None = None
+
+
 WeightMessage = WeightUpdated | PublisherClaimed | VersionReserved
 AppliedMessage = WeightApplied
+CounterMessage = CounterHighWater

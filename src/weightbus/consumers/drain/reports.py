@@ -22,8 +22,8 @@ from collections import deque
 
 from weightbus.bus import subjects
 from weightbus.bus.protocol import Bus
+from weightbus.consumers.drain.decisions import DrainStats
 from weightbus.consumers.drain.metrics import DrainMetrics
-from weightbus.consumers.drain.stage import DrainStats
 from weightbus.errors import BusError
 from weightbus.schemas.common import now
 from weightbus.schemas.drains import DrainReport

@@ -30,7 +30,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from weightbus.consumers.drain.decisions import Action, DrainStats
 from weightbus.consumers.drain.tally import DrainTally
@@ -38,8 +38,9 @@ from weightbus.rules.staleness import Reason, raw_scan
 from weightbus.schemas.rollouts import HAS_VERSION, Group
 
 if TYPE_CHECKING:
+    from weightbus.consumers.drain.metrics import DrainMetrics
     from weightbus.consumers.drain.reports import DrainReporter
-    from weightbus.consumers.drain.stage import StalenessStage
+    from weightbus.rules.staleness import UnknownPolicy
 
 __all__ = ["VERSION_STATES", "DrainWindow"]
 
@@ -47,6 +48,23 @@ __all__ = ["VERSION_STATES", "DrainWindow"]
 #: against several says the least trusted one.
 VERSION_STATES: Final = ("current", "never_published", "given")
 _RANK: Final = {state: i for i, state in enumerate(VERSION_STATES)}
+
+
+class JudgementConfig(Protocol):
+    """What a window reads of its configuration (``StalenessStage`` is one): the bound, the unknown-label
+    policy, the action for groups not kept, and the metrics."""
+
+    @property
+    def max_staleness(self) -> int | None: ...
+
+    @property
+    def unknown(self) -> UnknownPolicy: ...
+
+    @property
+    def unused_action(self) -> Action: ...
+
+    @property
+    def metrics(self) -> DrainMetrics | None: ...
 
 
 class DrainWindow:
@@ -83,7 +101,7 @@ class DrainWindow:
 
     def __init__(
         self,
-        stage: StalenessStage,
+        stage: JudgementConfig,
         *,
         on_unused: Callable[[Group], None] | None = None,
         reporter: DrainReporter | None = None,

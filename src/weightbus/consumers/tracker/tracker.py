@@ -26,7 +26,9 @@ Invariants:
   alerted once per offending event: the alert's message id derives from the event's stream
   sequence and id, and an event replayed from history is alerted only if no alert for it is
   retained. ``raise`` mode raises ``VersionRegressionError`` for a live regression only; a replayed
-  one is held, so a restarted consumer does not crash-loop on history.
+  one is held, so a restarted consumer does not crash-loop on history. Once ready, a version held
+  below the counter's high-water mark (read once per subscription; module ``highwater``) is
+  reported as a counter reset: the weights history was evicted or overwritten.
 * Propagation lag (``published_at`` → receipt) is observed for live updates only; a negative value
   from clock skew is recorded as 0.
 * The per-event path does no logging work for disabled levels, arms no timer (the health check is
@@ -58,6 +60,7 @@ from weightbus.consumers.tracker.changes import ChangeFeed, VersionChange
 from weightbus.consumers.tracker.cursor import ReplayCursor
 from weightbus.consumers.tracker.health import SubscriptionWatchdog
 from weightbus.consumers.tracker.heap import freeze_startup_heap
+from weightbus.consumers.tracker.highwater import HighWaterWatch
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import SlowConsumerError, TrackerNotReadyError, VersionRegressionError
 from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState, decide
@@ -151,6 +154,7 @@ class VersionTracker:
         self._subject = subjects.weights(policy)
         self._m = self.metrics.for_policy(self.policy)
         self._alerts = TrackerAlerts(bus, self.policy, self.observer, self.mode)
+        self._high_water = HighWaterWatch(bus, self.policy, self.observer, self._m)
         self._retry_delay = retry_delay
         self._max_retry_delay = max_retry_delay
         self._check_interval = check_interval
@@ -331,6 +335,7 @@ class VersionTracker:
 
     async def _follow(self) -> None:
         cursor = self._cursor
+        await self._high_water.load()  # before the boundary: every version it names is in what we replay
         async with self._bus.subscribe(self._subject, deliver=Deliver.ALL, include_invalid=True) as sub:
             subscribed_at = time.time()
             stored = await self._bus.last_seq(self._subject)
@@ -342,6 +347,7 @@ class VersionTracker:
                 )
             if cursor.empty:
                 self._replayed()
+                await self._check_high_water()
             watchdog = SubscriptionWatchdog(self._bus, self._subject, cursor, self._check_interval, self._caught_up)
             # The health check runs beside the loop, so the per-event path pays no timer per event.
             watching = asyncio.create_task(watchdog.watch(sub), name=f"weightbus-tracker-watchdog-{self.policy}")
@@ -352,8 +358,16 @@ class VersionTracker:
                         self._advance(item.seq)
                     else:
                         await self._handle(item)
+                    if self._high_water.below(self._state.version):
+                        await self._check_high_water()
             finally:
                 watching.cancel()
+
+    async def _check_high_water(self) -> None:
+        """Once ready: a version held below the counter's high-water mark is a counter reset, reported once."""
+        state = self._state
+        if self.ready and self._high_water.below(state.version):
+            await self._high_water.report(state.version, state.epoch, state.publisher)
 
     def _caught_up(self) -> None:
         if self._status is TrackerStatus.DEAF:

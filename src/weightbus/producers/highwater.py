@@ -1,0 +1,150 @@
+"""``HighWaterMark``: the counter's high-water mark on ``weightbus.<policy>.counter``, apart from the weights history.
+
+The weights subject keeps 256 events; 256 writes of anything (a rogue, a forged claim, a replayed
+trace) evict the real history, and a publisher that restarts without a fleet would then resume
+below numbers it already issued. The mark lives on a subject of its own that only the owner writes,
+once per reservation or announcement, so it survives any number of writes to the weights subject.
+Invariants:
+
+* **Covered before carried.** ``cover(v)`` returns only once a mark of at least ``v`` is stored; the
+  update protocol awaits it before any engine may carry ``v`` (a failed cover fails the take, as a
+  failed reservation does).
+* **The newest mark is the highest.** Each write is conditional on the subject's last sequence as
+  this writer last saw it; a write that loses the race reads the newest mark and is done when it
+  already covers ``v`` (a takeover's owner wrote a higher one), so a fenced zombie never lowers it.
+* **Doubt is not a gap.** Message ids are deterministic per writer and number, so a retried write
+  is stored once; a newest payload that is not a valid mark is skipped, and the highest valid mark
+  retained is read instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+from weightbus.bus import subjects
+from weightbus.bus.history import read_subject_history
+from weightbus.bus.protocol import Bus
+from weightbus.errors import InvalidEventError, PublishError, SequenceConflictError
+from weightbus.schemas import CounterHighWater, now
+
+__all__ = ["HighWaterMark", "StoredMark", "read_high_water"]
+
+log = logging.getLogger("weightbus.producers")
+
+_WRITE_ATTEMPTS: Final = 3
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMark:
+    """The newest mark read from the counter subject (``mark`` None: none stored) and the subject's last sequence."""
+
+    mark: CounterHighWater | None
+    seq: int
+
+
+async def read_high_water(bus: Bus, policy: str) -> StoredMark:
+    """One last-message read of ``counter(policy)``; the highest valid retained mark if the newest is not one.
+
+    Raises:
+        BusError: the bus did not answer.
+    """
+    subject = subjects.counter(policy)
+    try:
+        last = await bus.last(subject)
+    except InvalidEventError as exc:
+        log.warning(
+            "the newest payload on the counter subject is not a valid mark; reading the retained marks",
+            extra={"policy": policy, "error": str(exc)},
+        )
+        history = await read_subject_history(bus, subject)
+        marks = [m for m in (_mark_of(e.event, policy) for e in history.events) if m is not None]
+        return StoredMark(max(marks, key=lambda m: m.version, default=None), history.last_seq)
+    if last is None:
+        return StoredMark(None, 0)
+    mark = _mark_of(last.event, policy)
+    if mark is None or last.seq is None:
+        log.warning("the newest mark names another policy; ignored", extra={"policy": policy})
+        return StoredMark(None, await bus.last_seq(subject))
+    return StoredMark(mark, last.seq)
+
+
+def _mark_of(event: object, policy: str) -> CounterHighWater | None:
+    return event if isinstance(event, CounterHighWater) and event.policy == policy else None
+
+
+class HighWaterMark:
+    """The writer of one policy's mark; see the module docstring.
+
+    Args:
+        bus: the bus (borrowed).
+        policy: the policy id.
+        trainer_id, incarnation: the writer, recorded on each mark.
+    """
+
+    def __init__(self, bus: Bus, policy: str, *, trainer_id: str, incarnation: str) -> None:
+        self._bus = bus
+        self._policy = policy
+        self._subject = subjects.counter(policy)
+        self._trainer_id = trainer_id
+        self._incarnation = incarnation
+        self._covers = 0
+        self._seq = 0
+
+    @property
+    def covers(self) -> int:
+        """The highest number the newest stored mark covered when last read or written (0: none)."""
+        return self._covers
+
+    async def read(self) -> CounterHighWater | None:
+        """Read the newest mark and remember where the subject is (the next write is conditional on it).
+
+        Raises:
+            BusError: the bus did not answer.
+        """
+        stored = await read_high_water(self._bus, self._policy)
+        # What is stored now, not what we once wrote: a recreated stream lost our marks too.
+        self._seq = stored.seq
+        self._covers = stored.mark.version if stored.mark is not None else 0
+        return stored.mark
+
+    async def cover(self, version: int, *, epoch: int, announced: int | None) -> None:
+        """Make sure a stored mark covers ``version``: nothing to do when one does, else write one.
+
+        Args:
+            version: the number about to be taken (or reserved ahead).
+            epoch: the writer's epoch.
+            announced: the highest version announced and acknowledged so far (None: none).
+
+        Raises:
+            PublishError: no mark covering ``version`` could be stored (nothing may carry ``version``).
+            BusError: the newest mark could not be read after a lost race.
+        """
+        if version <= self._covers:
+            return
+        mark = CounterHighWater(
+            policy=self._policy,
+            version=version,
+            epoch=epoch,
+            trainer_id=self._trainer_id,
+            published_at=now(),
+            incarnation=self._incarnation,
+            announced=announced,
+        )
+        msg_id = f"{self._policy}:mark:{self._incarnation}:{version}"
+        for _ in range(_WRITE_ATTEMPTS):
+            try:
+                ack = await self._bus.publish(self._subject, mark, msg_id=msg_id, expected_last_seq=self._seq)
+            except SequenceConflictError:
+                newest = await self.read()
+                if version <= self._covers:
+                    log.info(
+                        "another writer's mark already covers the number",
+                        extra={"policy": self._policy, "version": version, "mark": newest and newest.version},
+                    )
+                    return
+                continue
+            self._seq, self._covers = ack.seq, max(self._covers, version)
+            return
+        raise PublishError(self._subject, f"the counter's mark kept moving under {_WRITE_ATTEMPTS} writes")
