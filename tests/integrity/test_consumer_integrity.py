@@ -279,16 +279,17 @@ async def test_a_resume_above_the_engines_labels_after_a_lost_history_is_still_f
                 pass
         await running.wait_for(5, 5)
         await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
-        # The replacement finds no history and resumes above the engines' label: its claim names 5.
+        # The replacement finds no history and resumes above the engines' label and the counter's mark:
+        # its claim names 5, and 6, which the predecessor's last announcement reserved, is never reissued.
         restarted = await VersionPublisher(nats_bus, policy, trainer_id="t2", fleet=fleet).start()
         async with VersionTracker(nats_bus, policy) as fresh:
             assert fresh.current == 5 and fresh.publisher == "t2"
             async with restarted.update() as version:
-                assert version == 6
-            assert await fresh.wait_for(6, 5) == 6
-        assert await running.wait_for(6, 5) == 6 and running.publisher == "t2"
+                assert version == 7
+            assert await fresh.wait_for(7, 5) == 7
+        assert await running.wait_for(7, 5) == 7 and running.publisher == "t2"
     async with VersionTracker(nats_bus, policy) as late:
-        assert late.current == 6
+        assert late.current == 7
     alerts = [e.event for e in await history(nats_bus, subjects.alerts(policy))]
     assert not [a for a in alerts if isinstance(a, VersionRejected)]
     assert (await read_status(nats_bus, policy)).rejected is None

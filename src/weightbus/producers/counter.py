@@ -215,8 +215,8 @@ class FencedCounter:
             if engine_high is not None and engine_high > issued:
                 await self._counter_behind_engines(issued, engine_high, engines, history)
                 issued = engine_high
-                if version is None or engine_high > version:
-                    version = engine_high
+            if engine_high is not None and (version is None or engine_high > version):
+                version = engine_high  # an engine carries it: it was announced, even if the mark lags
             if await self._claim(high_epoch + 1, version, issued, previous, history.last_seq):
                 if self.next_version > MAX_VERSION:
                     log.error(

@@ -8,12 +8,14 @@ Payloads that fail the decode are skipped and counted, never raised.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from weightbus.bus import subjects
 from weightbus.bus.history import read_subject_history
 from weightbus.bus.protocol import Bus
 from weightbus.errors import EngineError, InvalidEventError
+from weightbus.producers.highwater import read_high_water
 from weightbus.producers.stamping import EngineFleet
 from weightbus.rules.history import WeightsHistory, fold_history
 from weightbus.schemas import LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated, now
@@ -130,8 +132,11 @@ async def read_weights_history(bus: Bus, policy: str, *, timeout: float = 10.0) 
         InvalidPolicyError: ``policy`` is not a valid policy id.
         BusError: the bus did not answer, or the history did not arrive within ``timeout`` seconds.
     """
-    history = await read_subject_history(bus, subjects.weights(policy), timeout=timeout)
+    history, mark = await asyncio.gather(
+        read_subject_history(bus, subjects.weights(policy), timeout=timeout), read_high_water(bus, policy)
+    )
     invalid: InvalidEventError | None = None
     if history.invalid_seqs and history.invalid_seqs[-1] == history.last_seq:
         invalid = history.last_error
-    return fold_history(policy, history.events, invalid=invalid, invalid_count=history.invalid)
+    issued = mark.mark.version if mark.mark is not None else None
+    return fold_history(policy, history.events, invalid=invalid, invalid_count=history.invalid, issued=issued)

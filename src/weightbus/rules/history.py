@@ -87,7 +87,12 @@ class WeightsHistory:
 
 
 def fold_history(
-    policy: str, envelopes: Sequence[StoredEvent], *, invalid: InvalidEventError | None = None, invalid_count: int = 0
+    policy: str,
+    envelopes: Sequence[StoredEvent],
+    *,
+    invalid: InvalidEventError | None = None,
+    invalid_count: int = 0,
+    issued: int | None = None,
 ) -> WeightsHistory:
     """Fold ``envelopes`` (oldest first) of ``weights(policy)`` with ``decide`` in ``hold`` mode.
 
@@ -107,7 +112,7 @@ def fold_history(
             continue
         events += 1
         epoch_high = max(epoch_high, event.epoch)
-        decision: TrackerDecision = decide(state, event, RegressionMode.HOLD)
+        decision: TrackerDecision = decide(state, event, RegressionMode.HOLD, issued=issued)
         if decision.is_regression or decision.action is TrackerAction.REJECTED:
             rejected.append(
                 RejectedEvent(

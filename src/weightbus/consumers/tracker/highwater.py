@@ -49,6 +49,12 @@ class HighWaterWatch:
         self._retained: set[tuple[int | None, int | None]] | None = None
 
     @property
+    def issued(self) -> int | None:
+        """The highest number the mark says was issued (reserved or announced); None without a mark."""
+        mark = self._mark
+        return None if mark is None else mark.version
+
+    @property
     def mark(self) -> CounterHighWater | None:
         """The mark read at the last subscription (None: none stored, or unreadable)."""
         return self._mark

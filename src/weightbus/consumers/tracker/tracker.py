@@ -475,7 +475,7 @@ class VersionTracker:
             return
         self._seen_valid = True
         cursor = self._cursor
-        decision = decide(self._state, event, self.mode, rebase=cursor.rebase)
+        decision = decide(self._state, event, self.mode, rebase=cursor.rebase, issued=self._high_water.issued)
         if cursor.rebase and isinstance(event, WeightUpdated) and decision.reason is None:
             cursor.rebase = False
         self._state = state = decision.state
