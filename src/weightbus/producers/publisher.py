@@ -1,33 +1,19 @@
-"""``VersionPublisher``: the one owner of a policy's weight-version counter, fenced over JetStream.
+"""``VersionPublisher``: what a trainer holds to publish weight versions: ``start()``, ``update()``, ``publish_lora()``.
 
-Every event of the counter (claim, reservation, announcement) goes on ``weights(policy)`` as a
-conditional publish on the sequence of this publisher's own previous event there, so the bus, not a
-read before it, decides who owns the counter. Invariants:
+It composes the policy's ``FencedCounter`` (module ``counter``: claim, take, reserve, announce and
+resolve, fenced on the weights subject) with the trainer's ``EngineFleet``, and runs every update
+through ``VersionUpdate`` (module ``update``: take, pause, push, stamp, verify, announce, resume, and
+quarantine on failure). Invariants:
 
-* **A number names at most one set of weights.** ``v`` is used up on the bus before any engine
-  may carry it: by the previous announcement (``WeightUpdated(v - 1, reserves_next=True)``, the
-  common case, which leaves the update one fence check, a read) or by a ``VersionReserved(v)`` of
-  its own (the first update after a claim, or after a failed update). A number an update entered
-  with is never issued again, whatever happens to the update (exception, failed stamp, lost or
-  refused announcement, cancellation): the next update takes ``v + 1``. A reservation that was not
-  confirmed touched no engine, so the next update retries it with the same number and message id
-  (stored once, whatever happened).
-  ``start()`` resumes above the highest number ever issued that the retained history shows, and, with a
-  fleet, above the highest numeric label any engine carries, so a lost history (purge, recreated stream,
-  evicted events) never reissues a number.
-* **One owner, per instance.** ``start()`` claims with epoch + 1 and a random ``incarnation``; two
-  processes with the same ``trainer_id`` are two claimants, and the bus lets exactly one own the
-  counter. Once another publisher has claimed, this one's next conditional publish is refused and
-  it raises ``FencedError``; from then on it touches neither the counter nor the fleet's numbers.
-* **Doubt is resolved, never guessed, and never taken for a fence.** A conditional publish that
-  conflicts is resolved by reading the subject's history: if its newest valid event is this
-  instance's own (a publish that landed although its caller was cancelled or timed out, or
-  garbage stored after it), the publisher adopts that position and retries; if the history is gone
-  (purge, recreated stream), it re-claims with the counter it holds; only an event of another
-  owner is a fence. Stray payloads are skipped and counted, never raised.
-
-``VersionUpdate`` (the ``update()`` context manager, module ``update``) runs the fleet side:
-reserve, pause, push, stamp, verify, announce, resume, and quarantine on failure.
+* **Nothing skips the protocol.** The publisher exposes ``start()``, ``update()``, ``publish_lora()``,
+  the async context manager and read-only state; the counter's steps are not reachable from it, so
+  no caller can announce without the take, the stamp and the quarantine.
+* **A number names at most one set of weights.** ``start()`` resumes above the highest number ever
+  issued that the retained history shows and, with a fleet, above the highest numeric label any
+  engine carries, so a lost history (purge, recreated stream, evicted events) never reissues a number.
+* **One owner, per instance.** ``start()`` claims with a new epoch and a random ``incarnation``; once
+  another publisher has claimed, every update raises ``FencedError`` and touches neither the counter
+  nor the fleet's numbers.
 """
 
 from __future__ import annotations
@@ -38,31 +24,19 @@ import socket
 import uuid
 from typing import Final
 
-from weightbus.bus import subjects
-from weightbus.bus.history import History, read_subject_history
-from weightbus.bus.protocol import Bus, Envelope, PublishAck
+from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode
-from weightbus.errors import EngineError, FencedError, PublishError, SequenceConflictError
+from weightbus.errors import EngineError, FencedError
+from weightbus.producers.counter import FencedCounter
 from weightbus.producers.stamping import EngineFleet
-from weightbus.producers.update import VersionUpdate
-from weightbus.rules.history import fold_history
-from weightbus.schemas import (
-    MAX_VERSION,
-    EngineOutOfSync,
-    LoraAdapter,
-    PublisherClaimed,
-    VersionReserved,
-    WeightUpdated,
-    now,
-    parse_version,
-)
+from weightbus.producers.update import UpdateSlot, VersionUpdate
+from weightbus.schemas import LoraAdapter, WeightUpdated, parse_version
 
 __all__ = ["VersionPublisher", "default_trainer_id"]
 
 log = logging.getLogger("weightbus.producers")
 
 _CLAIM_ATTEMPTS: Final = 5
-_RESOLVE_ATTEMPTS: Final = 3
 
 
 def default_trainer_id() -> str:
@@ -108,74 +82,77 @@ class VersionPublisher:
         incarnation: str | None = None,
         reserve_next: bool = True,
     ) -> None:
-        self.subject = subjects.weights(policy)
         if pause is not None and fleet is None:
             raise ValueError("pause needs an engine fleet")
-        self.bus = bus
-        self._policy = policy
-        self._trainer_id = trainer_id or default_trainer_id()
-        self.incarnation = incarnation or uuid.uuid4().hex[:16]
-        self.fleet = fleet
-        self.pause_mode: PauseMode | None = pause
-        self._claim_attempts = max(1, claim_attempts)
-        self._epoch: int | None = None
-        self._version: int | None = None
-        self._issued = 0
-        self._reserve_next = reserve_next
-        self._pre: int | None = None  # the number our newest event reserved for our next update
-        self._entered = 0  # the highest number an update of this instance entered with
-        self._seq: int | None = None
-        self._fenced: FencedError | None = None
-        self.active = False
-        """Whether an ``update()`` of this publisher is in progress (updates are sequential)."""
-        self.last_event: WeightUpdated | None = None
-        """The last ``WeightUpdated`` this publisher had acknowledged."""
+        self._bus = bus
+        self._counter = FencedCounter(
+            bus,
+            policy,
+            trainer_id=trainer_id or default_trainer_id(),
+            incarnation=incarnation or uuid.uuid4().hex[:16],
+            claim_attempts=claim_attempts,
+            reserve_next=reserve_next,
+        )
+        self._fleet = fleet
+        self._pause: PauseMode | None = pause
+        self._slot = UpdateSlot()
 
-    # -- identity and state ------------------------------------------------------------------------
+    # -- identity and state (read-only) ------------------------------------------------------------
 
     @property
     def policy(self) -> str:
         """The policy id."""
-        return self._policy
+        return self._counter.policy
 
     @property
     def trainer_id(self) -> str:
         """This publisher's readable identity on the bus."""
-        return self._trainer_id
+        return self._counter.trainer_id
+
+    @property
+    def incarnation(self) -> str:
+        """This instance's unique id on the bus (on every event it publishes)."""
+        return self._counter.incarnation
 
     @property
     def epoch(self) -> int | None:
         """The epoch this publisher claimed (None before ``start()``)."""
-        return self._epoch
+        return self._counter.epoch
 
     @property
     def version(self) -> int | None:
         """The current announced version (None for a policy that never announced one)."""
-        return self._version
+        return self._counter.version
 
     @property
     def issued(self) -> int:
         """The highest number this counter ever issued (reserved or announced); 0 for none."""
-        return self._issued
+        return self._counter.issued
 
     @property
     def next_version(self) -> int:
         """The number the next ``update()`` will carry: the one our last announcement reserved, else a new one."""
-        return self._issued if self._holds(self._issued) else self._issued + 1
-
-    def _holds(self, version: int) -> bool:
-        """Whether ``version`` is used up on the bus by our newest event and no update entered with it yet."""
-        return self._pre == version == self._issued and version > self._entered
+        return self._counter.next_version
 
     @property
     def started(self) -> bool:
         """Whether ``start()`` claimed the counter."""
-        return self._epoch is not None
+        return self._counter.claimed
 
     @property
     def fenced(self) -> FencedError | None:
         """The ``FencedError`` once another publisher took over (every later update raises it)."""
-        return self._fenced
+        return self._counter.fenced
+
+    @property
+    def active(self) -> bool:
+        """Whether an ``update()`` of this publisher is in progress (updates are sequential)."""
+        return self._slot.active
+
+    @property
+    def last_event(self) -> WeightUpdated | None:
+        """The last ``WeightUpdated`` this publisher had acknowledged."""
+        return self._counter.last_event
 
     # -- claiming ----------------------------------------------------------------------------------
 
@@ -192,63 +169,15 @@ class VersionPublisher:
         """
         if self.started:
             return self
-        engine_high = await self._engine_high()
-        for attempt in range(1, self._claim_attempts + 1):
-            history = await read_subject_history(self.bus, self.subject)
-            version, issued, high_epoch = _fold(history, self._policy)
-            last = history.last_valid
-            previous = last.event.trainer_id if last is not None else None  # type: ignore[union-attr]
-            if engine_high is not None and engine_high > issued:
-                await self._counter_behind_engines(issued, engine_high, history)
-                issued = engine_high
-                if version is None or engine_high > version:
-                    version = engine_high
-            if await self._claim(high_epoch + 1, version, issued, previous, history.last_seq):
-                return self
-            log.info(
-                "another publisher claimed at the same time; re-reading",
-                extra={"policy": self._policy, "attempt": attempt},
-            )
-        raise PublishError(self.subject, f"could not claim the counter in {self._claim_attempts} attempts")
-
-    async def _claim(self, epoch: int, version: int | None, issued: int, previous: str | None, seq: int) -> bool:
-        claim = PublisherClaimed(
-            policy=self._policy,
-            epoch=epoch,
-            trainer_id=self._trainer_id,
-            published_at=now(),
-            version=version,
-            previous_trainer_id=previous,
-            incarnation=self.incarnation,
-            reserved=issued or None,
-        )
-        try:
-            ack = await self.bus.publish(
-                self.subject, claim, msg_id=f"{self._policy}:claim:{epoch}:{self.incarnation}", expected_last_seq=seq
-            )
-        except SequenceConflictError:
-            return False
-        self._epoch, self._version, self._issued, self._seq = epoch, version, issued, ack.seq
-        self._pre = None  # a new epoch's first update stores its own reservation
-        log.info(
-            "claimed the version counter",
-            extra={
-                "policy": self._policy,
-                "trainer_id": self._trainer_id,
-                "incarnation": self.incarnation,
-                "epoch": epoch,
-                "version": version,
-                "issued": issued,
-                "previous_trainer_id": previous,
-            },
-        )
-        return True
+        engines = self._fleet.urls if self._fleet is not None else ()
+        await self._counter.claim(engine_high=await self._engine_high(), engines=engines)
+        return self
 
     async def _engine_high(self) -> int | None:
-        if self.fleet is None:
+        if self._fleet is None:
             return None
         high: int | None = None
-        for url, label in (await self.fleet.read_versions()).items():
+        for url, label in (await self._fleet.read_versions()).items():
             if isinstance(label, EngineError):
                 log.warning("could not read an engine's label at start", extra={"engine": url, "error": str(label)})
                 continue
@@ -256,28 +185,6 @@ class VersionPublisher:
             if value is not None and (high is None or value > high):
                 high = value
         return high
-
-    async def _counter_behind_engines(self, issued: int, engine_high: int, history: History) -> None:
-        """The engines carry a number the bus never issued: the history was lost; say so, loudly."""
-        log.error(
-            "the engines carry a higher version than the bus's history: the history was lost; resuming above it",
-            extra={"policy": self._policy, "bus_issued": issued, "engine_high": engine_high, "seq": history.last_seq},
-        )
-        assert self.fleet is not None
-        alert = EngineOutOfSync(
-            policy=self._policy,
-            engine=",".join(self.fleet.urls),
-            expected=str(issued or "none"),
-            actual=str(engine_high),
-            trainer_id=self._trainer_id,
-            published_at=now(),
-            reason="counter_behind_engines",
-        )
-        msg_id = f"{self._policy}:counter_behind:{issued}:{engine_high}:{self.incarnation}"
-        try:
-            await self.bus.publish(subjects.alerts(self._policy), alert, msg_id=msg_id)
-        except PublishError as exc:
-            log.error("could not publish the counter alert", extra={"policy": self._policy, "error": str(exc)})
 
     async def __aenter__(self) -> VersionPublisher:
         return await self.start()
@@ -299,7 +206,7 @@ class VersionPublisher:
         Args:
             lora: the LoRA adapter this push loads (recorded on the events); None for a full push.
         """
-        return VersionUpdate(self, lora)
+        return VersionUpdate(self._counter, self._bus, self._fleet, self._pause, self._slot, lora)
 
     async def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False, replace: bool = False) -> int:
         """Load ``adapter`` on every engine of the fleet, stamp the next version, and announce it.
@@ -322,181 +229,12 @@ class VersionPublisher:
             EngineError: an engine refused the load (nothing announced).
             EngineOutOfSyncError, FencedError, PublishError: as ``update()``.
         """
-        if self.fleet is None:
+        if self._fleet is None:
             raise ValueError("publish_lora needs an engine fleet")
         if adapter.path is None:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no path to load")
         async with self.update(lora=adapter) as version:
             if replace:
-                await self.fleet.unload_lora_adapter(adapter.name, missing_ok=True)
-            await self.fleet.load_lora_adapter(adapter.name, adapter.path, pinned=pinned)
+                await self._fleet.unload_lora_adapter(adapter.name, missing_ok=True)
+            await self._fleet.load_lora_adapter(adapter.name, adapter.path, pinned=pinned)
         return version
-
-    # -- the conditional publish and its resolution --------------------------------------------------
-
-    def is_mine(self, env: Envelope) -> bool:
-        """Whether ``env`` is an event of this publisher instance."""
-        event = env.event
-        if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved):
-            return False
-        return event.incarnation == self.incarnation and event.epoch == self._epoch
-
-    async def conditional(self, event: WeightUpdated | VersionReserved, msg_id: str) -> PublishAck:
-        """Publish ``event`` conditional on this publisher's last event; resolve a conflict or fence.
-
-        Raises:
-            FencedError: another owner's event is the newest on the subject.
-            PublishError: the bus could not confirm (in doubt; resolved by the next call).
-        """
-        if self._fenced is not None:
-            raise self._fenced
-        for _ in range(_RESOLVE_ATTEMPTS):
-            assert self._seq is not None
-            try:
-                ack = await self.bus.publish(self.subject, event, msg_id=msg_id, expected_last_seq=self._seq)
-            except SequenceConflictError:
-                await self.resolve()
-                continue
-            self._seq = ack.seq
-            return ack
-        raise PublishError(self.subject, f"the subject kept moving under {_RESOLVE_ATTEMPTS} resolutions")
-
-    async def check_owner(self) -> None:
-        """One read: raise ``FencedError`` if another owner has written since our last event (resolving doubt)."""
-        if self._fenced is not None:
-            raise self._fenced
-        if await self.bus.last_seq(self.subject) != self._seq:
-            await self.resolve()
-
-    async def resolve(self) -> None:
-        """The subject moved past our last known event: adopt our own later event, re-claim a lost history, or fence.
-
-        Raises:
-            FencedError: the newest valid event belongs to another owner.
-        """
-        history = await read_subject_history(self.bus, self.subject)
-        last = history.last_valid
-        if last is not None and self.is_mine(last):
-            event = last.event
-            if isinstance(event, WeightUpdated):
-                self._adopt_announced(event)
-            elif isinstance(event, VersionReserved):
-                self._issued = max(self._issued, event.version)
-            log.warning(
-                "resolved a publish in doubt: the subject's newest valid event is ours",
-                extra={"policy": self._policy, "seq": last.seq, "stored": history.last_seq, "skipped": history.invalid},
-            )
-            self._seq = history.last_seq
-            return
-        if last is None:
-            log.error(
-                "the weights history is gone (purged or the stream was recreated); re-claiming with the counter held",
-                extra={"policy": self._policy, "version": self._version, "issued": self._issued},
-            )
-            assert self._epoch is not None
-            if await self._claim(self._epoch + 1, self._version, self._issued, None, history.last_seq):
-                return
-            return await self.resolve()
-        raise self._fence(last)
-
-    def _adopt_announced(self, event: WeightUpdated) -> None:
-        version = event.version
-        self._version = version if self._version is None else max(self._version, version)
-        if event.reserves_next:
-            self._issued = max(self._issued, version + 1)
-            self._pre = version + 1
-        else:
-            self._issued = max(self._issued, version)
-        self.last_event = event
-
-    def _fence(self, last: Envelope) -> FencedError:
-        event = last.event
-        assert isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved)
-        version = event.version if not isinstance(event, VersionReserved) else self._version
-        err = FencedError(self._policy, event.trainer_id, event.epoch, version)
-        self._fenced = err
-        log.error(
-            "fenced: another publisher owns the counter",
-            extra={
-                "policy": self._policy,
-                "trainer_id": self._trainer_id,
-                "owner": err.owner,
-                "epoch": err.epoch,
-                "incarnation": self.incarnation,
-            },
-        )
-        return err
-
-    async def take(self, version: int, lora: LoraAdapter | None) -> None:
-        """Take ``version`` (``next_version``), fenced: a read if our last event reserved it, else a reservation.
-
-        From here on ``version`` is never issued again, whatever follows.
-
-        Raises:
-            FencedError, PublishError: as ``conditional`` (nothing was taken; a retry takes the same number).
-        """
-        if self._holds(version):
-            await self.check_owner()
-            if not self._holds(version):  # resolving doubt moved the counter (a later event of ours)
-                await self.reserve(version, lora)
-        else:
-            await self.reserve(version, lora)
-        self._entered = max(self._entered, version)
-
-    async def reserve(self, version: int, lora: LoraAdapter | None) -> None:
-        """Store ``VersionReserved(version)``; the number is used up from here on, whatever follows.
-
-        Raises:
-            FencedError, PublishError: as ``conditional``.
-        """
-        assert self._epoch is not None
-        event = VersionReserved(
-            policy=self._policy,
-            version=version,
-            epoch=self._epoch,
-            trainer_id=self._trainer_id,
-            published_at=now(),
-            incarnation=self.incarnation,
-            lora=lora,
-        )
-        # A reservation that fails is retried by the next update with the same number and message id: if it
-        # had landed, the bus deduplicates it (and resolve() adopts it), so an outage does not burn numbers.
-        await self.conditional(event, f"{self._policy}:reserve:{self.incarnation}:{version}")
-        self._issued = max(self._issued, version)
-
-    async def announce(self, version: int, lora: LoraAdapter | None) -> WeightUpdated:
-        """Store ``WeightUpdated(version)``: the engines serve it and trackers may take it.
-
-        Raises:
-            FencedError, PublishError: as ``conditional``.
-        """
-        assert self._epoch is not None
-        event = WeightUpdated(
-            policy=self._policy,
-            version=version,
-            epoch=self._epoch,
-            trainer_id=self._trainer_id,
-            published_at=now(),
-            lora=lora,
-            engines=self.fleet.urls if self.fleet is not None else (),
-            incarnation=self.incarnation,
-            reserves_next=self._reserve_next and version < MAX_VERSION,
-        )
-        ack = await self.conditional(event, f"{self._policy}:{self._epoch}:{version}:{self.incarnation}")
-        self._adopt_announced(event)
-        log.info(
-            "published weight version",
-            extra={"policy": self._policy, "version": version, "epoch": self._epoch, "seq": ack.seq},
-        )
-        return event
-
-
-def _fold(history: History, policy: str) -> tuple[int | None, int, int]:
-    """``(current version, highest number issued, highest epoch)`` over a weights history.
-
-    The history is folded with the trackers' rule (``consumers.history.fold_history``), so a version no
-    tracker accepts (a rogue's, a forged jump) never becomes the counter's.
-    """
-    folded = fold_history(policy, history.events)
-    state = folded.state
-    return state.version, max(state.reserved or 0, state.version or 0), folded.epoch_high

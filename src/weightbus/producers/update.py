@@ -1,5 +1,8 @@
 """``VersionUpdate``: one weight update of a ``VersionPublisher`` as an async context manager.
 
+It drives a ``FencedCounter`` (the number) and an ``EngineFleet`` (the engines); it knows nothing
+of the publisher that made it, so the two modules do not import each other.
+
 The order, and why (docs/design.md has the long form):
 
 1. **take** ``v`` on the bus, fenced, and **pause** the fleet at the same time. The number is
@@ -39,17 +42,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from weightbus.bus import subjects
+from weightbus.bus.protocol import Bus
+from weightbus.engines.sglang import PauseMode
 from weightbus.errors import BusError, EngineError, FencedError, PublishError
-from weightbus.producers.stamping import EngineStamp, alert_unexpected_labels, publish_applied, stamp_and_verify
+from weightbus.producers.counter import FencedCounter
+from weightbus.producers.stamping import (
+    EngineFleet,
+    EngineStamp,
+    alert_unexpected_labels,
+    publish_applied,
+    stamp_and_verify,
+)
 from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, WeightUpdated, now
 
-if TYPE_CHECKING:
-    from weightbus.producers.publisher import VersionPublisher
-
-__all__ = ["VersionUpdate", "quarantine_label"]
+__all__ = ["UpdateSlot", "VersionUpdate", "quarantine_label"]
 
 log = logging.getLogger("weightbus.producers")
 
@@ -62,8 +70,25 @@ def quarantine_label(version: int) -> str:
     return f"{QUARANTINE_PREFIX}{version}"
 
 
+class UpdateSlot:
+    """The one update a publisher may run at a time: ``active`` while an update holds it."""
+
+    __slots__ = ("active",)
+
+    def __init__(self) -> None:
+        self.active = False
+
+
 class VersionUpdate:
     """The async context manager returned by ``VersionPublisher.update()``; see the module docstring.
+
+    Args:
+        counter: the claimed counter the number is taken from and announced on.
+        bus: where alerts and read-backs go (the counter's bus).
+        fleet: the engines to pause, stamp, quarantine and resume, or None (the trainer stamps them).
+        pause: the pause mode on entering, or None.
+        slot: the publisher's one update slot (updates are sequential).
+        lora: the adapter of a LoRA push, else None.
 
     Attributes:
         version: the reserved version this update pushes and announces (set on entering).
@@ -73,8 +98,20 @@ class VersionUpdate:
         quarantined: the ``FleetQuarantined`` alert of a failed update with a fleet, else None.
     """
 
-    def __init__(self, publisher: VersionPublisher, lora: LoraAdapter | None) -> None:
-        self._pub = publisher
+    def __init__(
+        self,
+        counter: FencedCounter,
+        bus: Bus,
+        fleet: EngineFleet | None,
+        pause: PauseMode | None,
+        slot: UpdateSlot,
+        lora: LoraAdapter | None,
+    ) -> None:
+        self._counter = counter
+        self._bus = bus
+        self._fleet = fleet
+        self._pause = pause
+        self._slot = slot
         self.lora = lora
         self.version: int | None = None
         self.stamps: list[EngineStamp] = []
@@ -83,78 +120,81 @@ class VersionUpdate:
         self._paused = False
 
     async def __aenter__(self) -> int:
-        pub = self._pub
-        if not pub.started:
+        counter, fleet, slot = self._counter, self._fleet, self._slot
+        if not counter.claimed:
             raise RuntimeError("call VersionPublisher.start() before update()")
-        if pub.active:
+        if slot.active:
             raise RuntimeError("another update of this publisher is in progress; updates are sequential")
-        if pub.fenced is not None:
-            raise pub.fenced  # known without a read: never pause the owner's fleet again
-        pub.active = True
+        if counter.fenced is not None:
+            raise counter.fenced  # known without a read: never pause the owner's fleet again
+        slot.active = True
         try:
-            version = pub.next_version
-            if pub.fleet is not None and pub.pause_mode is not None:
+            version = counter.next_version
+            if fleet is not None and self._pause is not None:
                 # Set before the pause is sent: a cancellation may land it without telling us, and a
                 # resume of an engine that was not paused is harmless.
                 self._paused = True
                 # The pause first: its HTTP requests go out before the bus read, which then hides behind them.
                 paused, taken = await asyncio.gather(
-                    pub.fleet.pause(pub.pause_mode), pub.take(version, self.lora), return_exceptions=True
+                    fleet.pause(self._pause), counter.take(version, self.lora), return_exceptions=True
                 )
                 if isinstance(taken, BaseException):
                     raise taken
                 if isinstance(paused, BaseException):
                     raise paused
             else:
-                await pub.take(version, self.lora)
+                await counter.take(version, self.lora)
             self.version = version
-            if pub.fleet is not None:
+            if fleet is not None:
                 # Before the push: a push that carries weight_version would hide a restarted engine's "default".
-                labels = await pub.fleet.read_versions()
-                await alert_unexpected_labels(pub.bus, pub.policy, pub.trainer_id, version, pub.version, labels)
+                labels = await fleet.read_versions()
+                await alert_unexpected_labels(
+                    self._bus, counter.policy, counter.trainer_id, version, counter.version, labels
+                )
         except BaseException as failure:
-            pub.active = False
+            slot.active = False
             if self._paused:
                 # Nothing was pushed yet, so the labels still match the weights: resume, no quarantine.
                 # (A fenced publisher's pause is undone too; see the module docstring.)
-                assert pub.fleet is not None
+                assert fleet is not None
                 self._paused = False
                 try:
-                    await asyncio.shield(pub.fleet.resume())
+                    await asyncio.shield(fleet.resume())
                 except EngineError as exc:
                     failure.add_note(f"resuming the engines afterwards failed too: {exc}")
             raise
-        log.info("update started", extra={"policy": pub.policy, "version": version, "paused": self._paused})
+        log.info("update started", extra={"policy": counter.policy, "version": version, "paused": self._paused})
         return version
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        pub = self._pub
+        counter, fleet = self._counter, self._fleet
         assert self.version is not None
         try:
             if exc is not None:
                 log.warning(
                     "update aborted; nothing announced, the version stays used up",
-                    extra={"policy": pub.policy, "version": self.version, "error": repr(exc)},
+                    extra={"policy": counter.policy, "version": self.version, "error": repr(exc)},
                 )
                 await self._cleanup("update_failed", exc)
                 return
             try:
-                if pub.fleet is not None:
+                if fleet is not None:
                     self.stamps = await stamp_and_verify(
-                        pub.fleet,
+                        fleet,
                         self.version,
-                        bus=pub.bus,
-                        policy=pub.policy,
-                        trainer_id=pub.trainer_id,
+                        bus=self._bus,
+                        policy=counter.policy,
+                        trainer_id=counter.trainer_id,
                         lora=self.lora,
-                        previous=pub.version,
+                        previous=counter.version,
                         report_applied=False,
-                        before_stamp=pub.check_owner,
+                        before_stamp=counter.check_owner,
                     )
                 # The announcement alone: the only bus round trip between the stamp and the resume.
-                self.event = await pub.announce(self.version, self.lora)
+                engines = fleet.urls if fleet is not None else ()
+                self.event = await counter.announce(self.version, self.lora, engines)
             except BaseException as failure:
                 if isinstance(failure, FencedError):
                     reason = "fenced"
@@ -164,29 +204,29 @@ class VersionUpdate:
                     reason = "update_failed"
                 await self._cleanup(reason, failure)
                 raise
-            if pub.fleet is not None:
+            if fleet is not None:
                 await self._resume_and_report()
         finally:
-            pub.active = False
+            self._slot.active = False
 
     async def _resume_and_report(self) -> None:
         """Resume the fleet and publish the engines' ``WeightApplied`` read-backs beside it (monitoring only)."""
-        pub = self._pub
-        assert pub.fleet is not None and self.version is not None
-        applied = publish_applied(pub.bus, pub.policy, pub.trainer_id, self.version, self.lora, self.stamps)
+        counter, fleet = self._counter, self._fleet
+        assert fleet is not None and self.version is not None
+        applied = publish_applied(self._bus, counter.policy, counter.trainer_id, self.version, self.lora, self.stamps)
         if not self._paused:
             resumed, reported = None, (await asyncio.gather(applied, return_exceptions=True))[0]
         else:
             self._paused = False
             # Shielded: the version is announced, so a cancellation here must not leave the fleet paused.
-            resume = asyncio.shield(pub.fleet.resume())
+            resume = asyncio.shield(fleet.resume())
             resumed, reported = await asyncio.gather(resume, applied, return_exceptions=True)
         if isinstance(reported, BaseException):
             if not isinstance(reported, Exception):
                 raise reported
             log.error(
                 "the engines' WeightApplied read-backs were not published; the version was",
-                extra={"policy": pub.policy, "version": self.version, "error": repr(reported)},
+                extra={"policy": counter.policy, "version": self.version, "error": repr(reported)},
             )
         if isinstance(resumed, BaseException):
             raise resumed
@@ -201,11 +241,11 @@ class VersionUpdate:
             raise
 
     async def _quarantine(self, reason: str, failure: BaseException) -> None:
-        pub = self._pub
-        fleet = pub.fleet
+        counter, fleet = self._counter, self._fleet
         assert self.version is not None
         if fleet is None:
             return
+        policy = counter.policy
         label = quarantine_label(self.version)
         results = await fleet.relabel(label, timeout=_CLEANUP_TIMEOUT)
         failed = tuple(url for url, err in results.items() if err is not None)
@@ -218,15 +258,15 @@ class VersionUpdate:
                 await fleet.resume()
                 resumed = True
             except EngineError as exc:
-                log.error("resume after a failed update failed", extra={"policy": pub.policy, "error": str(exc)})
+                log.error("resume after a failed update failed", extra={"policy": policy, "error": str(exc)})
                 failure.add_note(f"resuming the engines afterwards failed too: {exc}")
         self._paused = False
         alert = FleetQuarantined(
-            policy=pub.policy,
+            policy=policy,
             label=label,
             reason=reason,
             version=self.version,
-            trainer_id=pub.trainer_id,
+            trainer_id=counter.trainer_id,
             published_at=now(),
             engines=tuple(url for url, err in results.items() if err is None),
             failed=failed,
@@ -236,11 +276,11 @@ class VersionUpdate:
         self.quarantined = alert
         log.error(
             "engines quarantined after a failed update",
-            extra={"policy": pub.policy, "version": self.version, "reason": reason, "label": label, "resumed": resumed},
+            extra={"policy": policy, "version": self.version, "reason": reason, "label": label, "resumed": resumed},
         )
         try:
-            msg_id = f"{pub.policy}:quarantine:{pub.incarnation}:{self.version}"
-            await pub.bus.publish(subjects.alerts(pub.policy), alert, msg_id=msg_id)
+            msg_id = f"{policy}:quarantine:{counter.incarnation}:{self.version}"
+            await self._bus.publish(subjects.alerts(policy), alert, msg_id=msg_id)
         except BusError as exc:
-            log.error("could not publish the quarantine alert", extra={"policy": pub.policy, "error": str(exc)})
+            log.error("could not publish the quarantine alert", extra={"policy": policy, "error": str(exc)})
             failure.add_note(f"the FleetQuarantined alert was not published: {exc}")

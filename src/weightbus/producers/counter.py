@@ -1,0 +1,417 @@
+"""``FencedCounter``: the one owner of a policy's weight-version counter, fenced over JetStream.
+
+Every event of the counter (claim, reservation, announcement) goes on ``weights(policy)`` as a
+conditional publish on the sequence of this instance's own previous event there, so the bus, not a
+read before it, decides who owns the counter. The counter knows nothing of engines; the update
+protocol (``producers.update``) drives it. Invariants:
+
+* **A number names at most one set of weights.** ``take(v)`` uses ``v`` up on the bus before any
+  engine may carry it: by the previous announcement (``WeightUpdated(v - 1, reserves_next=True)``,
+  the common case, which leaves the take one fence check, a read) or by a ``VersionReserved(v)`` of
+  its own (the first update after a claim, or after a failed update). A number taken is never
+  issued again, whatever happens to its update: the next take is ``v + 1``. A reservation that was
+  not confirmed touched no engine, so the next take retries it with the same number and message id
+  (stored once, whatever happened).
+  ``claim()`` resumes above the highest number ever issued that the retained history shows, and
+  above any number the caller knows of (the engines' labels), so a lost history never reissues one.
+* **One owner, per instance.** ``claim()`` claims with epoch + 1 and this instance's random
+  ``incarnation``; two processes with the same ``trainer_id`` are two claimants, and the bus lets
+  exactly one own the counter. Once another publisher has claimed, this one's next conditional
+  publish is refused and it raises ``FencedError``; from then on every call raises it at once.
+* **Doubt is resolved, never guessed, and never taken for a fence.** A conditional publish that
+  conflicts is resolved by reading the subject's history (``resolve``): if its newest valid event
+  is this instance's own (a publish that landed although its caller was cancelled or timed out, or
+  garbage stored after it), the counter adopts that position and retries; if the history is gone
+  (purge, recreated stream), it re-claims with the counter it holds; only an event of another owner
+  is a fence. Stray payloads are skipped and counted, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Final
+
+from weightbus.bus import subjects
+from weightbus.bus.history import History, read_subject_history
+from weightbus.bus.protocol import Bus, Envelope, PublishAck
+from weightbus.errors import FencedError, PublishError, SequenceConflictError
+from weightbus.rules.history import fold_history
+from weightbus.schemas import (
+    MAX_VERSION,
+    EngineOutOfSync,
+    LoraAdapter,
+    PublisherClaimed,
+    VersionReserved,
+    WeightUpdated,
+    now,
+)
+
+__all__ = ["FencedCounter"]
+
+log = logging.getLogger("weightbus.producers")
+
+_RESOLVE_ATTEMPTS: Final = 3
+
+
+class FencedCounter:
+    """The fenced version counter of one policy; see the module docstring.
+
+    Args:
+        bus: the bus (borrowed; not closed here).
+        policy: the policy id.
+        trainer_id: the readable identity on the bus.
+        incarnation: this instance's unique id on the bus.
+        claim_attempts: how often ``claim()`` re-reads and retries when another publisher claims at
+            the same moment.
+        reserve_next: every announcement also reserves the next number (``reserves_next``).
+
+    Raises:
+        InvalidPolicyError: ``policy`` is not a valid policy id.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        policy: str,
+        *,
+        trainer_id: str,
+        incarnation: str,
+        claim_attempts: int,
+        reserve_next: bool,
+    ) -> None:
+        self._subject = subjects.weights(policy)
+        self._bus = bus
+        self._policy = policy
+        self._trainer_id = trainer_id
+        self._incarnation = incarnation
+        self._claim_attempts = max(1, claim_attempts)
+        self._reserve_next = reserve_next
+        self._epoch: int | None = None
+        self._version: int | None = None
+        self._issued = 0
+        self._pre: int | None = None  # the number our newest event reserved for our next take
+        self._entered = 0  # the highest number a take of this instance used
+        self._seq: int | None = None
+        self._fenced: FencedError | None = None
+        self._last_event: WeightUpdated | None = None
+
+    # -- read-only state ---------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> str:
+        """The policy id."""
+        return self._policy
+
+    @property
+    def subject(self) -> str:
+        """The weights subject the counter lives on."""
+        return self._subject
+
+    @property
+    def trainer_id(self) -> str:
+        """The readable identity on the bus."""
+        return self._trainer_id
+
+    @property
+    def incarnation(self) -> str:
+        """This instance's unique id on the bus."""
+        return self._incarnation
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch claimed (None before ``claim()``)."""
+        return self._epoch
+
+    @property
+    def version(self) -> int | None:
+        """The current announced version (None for a policy that never announced one)."""
+        return self._version
+
+    @property
+    def issued(self) -> int:
+        """The highest number this counter ever issued (reserved or announced); 0 for none."""
+        return self._issued
+
+    @property
+    def next_version(self) -> int:
+        """The number the next ``take`` uses: the one our last announcement reserved, else a new one."""
+        return self._issued if self._holds(self._issued) else self._issued + 1
+
+    @property
+    def claimed(self) -> bool:
+        """Whether ``claim()`` succeeded."""
+        return self._epoch is not None
+
+    @property
+    def fenced(self) -> FencedError | None:
+        """The ``FencedError`` once another publisher took over (every later call raises it)."""
+        return self._fenced
+
+    @property
+    def last_event(self) -> WeightUpdated | None:
+        """The last ``WeightUpdated`` this counter had acknowledged."""
+        return self._last_event
+
+    def _holds(self, version: int) -> bool:
+        """Whether ``version`` is used up on the bus by our newest event and no take used it yet."""
+        return self._pre == version == self._issued and version > self._entered
+
+    # -- claiming ----------------------------------------------------------------------------------
+
+    async def claim(self, *, engine_high: int | None = None, engines: Sequence[str] = ()) -> None:
+        """Resume the counter from the bus (and the engines' highest label) and claim it, fencing any previous owner.
+
+        Args:
+            engine_high: the highest numeric label any engine carries (None: no fleet, or no label).
+            engines: the engines' URLs (named in the alert when they are ahead of the bus).
+
+        Raises:
+            PublishError: the claim could not be stored, or other publishers kept claiming
+                ``claim_attempts`` times in a row.
+            BusError: the history could not be read.
+        """
+        for attempt in range(1, self._claim_attempts + 1):
+            history = await read_subject_history(self._bus, self._subject)
+            version, issued, high_epoch = _fold(history, self._policy)
+            last = history.last_valid
+            previous = last.event.trainer_id if last is not None else None  # type: ignore[union-attr]
+            if engine_high is not None and engine_high > issued:
+                await self._counter_behind_engines(issued, engine_high, engines, history)
+                issued = engine_high
+                if version is None or engine_high > version:
+                    version = engine_high
+            if await self._claim(high_epoch + 1, version, issued, previous, history.last_seq):
+                return
+            log.info(
+                "another publisher claimed at the same time; re-reading",
+                extra={"policy": self._policy, "attempt": attempt},
+            )
+        raise PublishError(self._subject, f"could not claim the counter in {self._claim_attempts} attempts")
+
+    async def _claim(self, epoch: int, version: int | None, issued: int, previous: str | None, seq: int) -> bool:
+        claim = PublisherClaimed(
+            policy=self._policy,
+            epoch=epoch,
+            trainer_id=self._trainer_id,
+            published_at=now(),
+            version=version,
+            previous_trainer_id=previous,
+            incarnation=self._incarnation,
+            reserved=issued or None,
+        )
+        try:
+            ack = await self._bus.publish(
+                self._subject, claim, msg_id=f"{self._policy}:claim:{epoch}:{self._incarnation}", expected_last_seq=seq
+            )
+        except SequenceConflictError:
+            return False
+        self._epoch, self._version, self._issued, self._seq = epoch, version, issued, ack.seq
+        self._pre = None  # a new epoch's first take stores its own reservation
+        log.info(
+            "claimed the version counter",
+            extra={
+                "policy": self._policy,
+                "trainer_id": self._trainer_id,
+                "incarnation": self._incarnation,
+                "epoch": epoch,
+                "version": version,
+                "issued": issued,
+                "previous_trainer_id": previous,
+            },
+        )
+        return True
+
+    async def _counter_behind_engines(
+        self, issued: int, engine_high: int, engines: Sequence[str], history: History
+    ) -> None:
+        """The engines carry a number the bus never issued: the history was lost; say so, loudly."""
+        log.error(
+            "the engines carry a higher version than the bus's history: the history was lost; resuming above it",
+            extra={"policy": self._policy, "bus_issued": issued, "engine_high": engine_high, "seq": history.last_seq},
+        )
+        alert = EngineOutOfSync(
+            policy=self._policy,
+            engine=",".join(engines),
+            expected=str(issued or "none"),
+            actual=str(engine_high),
+            trainer_id=self._trainer_id,
+            published_at=now(),
+            reason="counter_behind_engines",
+        )
+        msg_id = f"{self._policy}:counter_behind:{issued}:{engine_high}:{self._incarnation}"
+        try:
+            await self._bus.publish(subjects.alerts(self._policy), alert, msg_id=msg_id)
+        except PublishError as exc:
+            log.error("could not publish the counter alert", extra={"policy": self._policy, "error": str(exc)})
+
+    # -- the protocol steps ------------------------------------------------------------------------
+
+    async def take(self, version: int, lora: LoraAdapter | None) -> None:
+        """Take ``version`` (``next_version``), fenced: a read if our last event reserved it, else a reservation.
+
+        From here on ``version`` is never issued again, whatever follows.
+
+        Raises:
+            FencedError, PublishError: as a conditional publish (nothing was taken; a retry takes the
+                same number).
+        """
+        if self._holds(version):
+            await self.check_owner()
+            if not self._holds(version):  # resolving doubt moved the counter (a later event of ours)
+                await self.reserve(version, lora)
+        else:
+            await self.reserve(version, lora)
+        self._entered = max(self._entered, version)
+
+    async def reserve(self, version: int, lora: LoraAdapter | None) -> None:
+        """Store ``VersionReserved(version)``; the number is used up from here on, whatever follows.
+
+        Raises:
+            FencedError, PublishError: as a conditional publish.
+        """
+        assert self._epoch is not None
+        event = VersionReserved(
+            policy=self._policy,
+            version=version,
+            epoch=self._epoch,
+            trainer_id=self._trainer_id,
+            published_at=now(),
+            incarnation=self._incarnation,
+            lora=lora,
+        )
+        # A reservation that fails is retried by the next update with the same number and message id: if it
+        # had landed, the bus deduplicates it (and resolve() adopts it), so an outage does not burn numbers.
+        await self._conditional(event, f"{self._policy}:reserve:{self._incarnation}:{version}")
+        self._issued = max(self._issued, version)
+
+    async def announce(self, version: int, lora: LoraAdapter | None, engines: Sequence[str] = ()) -> WeightUpdated:
+        """Store ``WeightUpdated(version)``: the engines serve it and trackers may take it.
+
+        Args:
+            version: the number taken.
+            lora: the adapter the push loaded, or None.
+            engines: the engines that were stamped and read back.
+
+        Raises:
+            FencedError, PublishError: as a conditional publish.
+        """
+        assert self._epoch is not None
+        event = WeightUpdated(
+            policy=self._policy,
+            version=version,
+            epoch=self._epoch,
+            trainer_id=self._trainer_id,
+            published_at=now(),
+            lora=lora,
+            engines=tuple(engines),
+            incarnation=self._incarnation,
+            reserves_next=self._reserve_next and version < MAX_VERSION,
+        )
+        ack = await self._conditional(event, f"{self._policy}:{self._epoch}:{version}:{self._incarnation}")
+        self._adopt_announced(event)
+        log.info(
+            "published weight version",
+            extra={"policy": self._policy, "version": version, "epoch": self._epoch, "seq": ack.seq},
+        )
+        return event
+
+    async def check_owner(self) -> None:
+        """One read: raise ``FencedError`` if another owner has written since our last event (resolving doubt)."""
+        if self._fenced is not None:
+            raise self._fenced
+        if await self._bus.last_seq(self._subject) != self._seq:
+            await self.resolve()
+
+    async def resolve(self) -> None:
+        """The subject moved past our last known event: adopt our own later event, re-claim a lost history, or fence.
+
+        Raises:
+            FencedError: the newest valid event belongs to another owner.
+        """
+        history = await read_subject_history(self._bus, self._subject)
+        last = history.last_valid
+        if last is not None and self._is_mine(last):
+            event = last.event
+            if isinstance(event, WeightUpdated):
+                self._adopt_announced(event)
+            elif isinstance(event, VersionReserved):
+                self._issued = max(self._issued, event.version)
+            log.warning(
+                "resolved a publish in doubt: the subject's newest valid event is ours",
+                extra={"policy": self._policy, "seq": last.seq, "stored": history.last_seq, "skipped": history.invalid},
+            )
+            self._seq = history.last_seq
+            return
+        if last is None:
+            log.error(
+                "the weights history is gone (purged or the stream was recreated); re-claiming with the counter held",
+                extra={"policy": self._policy, "version": self._version, "issued": self._issued},
+            )
+            assert self._epoch is not None
+            if await self._claim(self._epoch + 1, self._version, self._issued, None, history.last_seq):
+                return
+            return await self.resolve()
+        raise self._fence(last)
+
+    # -- the conditional publish -------------------------------------------------------------------
+
+    def _is_mine(self, env: Envelope) -> bool:
+        event = env.event
+        if not isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved):
+            return False
+        return event.incarnation == self._incarnation and event.epoch == self._epoch
+
+    async def _conditional(self, event: WeightUpdated | VersionReserved, msg_id: str) -> PublishAck:
+        """Publish ``event`` conditional on our last event; resolve a conflict or fence."""
+        if self._fenced is not None:
+            raise self._fenced
+        for _ in range(_RESOLVE_ATTEMPTS):
+            assert self._seq is not None
+            try:
+                ack = await self._bus.publish(self._subject, event, msg_id=msg_id, expected_last_seq=self._seq)
+            except SequenceConflictError:
+                await self.resolve()
+                continue
+            self._seq = ack.seq
+            return ack
+        raise PublishError(self._subject, f"the subject kept moving under {_RESOLVE_ATTEMPTS} resolutions")
+
+    def _adopt_announced(self, event: WeightUpdated) -> None:
+        version = event.version
+        self._version = version if self._version is None else max(self._version, version)
+        if event.reserves_next:
+            self._issued = max(self._issued, version + 1)
+            self._pre = version + 1
+        else:
+            self._issued = max(self._issued, version)
+        self._last_event = event
+
+    def _fence(self, last: Envelope) -> FencedError:
+        event = last.event
+        assert isinstance(event, WeightUpdated | PublisherClaimed | VersionReserved)
+        version = event.version if not isinstance(event, VersionReserved) else self._version
+        err = FencedError(self._policy, event.trainer_id, event.epoch, version)
+        self._fenced = err
+        log.error(
+            "fenced: another publisher owns the counter",
+            extra={
+                "policy": self._policy,
+                "trainer_id": self._trainer_id,
+                "owner": err.owner,
+                "epoch": err.epoch,
+                "incarnation": self._incarnation,
+            },
+        )
+        return err
+
+
+def _fold(history: History, policy: str) -> tuple[int | None, int, int]:
+    """``(current version, highest number issued, highest epoch)`` over a weights history.
+
+    The history is folded with the trackers' rule (``rules.history.fold_history``), so a version no
+    tracker accepts (a rogue's, a forged jump) never becomes the counter's.
+    """
+    folded = fold_history(policy, history.events)
+    state = folded.state
+    return state.version, max(state.reserved or 0, state.version or 0), folded.epoch_high
