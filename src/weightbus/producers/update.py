@@ -20,7 +20,8 @@ The order, and why (docs/design.md has the long form):
    from. The others are ``missing``: the block may push them the missing part (``pushed_missing``);
 3. unless the push labels the engines itself (``labels=True``), every engine is relabelled
    ``pending:<v>``: nothing served between the push and the stamp carries a number, whoever pushes;
-4. the trainer **pushes** inside the block;
+4. the trainer **pushes** inside the block (``before_push()`` repeats the fence check and the
+   pending relabel just before a push that does not start at once);
 5. **stamp**: the engines still missing are relabelled ``quarantine:<v>``, alerted (``not_covered``)
    and left out; each covered engine's label is read, and only one that carries ``pending:<v>``
    (or already ``v``) is stamped: another label means another update relabelled it during the
@@ -171,6 +172,26 @@ class VersionUpdate:
         if unknown:
             raise ValueError(f"not missing from this update's push: {sorted(unknown)}")
         self.missing = tuple(url for url in self.missing if url not in engines)
+
+    async def before_push(self) -> None:
+        """Call right before a push that does not start at once: check ownership, then mark the engines pending again.
+
+        Entering did both already; a block that first computes or waits (a checkpoint to write,
+        a broadcast group to form) calls this just before it sends weights, so that an owner that
+        took over and finished an update in the meantime is seen here, before the push, and not
+        after it: a fenced publisher raises and pushes nothing, and the engines carry ``pending:<v>``
+        (not the owner's number) from here to the stamp.
+
+        Raises:
+            FencedError: another publisher owns the counter: do not push (the update then quarantines).
+            EngineError: an engine refused the pending label.
+            RuntimeError: outside the block.
+        """
+        if self.version is None or not self._slot.active:
+            raise RuntimeError("before_push() belongs inside the update's block")
+        await self._counter.check_owner()
+        if self._fleet is not None and not self.labels:
+            await self._mark_pending(self._fleet, self.version)
 
     async def _mark_pending(self, fleet: EngineFleet, version: int) -> None:
         """Relabel every engine ``pending:<version>`` before the push; raise the first engine's refusal."""
