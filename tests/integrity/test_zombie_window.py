@@ -134,6 +134,7 @@ async def test_a_zombie_that_checks_before_its_push_never_pushes_over_the_owners
         assert state.recorded("/update_weights_from_disk")[-1].body["model_path"] == "/ckpt/3"
         assert state.pause_mode is None
     assert await _announced(nats_bus, policy) == [(1, "cell-0"), (3, "cell-1")]
+    assert z.quarantined is not None and z.quarantined.reason == "fenced"
 
 
 async def test_a_zombie_relabel_during_the_owners_push_stops_the_owners_stamp(

@@ -268,3 +268,33 @@ def test_a_fleet_refuses_duplicates_and_emptiness() -> None:
         EngineFleet(["http://a", "http://a/"])
     with pytest.raises(ValueError, match="at least one"):
         EngineFleet([])
+
+
+async def test_the_update_api_refuses_what_it_cannot_mean(engines: Engines, policy: str) -> None:
+    mem = MemoryBus()
+    fleet = EngineFleet([engines.add("a"), engines.add("b")])
+    pub = await VersionPublisher(mem, policy, fleet=fleet).start()
+    with pytest.raises(ValueError, match="delta"):
+        pub.update(lora=LoraAdapter(name="x", path="/x"), push="full")
+    with pytest.raises(ValueError, match="push must be"):
+        pub.update(push="half")  # type: ignore[arg-type]
+    upd = pub.update()
+    with pytest.raises(RuntimeError, match="inside"):
+        await upd.before_push()
+    async with upd as version:
+        assert upd.missing == ()  # a full push covers every engine
+        with pytest.raises(ValueError, match="not missing"):
+            upd.pushed_missing("http://a")
+        await upd.before_push()  # the owner: one fence read, the pending label again
+        assert {s.weight_version for s in engines.states.values()} == {f"pending:{version}"}
+    assert {s.weight_version for s in engines.states.values()} == {"1"}
+    # A delta from 1 covers both; after b restarts it covers only a, and the block may push b the rest.
+    async with (delta := pub.update(push="delta")) as version:
+        assert delta.missing == ()
+    engines.add("b")
+    async with (delta := pub.update(push="delta")) as version:
+        assert delta.missing == ("http://b",)
+        await fleet.load_base("/ckpt/full", engines=["http://b"])
+        delta.pushed_missing("http://b")
+    assert engines.states["http://b"].weight_version == str(version)
+    assert (await mem.last(subjects.weights(policy))).event.engines == ("http://a", "http://b")

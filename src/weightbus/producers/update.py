@@ -277,7 +277,8 @@ class VersionUpdate:
                     "update aborted; nothing announced, the version stays used up",
                     extra={"policy": counter.policy, "version": self.version, "error": repr(exc)},
                 )
-                await self._cleanup("update_failed", exc)
+                # A block that learnt it is fenced (before_push) pushed nothing more; say why it stopped.
+                await self._cleanup("fenced" if isinstance(exc, FencedError) else "update_failed", exc)
                 return
             try:
                 engines: tuple[str, ...] = ()
