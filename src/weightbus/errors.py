@@ -19,6 +19,7 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     ├── TrackerNotReadyError                  a tracker does not know the current state (starting, deaf)
     ├── EngineError                           an SGLang engine answered with an error or not at all
     │   └── EngineOutOfSyncError              an engine does not serve the version it was stamped with
+    ├── PushCoverageError                     no engine holds the weights a version would name after its push
     └── VersionRegressionError                a tracker in ``raise`` mode saw a lower version
 
 Translation from nats-py and msgspec errors happens in ``weightbus.bus`` only; from httpx errors in
@@ -39,6 +40,7 @@ __all__ = [
     "InvalidPolicyError",
     "PermissionDeniedError",
     "PublishError",
+    "PushCoverageError",
     "SequenceConflictError",
     "SlowConsumerError",
     "StreamConfigError",
@@ -258,6 +260,26 @@ class EngineOutOfSyncError(EngineError):
         self.expected = expected
         self.actual = actual
         super().__init__(url, 200, f"stamped weight_version {expected!r} but /model_info reports {actual!r}")
+
+
+class PushCoverageError(WeightbusError):
+    """After an update's push no engine of the fleet is known to hold the weight set its number would name.
+
+    A delta push (a LoRA load, a disk delta) covers only the engines that held the previous version
+    (``producers.coverage``); nothing was stamped, and the fleet is quarantined until a full push.
+
+    Attributes:
+        version: the update's number (used up, never announced).
+        missing: the engines the push did not cover.
+    """
+
+    def __init__(self, version: int, missing: tuple[str, ...]) -> None:
+        self.version = version
+        self.missing = missing
+        super().__init__(
+            f"version {version}: the push covers no engine of the fleet ({', '.join(missing)} lack the "
+            "previous weights); push the whole model"
+        )
 
 
 class VersionRegressionError(WeightbusError):

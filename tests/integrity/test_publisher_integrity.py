@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
 from weightbus.consumers import VersionTracker
-from weightbus.errors import CounterExhaustedError, FencedError, PublishError
+from weightbus.errors import CounterExhaustedError, EngineOutOfSyncError, FencedError, PublishError
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.schemas import (
     MAX_VERSION,
@@ -40,7 +40,9 @@ def _announced(events: list[Envelope]) -> list[tuple[int, str]]:
 
 
 def _stamped_numbers(engines: Engines, url: str) -> list[str]:
-    return [r.body["new_version"] for r in engines.states[url].recorded("/update_weight_version")]
+    """The numbers stamped on an engine, in order (the ``pending:<v>`` relabels before each push left out)."""
+    labels = [r.body["new_version"] for r in engines.states[url].recorded("/update_weight_version")]
+    return [label for label in labels if not label.startswith("pending:")]
 
 
 async def test_a_zombie_fenced_mid_update_never_labels_engines_with_a_number(
@@ -63,15 +65,23 @@ async def test_a_zombie_fenced_mid_update_never_labels_engines_with_a_number(
     for url in fleet.urls:
         assert engines.states[url].weight_version == "quarantine:1"
         assert "1" not in _stamped_numbers(engines, url)  # never relabelled with a number
-    await o.__aexit__(None, None, None)
+    # The zombie relabelled the engines during the owner's push: whatever it pushed may be on them, so the
+    # owner stamps nothing (its pending label is gone), quarantines and tries again.
+    with pytest.raises(EngineOutOfSyncError, match="pending:2"):
+        await o.__aexit__(None, None, None)
     for url in fleet.urls:
-        assert engines.states[url].weight_version == "2" and engines.states[url].pause_mode is None
+        assert engines.states[url].weight_version == "quarantine:2" and engines.states[url].pause_mode is None
+    async with owner.update() as version:
+        assert version == 3
+    for url in fleet.urls:
+        assert engines.states[url].weight_version == "3" and engines.states[url].pause_mode is None
     recorded = await history(nats_bus, subjects.weights(policy))
-    assert _announced(recorded) == [(2, owner.incarnation)]
+    assert _announced(recorded) == [(3, owner.incarnation)]
     applied = [e.event for e in await history(nats_bus, subjects.applied(policy))]
-    assert {(x.version, x.ok) for x in applied} == {(2, True)}
+    assert {(x.version, x.ok) for x in applied if x.version == 3} == {(3, True)}
     alerts = [e.event for e in await history(nats_bus, subjects.alerts(policy))]
     assert any(isinstance(x, FleetQuarantined) and x.reason == "fenced" and x.version == 1 for x in alerts)
+    assert any(isinstance(x, FleetQuarantined) and x.reason == "update_failed" and x.version == 2 for x in alerts)
 
 
 async def test_a_fenced_zombie_resumes_the_fleet_and_never_pauses_it_again(
@@ -284,7 +294,7 @@ async def test_reservations_are_on_the_bus_before_any_engine_carries_the_number(
     async with pub.update() as version:
         last = await nats_bus.last(subjects.weights(policy))
         assert isinstance(last.event, VersionReserved) and last.event.version == version
-        assert engines.states["http://e1"].weight_version == "default"
+        assert engines.states["http://e1"].weight_version == f"pending:{version}"  # not a number yet
         await a.update_weights_from_disk("/ckpt", weight_version=version)
     assert engines.states["http://e1"].weight_version == "1"
 

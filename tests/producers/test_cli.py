@@ -54,10 +54,14 @@ def test_publish_stamps_verifies_and_prints_the_version(nats_url: str, policy: s
     assert second.exit_code == 0, second.output
     assert second.stdout.strip() == "2"
     assert state.weight_version == "2" and state.pause_mode is None
-    assert [r.body for r in state.recorded("/update_weight_version")] == [
-        {"new_version": "1", "abort_all_requests": False},
-        {"new_version": "2", "abort_all_requests": False},
+    # Each update marks the engines pending (non-numeric) before its push, then stamps the number.
+    assert [r.body["new_version"] for r in state.recorded("/update_weight_version")] == [
+        "pending:1",
+        "1",
+        "pending:2",
+        "2",
     ]
+    assert {r.body["abort_all_requests"] for r in state.recorded("/update_weight_version")} == {False}
 
     shown = invoke("status", "--policy", policy, "--nats", nats_url, "--engine", url, "--json")
     assert shown.exit_code == 0, shown.output
@@ -117,7 +121,8 @@ def test_publish_refuses_an_engine_out_of_sync(nats_url: str, policy: str) -> No
     with ServedEngine(create_app(state)) as engine:
         result = invoke("publish", "--policy", policy, "--nats", nats_url, "--engine", engine.url)
     assert result.exit_code == 4
-    assert "stamped weight_version '1' but /model_info reports 'default'" in result.stderr
+    # The engine ignores relabels: it never took the pending label, so it is never stamped.
+    assert "stamped weight_version 'pending:1' but /model_info reports 'default'" in result.stderr
     shown = invoke("status", "--policy", policy, "--nats", nats_url, "--json")
     doc = json.loads(shown.stdout)
     assert doc["last_event"] == "reserved" and doc["version"] is None

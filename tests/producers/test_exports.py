@@ -16,6 +16,7 @@ def test_all_is_sorted_and_complete() -> None:
     assert producers.__all__ == sorted(producers.__all__)
     public = {name for name in vars(producers) if not name.startswith("_")} - {
         "counter",
+        "coverage",
         "highwater",
         "lora",
         "publisher",

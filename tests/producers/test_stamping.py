@@ -60,11 +60,12 @@ async def test_update_order_is_pause_push_stamp_verify_publish_resume(engines: E
     async with pub.update() as version:
         assert state.pause_mode == "in_place"
         await a.update_weights_from_disk("/ckpt/step-1")
-    assert seen == [("publish", ("1", "in_place", 7))]
+    assert seen == [("publish", ("1", "in_place", 8))]
     assert engines.paths("http://a") == [
         "/model_info",  # start(): the counter resumes above any label an engine carries
         "/pause_generation",
         "/model_info",  # before the push: a restarted engine's "default" is alerted, not hidden by the push
+        "/update_weight_version",  # pending:1: nothing served between the push and the stamp carries a number
         "/update_weights_from_disk",
         "/model_info",
         "/update_weight_version",
@@ -72,11 +73,12 @@ async def test_update_order_is_pause_push_stamp_verify_publish_resume(engines: E
         "/continue_generation",
     ]
     assert state.requests[1].body == {"mode": "in_place"}
+    assert state.requests[3].body == {"new_version": "pending:1", "abort_all_requests": False}
     assert state.pause_mode is None and version == 1
     event = (await mem.last(subjects.weights(policy))).event
     assert event.engines == ("http://a",) and event.version == 1
-    # A push that carries weight_version folds the stamp into the load: one read, no relabel.
-    async with pub.update() as version:
+    # A push that carries weight_version folds the stamp into the load: one read, no relabel at all.
+    async with pub.update(labels=True) as version:
         await a.update_weights_from_disk("/ckpt/step-2", weight_version=version)
     assert engines.paths("http://a")[-5:] == [
         "/pause_generation",
@@ -102,9 +104,11 @@ async def test_exception_inside_update_quarantines_resumes_and_announces_nothing
         "/pause_generation",
         "/model_info",
         "/update_weight_version",
+        "/update_weight_version",
         "/continue_generation",
     ]
-    assert engines.states["http://a"].requests[3].body == {"new_version": "quarantine:1", "abort_all_requests": False}
+    assert engines.states["http://a"].requests[3].body == {"new_version": "pending:1", "abort_all_requests": False}
+    assert engines.states["http://a"].requests[4].body == {"new_version": "quarantine:1", "abort_all_requests": False}
     assert engines.states["http://a"].weight_version == "quarantine:1"
     assert isinstance((await bus.last(subjects.weights(policy))).event, VersionReserved)
     assert pub.version is None and pub.next_version == 2
@@ -129,7 +133,8 @@ async def test_an_engine_that_ignores_the_stamp_is_caught(engines: Engines, bus:
     with pytest.raises(EngineOutOfSyncError) as info:
         async with pub.update() as version:
             assert version == 1
-    assert (info.value.url, info.value.expected, info.value.actual) == ("http://bad", "1", "default")
+    # It never took the pending label either, so it is never stamped.
+    assert (info.value.url, info.value.expected, info.value.actual) == ("http://bad", "pending:1", "default")
     # Nothing announced, the number is used up, the good engine is quarantined, both generate again.
     assert not any(isinstance(e.event, WeightUpdated) for e in await history(bus, subjects.weights(policy)))
     assert pub.next_version == 2
@@ -143,7 +148,9 @@ async def test_an_engine_that_ignores_the_stamp_is_caught(engines: Engines, bus:
         actual="default",
         trainer_id="t",
         published_at=alerts[0].published_at,
+        error=alerts[0].error,
     )
+    assert "'pending:1'" in alerts[0].error
     assert isinstance(alerts[1], FleetQuarantined) and alerts[1].reason == "update_failed"
     applied = sorted(
         (e.event.engine, e.event.read_back, e.event.ok) for e in await history(bus, subjects.applied(policy))
@@ -155,13 +162,21 @@ async def test_an_engine_that_does_not_answer_is_caught(engines: Engines, policy
     mem = MemoryBus()
     fleet = EngineFleet([engines.add("a"), "http://gone"], http=engines.http)
     pub = await VersionPublisher(mem, policy, fleet=fleet).start()
+    # Its pending relabel fails before the push: the block never runs, the fleet is quarantined.
     with pytest.raises(EngineError) as info:
         async with pub.update():
-            pass
+            pytest.fail("no push to a fleet whose labels cannot be set")
     assert info.value.url == "http://gone" and info.value.status is None
-    alert, quarantined = [e.event for e in await history(mem, subjects.alerts(policy))]
-    assert alert.engine == "http://gone" and alert.actual is None and "no response" in alert.error
+    (quarantined,) = [e.event for e in await history(mem, subjects.alerts(policy))]
     assert quarantined.engines == ("http://a",) and quarantined.failed == ("http://gone",)
+    assert "no response" in quarantined.detail
+    # A push that labels the engines itself needs no relabel: the stamp's read-back catches the engine.
+    with pytest.raises(EngineError) as info:
+        async with pub.update(labels=True) as version:
+            await fleet.clients[0].update_weights_from_disk("/ckpt", weight_version=version)
+    assert info.value.url == "http://gone" and info.value.status is None
+    alert = [e.event for e in await history(mem, subjects.alerts(policy))][1]
+    assert alert.engine == "http://gone" and alert.actual is None and "no response" in alert.error
     assert not any(isinstance(e.event, WeightUpdated) for e in await history(mem, subjects.weights(policy)))
 
 
@@ -176,9 +191,10 @@ async def test_lora_push_loads_stamps_reads_back_and_names_the_adapter(engines: 
         state = engines.states[url]
         assert state.weight_version == "2"
         assert state.lora_adapters["math"].path == "/adapters/math-1"
-        assert engines.paths(url)[-7:] == [
+        assert engines.paths(url)[-8:] == [
             "/pause_generation",
             "/model_info",
+            "/update_weight_version",
             "/load_lora_adapter",
             "/model_info",
             "/update_weight_version",
@@ -252,3 +268,33 @@ def test_a_fleet_refuses_duplicates_and_emptiness() -> None:
         EngineFleet(["http://a", "http://a/"])
     with pytest.raises(ValueError, match="at least one"):
         EngineFleet([])
+
+
+async def test_the_update_api_refuses_what_it_cannot_mean(engines: Engines, policy: str) -> None:
+    mem = MemoryBus()
+    fleet = EngineFleet([engines.add("a"), engines.add("b")])
+    pub = await VersionPublisher(mem, policy, fleet=fleet).start()
+    with pytest.raises(ValueError, match="delta"):
+        pub.update(lora=LoraAdapter(name="x", path="/x"), push="full")
+    with pytest.raises(ValueError, match="push must be"):
+        pub.update(push="half")  # type: ignore[arg-type]
+    upd = pub.update()
+    with pytest.raises(RuntimeError, match="inside"):
+        await upd.before_push()
+    async with upd as version:
+        assert upd.missing == ()  # a full push covers every engine
+        with pytest.raises(ValueError, match="not missing"):
+            upd.pushed_missing("http://a")
+        await upd.before_push()  # the owner: one fence read, the pending label again
+        assert {s.weight_version for s in engines.states.values()} == {f"pending:{version}"}
+    assert {s.weight_version for s in engines.states.values()} == {"1"}
+    # A delta from 1 covers both; after b restarts it covers only a, and the block may push b the rest.
+    async with (delta := pub.update(push="delta")) as version:
+        assert delta.missing == ()
+    engines.add("b")
+    async with (delta := pub.update(push="delta")) as version:
+        assert delta.missing == ("http://b",)
+        await fleet.load_base("/ckpt/full", engines=["http://b"])
+        delta.pushed_missing("http://b")
+    assert engines.states["http://b"].weight_version == str(version)
+    assert (await mem.last(subjects.weights(policy))).event.engines == ("http://a", "http://b")

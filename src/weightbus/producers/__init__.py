@@ -7,6 +7,7 @@ version its engines do not serve. ``SyncVersionPublisher`` is the blocking facad
 ``push_lora_adapter`` (re-)loads a LoRA adapter on every engine, all or nothing.
 """
 
+from weightbus.producers.coverage import pending_label
 from weightbus.producers.lora import push_lora_adapter
 from weightbus.producers.publisher import VersionPublisher, default_trainer_id
 from weightbus.producers.stamping import EngineFleet, EngineStamp, stamp_and_verify
@@ -23,6 +24,7 @@ __all__ = [
     "VersionPublisher",
     "VersionUpdate",
     "default_trainer_id",
+    "pending_label",
     "push_lora_adapter",
     "quarantine_label",
     "read_status",

@@ -47,6 +47,7 @@ from weightbus.bus import subjects
 from weightbus.bus.history import History, read_subject_history
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
 from weightbus.errors import BusError, CounterExhaustedError, FencedError, PublishError, SequenceConflictError
+from weightbus.producers.coverage import Lineage, fold_lineage
 from weightbus.producers.highwater import HighWaterMark
 from weightbus.rules.chain import TrackerState
 from weightbus.rules.history import fold_history
@@ -109,6 +110,7 @@ class FencedCounter:
         self._fenced: FencedError | None = None
         self._last_event: WeightUpdated | None = None
         self._mark = HighWaterMark(bus, policy, trainer_id=trainer_id, incarnation=incarnation)
+        self._lineage = Lineage.UNKNOWN
 
     # -- read-only state ---------------------------------------------------------------------------
 
@@ -167,6 +169,15 @@ class FencedCounter:
         """The last ``WeightUpdated`` this counter had acknowledged."""
         return self._last_event
 
+    @property
+    def lineage(self) -> Lineage:
+        """What the announcements since the engines booted say about the weights (``producers.coverage``).
+
+        Folded from the history ``claim()`` read (unknown unless it reaches the policy's first claim
+        and the engines' labels agree with it), then kept by ``take`` and the announcements.
+        """
+        return self._lineage
+
     def _holds(self, version: int) -> bool:
         """Whether ``version`` is used up on the bus by our newest event and no take used it yet."""
         return self._pre == version == self._issued and version > self._entered
@@ -196,6 +207,7 @@ class FencedCounter:
             version, issued, high_epoch = _fold(history, self._policy)
             last = history.last_valid
             previous = last.event.trainer_id if last is not None else None  # type: ignore[union-attr]
+            history_issued = issued
             if mark is not None:
                 if mark.version > issued:
                     log.error(
@@ -217,12 +229,18 @@ class FencedCounter:
                 issued = engine_high
             if engine_high is not None and (version is None or engine_high > version):
                 version = engine_high  # an engine carries it: it was announced, even if the mark lags
-            if await self._claim(high_epoch + 1, version, issued, previous, history.last_seq):
+            claim = await self._claim(high_epoch + 1, version, issued, previous, history.last_seq)
+            if claim is not None:
                 if self.next_version > MAX_VERSION:
                     log.error(
                         "claimed an exhausted counter: every update will raise CounterExhaustedError",
                         extra={"policy": self._policy, "issued": issued},
                     )
+                # The mark, a checkpoint or engines ahead of the history: it was lost, and with it
+                # what the weights are.
+                behind = issued > history_issued
+                lineage = fold_lineage(e.event for e in history.events).claimed(claim, first=not history.events)
+                self._lineage = Lineage.UNKNOWN if behind else lineage
                 return
             log.info(
                 "another publisher claimed at the same time; re-reading",
@@ -230,7 +248,9 @@ class FencedCounter:
             )
         raise PublishError(self._subject, f"could not claim the counter in {self._claim_attempts} attempts")
 
-    async def _claim(self, epoch: int, version: int | None, issued: int, previous: str | None, seq: int) -> bool:
+    async def _claim(
+        self, epoch: int, version: int | None, issued: int, previous: str | None, seq: int
+    ) -> PublisherClaimed | None:
         claim = PublisherClaimed(
             policy=self._policy,
             epoch=epoch,
@@ -246,7 +266,7 @@ class FencedCounter:
                 self._subject, claim, msg_id=f"{self._policy}:claim:{epoch}:{self._incarnation}", expected_last_seq=seq
             )
         except SequenceConflictError:
-            return False
+            return None
         self._epoch, self._version, self._issued, self._seq = epoch, version, issued, ack.seq
         self._pre = None  # a new epoch's first take stores its own reservation
         log.info(
@@ -261,7 +281,7 @@ class FencedCounter:
                 "previous_trainer_id": previous,
             },
         )
-        return True
+        return claim
 
     async def _counter_behind_engines(
         self, issued: int, engine_high: int, engines: Sequence[str], history: History
@@ -304,7 +324,8 @@ class FencedCounter:
     async def take(self, version: int, lora: LoraAdapter | None) -> None:
         """Take ``version`` (``next_version``), fenced: a read if our last event reserved it, else a reservation.
 
-        From here on ``version`` is never issued again, whatever follows.
+        From here on ``version`` is never issued again, whatever follows. A ``lora`` take is an
+        adapter load and nothing else (the lineage keeps the base as it was); any other may change it.
 
         Raises:
             CounterExhaustedError: ``version`` is above ``MAX_VERSION`` (nothing was published).
@@ -323,6 +344,7 @@ class FencedCounter:
         else:
             await step
         self._entered = max(self._entered, version)
+        self._lineage = self._lineage.taken(version, lora_only=lora is not None)
 
     async def _take_held(self, version: int, lora: LoraAdapter | None) -> None:
         await self.check_owner()
@@ -441,8 +463,8 @@ class FencedCounter:
                 extra={"policy": self._policy, "version": self._version, "issued": self._issued},
             )
             assert self._epoch is not None
-            if await self._claim(self._epoch + 1, self._version, self._issued, None, history.last_seq):
-                return
+            if await self._claim(self._epoch + 1, self._version, self._issued, None, history.last_seq) is not None:
+                return  # the lineage stays: this instance saw every update since its claim
             return await self.resolve()
         raise self._fence(last)
 
@@ -480,6 +502,9 @@ class FencedCounter:
             self._pre = version + 1
         else:
             self._issued = max(self._issued, version)
+        if event != self._last_event:  # resolving doubt may adopt the announcement we already hold
+            lora = event.lora is not None
+            self._lineage = self._lineage.announced(version, lora=lora, reserves_next=event.reserves_next)
         self._last_event = event
 
     def _fence(self, last: Envelope) -> FencedError:

@@ -30,6 +30,7 @@ from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode
 from weightbus.errors import EngineError, FencedError
 from weightbus.producers.counter import FencedCounter
+from weightbus.producers.coverage import Push
 from weightbus.producers.stamping import EngineFleet
 from weightbus.producers.update import UpdateSlot, VersionUpdate
 from weightbus.schemas import MAX_VERSION, LoraAdapter, WeightUpdated, parse_version
@@ -206,36 +207,64 @@ class VersionPublisher:
 
     # -- updates -----------------------------------------------------------------------------------
 
-    def update(self, *, lora: LoraAdapter | None = None) -> VersionUpdate:
+    def update(
+        self, *, lora: LoraAdapter | None = None, push: Push | None = None, labels: bool = False
+    ) -> VersionUpdate:
         """One weight update, as an async context manager yielding the version to push (``int``).
 
-        On entering, the number is reserved on the bus (then the fleet, if any, is paused). Inside
-        the block the trainer pushes weights (and, without a fleet, stamps its engines). On normal
-        exit the fleet is stamped and verified, ``WeightUpdated`` is announced, then the fleet is
-        resumed. On any failure nothing is announced, the number stays used up, and the fleet is
-        relabelled with a quarantine label before it serves again (see ``VersionUpdate``).
+        On entering, the number is reserved on the bus (then the fleet, if any, is paused, and,
+        unless the push labels the engines itself, relabelled ``pending:<v>``). Inside the block the
+        trainer pushes weights (and, without a fleet, stamps its engines). On normal exit the
+        engines the push covers are stamped and verified, the others quarantined and alerted,
+        ``WeightUpdated`` is announced with the stamped engines, then the fleet is resumed. On any
+        failure nothing is announced, the number stays used up, and the fleet is relabelled with a
+        quarantine label before it serves again (see ``VersionUpdate``).
 
         Args:
-            lora: the LoRA adapter this push loads (recorded on the events); None for a full push.
+            lora: the LoRA adapter this push loads (recorded on the events); None for a push without one.
+            push: ``full``: the block pushes the whole model to every engine (NCCL broadcast, a
+                checkpoint from disk; the default without ``lora``); ``delta``: only the difference
+                from the last announced version (a disk delta; a LoRA load, the default with
+                ``lora``). A delta covers only the engines known to hold what it is the difference
+                from; the others are in the update's ``missing`` after entering.
+            labels: the push carries ``weight_version=str(v)`` to every engine (SGLang's
+                ``update_weights_from_*`` accept it), so the update skips the ``pending:<v>``
+                relabel; an engine the push did not label is then not stamped.
 
         Entering raises ``CounterExhaustedError`` (nothing paused, reserved or pushed) once the
         counter has issued ``MAX_VERSION``, ``FencedError`` once another publisher owns it, and
         ``PublishError`` when the number could not be taken.
-        """
-        return VersionUpdate(self._counter, self._bus, self._fleet, self._pause, self._slot, lora)
 
-    async def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False, replace: bool = False) -> int:
+        Raises:
+            ValueError: ``lora`` with ``push="full"``, or an unknown ``push``.
+        """
+        return VersionUpdate(
+            self._counter, self._bus, self._fleet, self._pause, self._slot, lora, push=push, labels=labels
+        )
+
+    async def publish_lora(
+        self, adapter: LoraAdapter, *, pinned: bool = False, replace: bool = False, base: str | None = None
+    ) -> int:
         """Load ``adapter`` on every engine of the fleet, stamp the next version, and announce it.
 
         SGLang's adapter load carries no version; this is the stamp that makes LoRA samples
         comparable with full-weight ones (both share this counter). A load refused by some engine
         is undone on the others, and the fleet is quarantined like any failed update.
 
+        The load is a delta push: it brings an engine to the new version only if the engine holds
+        the base the previous version names (it carried that version, or, in a run that never
+        announced anything but adapters since the engines booted, it carries its boot label). An
+        engine that does not (restarted after a full push, quarantined) gets ``base`` loaded from
+        disk first when given, else it is quarantined and left out of the announcement.
+
         Args:
             adapter: name and path of the adapter.
             pinned: SGLang's ``pinned`` flag.
             replace: unload an adapter of the same name first (re-pushing new adapter weights under
                 one name; SGLang refuses to load a name twice).
+            base: where the engines can load the base weights the previous version names (the last
+                full push's checkpoint, or the boot model in a LoRA-only run); loaded, without a
+                version, only on the engines the adapter alone would not cover.
 
         Returns:
             The announced version.
@@ -243,13 +272,18 @@ class VersionPublisher:
         Raises:
             ValueError: no fleet, or ``adapter.path`` is None.
             EngineError: an engine refused the load (nothing announced).
+            PushCoverageError: no engine holds the base and ``base`` was not given (nothing announced).
             EngineOutOfSyncError, FencedError, PublishError: as ``update()``.
         """
         if self._fleet is None:
             raise ValueError("publish_lora needs an engine fleet")
         if adapter.path is None:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no path to load")
-        async with self.update(lora=adapter) as version:
+        update = self.update(lora=adapter)
+        async with update as version:
+            if base is not None and update.missing:
+                await self._fleet.load_base(base, engines=update.missing)
+                update.pushed_missing(*update.missing)
             if replace:
                 await self._fleet.unload_lora_adapter(adapter.name, missing_ok=True)
             await self._fleet.load_lora_adapter(adapter.name, adapter.path, pinned=pinned)

@@ -8,8 +8,13 @@ LoRA routes) that serve one policy. Invariants:
   ``update_weight_version(str(v), abort_all_requests=False)`` and are read back. Engines are
   addressed concurrently. An engine counts as stamped only when its read-back equals ``str(v)``.
 * A label read before stamping that is neither the previously announced version, ``str(v)`` nor a
-  quarantine label (``"default"`` after a restart) is published as an ``EngineOutOfSync`` alert
-  (``reason="unexpected_label"``) before the engine is stamped: never silently re-stamped.
+  quarantine or pending label (``"default"`` after a restart) is published as an ``EngineOutOfSync``
+  alert (``reason="unexpected_label"``) before the engine is stamped: never silently re-stamped.
+* A stamp with ``expect`` (the update's own ``pending:<v>``, or ``str(v)`` for a push that labels)
+  stamps only the engines that read ``expect`` or ``str(v)``: an engine another update relabelled
+  during the push, or one the push did not reach, is never stamped.
+* A stamp may address part of the fleet (``engines``): the update stamps only the engines its push
+  covered (``producers.coverage``); the others are quarantined and alerted (``alert_uncovered``).
 * With a bus, every engine that answered gets a ``WeightApplied`` on ``applied(policy)``, and every
   engine that did not take the version gets an ``EngineOutOfSync`` alert on ``alerts(policy)``;
   then ``EngineOutOfSyncError`` (or the engine's ``EngineError`` when it did not answer) is raised.
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -33,9 +38,17 @@ from weightbus.bus.protocol import Bus
 from weightbus.engines.router import discover_workers
 from weightbus.engines.sglang import PauseMode, SGLangClient
 from weightbus.errors import EngineError, EngineOutOfSyncError, PublishError
+from weightbus.producers.coverage import PENDING_PREFIX
 from weightbus.schemas import QUARANTINE_PREFIX, EngineOutOfSync, LoraAdapter, WeightApplied, now
 
-__all__ = ["EngineFleet", "EngineStamp", "alert_unexpected_labels", "publish_applied", "stamp_and_verify"]
+__all__ = [
+    "EngineFleet",
+    "EngineStamp",
+    "alert_uncovered",
+    "alert_unexpected_labels",
+    "publish_applied",
+    "stamp_and_verify",
+]
 
 log = logging.getLogger("weightbus.producers")
 
@@ -142,10 +155,21 @@ class EngineFleet:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _each(self, op: str, call: Callable[[SGLangClient], Awaitable[_T]]) -> list[_T | EngineError]:
-        results = await asyncio.gather(*(call(c) for c in self.clients), return_exceptions=True)
+    def _subset(self, engines: Collection[str] | None) -> tuple[SGLangClient, ...]:
+        if engines is None:
+            return self.clients
+        unknown = set(engines) - set(self.urls)
+        if unknown:
+            raise ValueError(f"not engines of this fleet: {sorted(unknown)}")
+        return tuple(c for c in self.clients if c.url in engines)
+
+    async def _each(
+        self, op: str, call: Callable[[SGLangClient], Awaitable[_T]], clients: Sequence[SGLangClient] | None = None
+    ) -> list[_T | EngineError]:
+        clients = self.clients if clients is None else clients
+        results = await asyncio.gather(*(call(c) for c in clients), return_exceptions=True)
         out: list[_T | EngineError] = []
-        for client, result in zip(self.clients, results, strict=True):
+        for client, result in zip(clients, results, strict=True):
             if isinstance(result, EngineError):
                 log.warning("engine %s failed", op, extra={"engine": client.url, "op": op, "error": str(result)})
                 out.append(result)
@@ -207,6 +231,22 @@ class EngineFleet:
                 first.add_note(f"and unloading the partial load from {client.url} failed too: {result}")
         raise first
 
+    async def load_base(self, path: str, *, engines: Collection[str] | None = None) -> None:
+        """Load the weights at ``path`` from disk on ``engines`` (default: all), without a version: stamp next.
+
+        Raises:
+            EngineError: an engine refused or did not answer (others are listed as notes).
+            ValueError: ``engines`` names an engine that is not in the fleet.
+        """
+        clients = self._subset(engines)
+        errors = [
+            r
+            for r in await self._each("load_base", lambda c: c.update_weights_from_disk(path), clients)
+            if isinstance(r, EngineError)
+        ]
+        if errors:
+            raise _first_with_notes(errors, "load_base")
+
     async def unload_lora_adapter(self, name: str, *, missing_ok: bool = False) -> None:
         """Unload LoRA adapter ``name`` from every engine.
 
@@ -226,14 +266,21 @@ class EngineFleet:
         if errors:
             raise _first_with_notes(errors, "unload_lora_adapter")
 
-    async def relabel(self, label: str, *, timeout: float | None = None) -> dict[str, EngineError | None]:
+    async def relabel(
+        self, label: str, *, timeout: float | None = None, engines: Collection[str] | None = None
+    ) -> dict[str, EngineError | None]:
         """Set every engine's label to ``label`` without aborting requests; errors are returned, not raised.
 
-        Used to quarantine engines whose weights may not match any version (``quarantine:<v>``).
+        Used to quarantine engines whose weights may not match any version (``quarantine:<v>``), and
+        to mark engines whose push is under way (``pending:<v>``).
 
         Args:
             label: the new label.
             timeout: seconds each engine may take (a hung engine must not hold up the cleanup).
+            engines: the URLs to relabel (default: every engine).
+
+        Raises:
+            ValueError: ``engines`` names an engine that is not in the fleet.
         """
 
         async def _one(client: SGLangClient) -> None:
@@ -242,8 +289,9 @@ class EngineFleet:
             except TimeoutError:
                 raise EngineError(client.url, None, f"no answer to the relabel within {timeout:g}s") from None
 
-        results = await self._each("relabel", _one)
-        return {url: (r if isinstance(r, EngineError) else None) for url, r in zip(self.urls, results, strict=True)}
+        clients = self._subset(engines)
+        results = await self._each("relabel", _one, clients)
+        return {c.url: (r if isinstance(r, EngineError) else None) for c, r in zip(clients, results, strict=True)}
 
     async def read_versions(self) -> dict[str, str | EngineError]:
         """Each engine's live ``weight_version`` (or the error reading it), keyed by URL; read-only."""
@@ -251,7 +299,12 @@ class EngineFleet:
         return dict(zip(self.urls, results, strict=True))
 
     async def stamp(
-        self, version: int, *, before_stamp: Callable[[], Awaitable[None]] | None = None
+        self,
+        version: int,
+        *,
+        before_stamp: Callable[[], Awaitable[None]] | None = None,
+        engines: Collection[str] | None = None,
+        expect: str | None = None,
     ) -> list[EngineStamp]:
         """Stamp every engine with ``str(version)`` and read each one back; raises nothing for engine faults.
 
@@ -262,11 +315,18 @@ class EngineFleet:
             before_stamp: awaited once, after the reads and before the first stamp, only if some
                 engine needs one (the publisher's ownership check); what it raises propagates and
                 no engine is stamped.
+            engines: the URLs to stamp (default: every engine); the others are not touched.
+            expect: stamp only an engine that reads this label (or already ``str(version)``); any
+                other label means someone relabelled it since, and it is not stamped (an error).
 
         Returns:
-            One ``EngineStamp`` per engine, in fleet order; check ``ok``.
+            One ``EngineStamp`` per engine stamped, in fleet order; check ``ok``.
+
+        Raises:
+            ValueError: ``engines`` names an engine that is not in the fleet.
         """
         expected = str(version)
+        clients = self._subset(engines)
 
         async def _read(client: SGLangClient) -> str | EngineError:
             try:
@@ -279,6 +339,11 @@ class EngineFleet:
                 return EngineStamp(client.url, expected, None, before)
             if before == expected:
                 return EngineStamp(client.url, expected, before, before=before, stamped=False)
+            if expect is not None and before != expect:
+                # Relabelled by another update during the push, or not reached by a push that labels.
+                error = EngineOutOfSyncError(client.url, expect, before)
+                error.add_note(f"{client.url} was not stamped {expected!r}: its label changed under the push")
+                return EngineStamp(client.url, expected, before, error, before=before, stamped=False)
             try:
                 await client.update_weight_version(expected, abort_all_requests=False)
                 read_back = await client.weight_version()
@@ -286,10 +351,10 @@ class EngineFleet:
                 return EngineStamp(client.url, expected, None, exc, before=before)
             return EngineStamp(client.url, expected, read_back, before=before)
 
-        labels = await asyncio.gather(*(_read(c) for c in self.clients))
+        labels = await asyncio.gather(*(_read(c) for c in clients))
         if before_stamp is not None and any(label != expected for label in labels):
             await before_stamp()
-        return list(await asyncio.gather(*(_one(c, label) for c, label in zip(self.clients, labels, strict=True))))
+        return list(await asyncio.gather(*(_one(c, label) for c, label in zip(clients, labels, strict=True))))
 
 
 async def stamp_and_verify(
@@ -303,6 +368,8 @@ async def stamp_and_verify(
     previous: int | None = None,
     report_applied: bool = True,
     before_stamp: Callable[[], Awaitable[None]] | None = None,
+    engines: Collection[str] | None = None,
+    expect: str | None = None,
 ) -> list[EngineStamp]:
     """Stamp every engine with ``version``, read it back, report to the bus, and refuse an out-of-sync fleet.
 
@@ -319,6 +386,8 @@ async def stamp_and_verify(
             leaves them to the caller (``publish_applied``), which sends them beside its announcement.
             A fleet out of sync always has its read-backs published before the error is raised.
         before_stamp: see ``EngineFleet.stamp`` (the publisher passes its ownership check).
+        engines: the engines to stamp (default: all); see ``EngineFleet.stamp``.
+        expect: the label an engine must carry to be stamped; see ``EngineFleet.stamp``.
 
     Returns:
         The stamps, all ``ok``.
@@ -331,7 +400,7 @@ async def stamp_and_verify(
     """
     if bus is not None and policy is None:
         raise ValueError("stamp_and_verify needs the policy to publish to the bus")
-    stamps = await fleet.stamp(version, before_stamp=before_stamp)
+    stamps = await fleet.stamp(version, before_stamp=before_stamp, engines=engines, expect=expect)
     if bus is not None and policy is not None:
         await alert_unexpected_labels(
             bus, policy, trainer_id, version, previous, {s.engine: s.before for s in stamps if s.before is not None}
@@ -411,8 +480,9 @@ async def alert_unexpected_labels(
 ) -> list[str]:
     """Alert (``EngineOutOfSync``, ``unexpected_label``) every engine whose label it should not carry.
 
-    An engine may carry the previously announced version, ``str(version)`` or a quarantine label;
-    anything else (``"default"`` after a restart) is alerted, once per update, engine and label.
+    An engine may carry the previously announced version, ``str(version)``, a quarantine label or a
+    pending label (an update's push under way, or one that died mid-push); anything else
+    (``"default"`` after a restart) is alerted, once per update, engine and label.
     Before the first announcement (``previous`` None) nothing is unexpected.
 
     Returns:
@@ -423,7 +493,7 @@ async def alert_unexpected_labels(
     allowed = {str(version), str(previous)}
     flagged: list[str] = []
     for engine, label in labels.items():
-        if isinstance(label, EngineError) or label in allowed or label.startswith(QUARANTINE_PREFIX):
+        if isinstance(label, EngineError) or label in allowed or label.startswith((QUARANTINE_PREFIX, PENDING_PREFIX)):
             continue
         flagged.append(engine)
         log.error(
@@ -444,6 +514,39 @@ async def alert_unexpected_labels(
         except PublishError as exc:
             log.error("could not publish the unexpected-label alert", extra={"policy": policy, "error": str(exc)})
     return flagged
+
+
+async def alert_uncovered(
+    bus: Bus, policy: str, trainer_id: str, version: int, labels: Mapping[str, str], quarantined: str
+) -> None:
+    """Alert (``EngineOutOfSync``, ``not_covered``) each engine a push did not bring to ``version``.
+
+    Args:
+        labels: each uncovered engine's label before the push, by URL (``actual`` on the alert).
+        quarantined: the label it carries now (recorded as the alert's ``error``).
+    """
+
+    async def _one(engine: str, label: str) -> None:
+        log.error(
+            "the push does not cover this engine: quarantined, not stamped",
+            extra={"policy": policy, "engine": engine, "label": label, "version": version},
+        )
+        alert = EngineOutOfSync(
+            policy=policy,
+            engine=engine,
+            expected=str(version),
+            actual=label,
+            trainer_id=trainer_id,
+            published_at=now(),
+            error=f"the push covers the difference from another weight set; relabelled {quarantined!r}",
+            reason="not_covered",
+        )
+        try:
+            await bus.publish(subjects.alerts(policy), alert, msg_id=f"{policy}:not_covered:{version}:{engine}")
+        except PublishError as exc:
+            log.error("could not publish the not-covered alert", extra={"policy": policy, "error": str(exc)})
+
+    await asyncio.gather(*(_one(engine, label) for engine, label in labels.items()))
 
 
 def _first_with_notes(errors: list[EngineError], op: str) -> EngineError:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode
+from weightbus.producers.coverage import Push
 from weightbus.producers.publisher import VersionPublisher
 from weightbus.producers.stamping import EngineFleet
 from weightbus.schemas import LoraAdapter
@@ -169,9 +170,11 @@ class SyncVersionPublisher:
         return self._run(_call())
 
     @contextlib.contextmanager
-    def update(self, *, lora: LoraAdapter | None = None) -> Iterator[int]:
+    def update(
+        self, *, lora: LoraAdapter | None = None, push: Push | None = None, labels: bool = False
+    ) -> Iterator[int]:
         """One weight update, yielding the version to stamp; see ``VersionPublisher.update``."""
-        upd = self.publisher.update(lora=lora)
+        upd = self.publisher.update(lora=lora, push=push, labels=labels)
         version = self._run(upd.__aenter__())
         try:
             yield version
@@ -180,9 +183,9 @@ class SyncVersionPublisher:
             raise
         self._run(upd.__aexit__(None, None, None))
 
-    def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False) -> int:
+    def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False, base: str | None = None) -> int:
         """Load ``adapter`` on every engine, stamp, and publish; see ``VersionPublisher.publish_lora``."""
-        return self._run(self.publisher.publish_lora(adapter, pinned=pinned))
+        return self._run(self.publisher.publish_lora(adapter, pinned=pinned, base=base))
 
     def close(self) -> None:
         """Close the fleet and the bus, then stop the private loop."""

@@ -17,23 +17,32 @@ The order, and why (docs/design.md has the long form):
    The take also writes the counter's high-water mark when it does not cover ``v`` yet, and fails
    if it cannot: no engine may carry a number the mark does not cover;
 2. each engine's label is read: a label that is neither the last announced version, ``v`` nor a
-   quarantine label (``"default"`` after a restart) is alerted (``EngineOutOfSync``,
+   quarantine or pending label (``"default"`` after a restart) is alerted (``EngineOutOfSync``,
    ``unexpected_label``) before the push could hide it, and again before the stamp; never silently
-   re-stamped;
-3. the trainer **pushes** inside the block (a push that carries ``weight_version`` labels the engines);
-4. **stamp** what the push did not label: each engine's label is read; only if some engine still
-   needs ``v`` is ownership checked (one read) before ``/update_weight_version``; then read back;
-5. **announce** ``WeightUpdated(v, reserves_next=True)``: the only bus round trip after the engines
-   carry ``v`` (the mark for ``v + 1`` is written beside it). The announcement is conditional on
-   our previous event, so it is the fence check of the push;
-6. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
+   re-stamped. The labels decide which engines the push will **cover** (``producers.coverage``):
+   a full push covers every engine; a delta only those known to hold what it is the difference
+   from. The others are ``missing``: the block may push them the missing part (``pushed_missing``);
+3. unless the push labels the engines itself (``labels=True``), every engine is relabelled
+   ``pending:<v>``: nothing served between the push and the stamp carries a number, whoever pushes;
+4. the trainer **pushes** inside the block (``before_push()`` repeats the fence check and the
+   pending relabel just before a push that does not start at once);
+5. **stamp**: the engines still missing are relabelled ``quarantine:<v>``, alerted (``not_covered``)
+   and left out; each covered engine's label is read, and only one that carries ``pending:<v>``
+   (or already ``v``) is stamped: another label means another update relabelled it during the
+   push. Only if some engine still needs ``v`` is ownership checked (one read) before
+   ``/update_weight_version``; then read back;
+6. **announce** ``WeightUpdated(v, reserves_next=True, engines=<the stamped ones>)``: the only bus
+   round trip after the engines carry ``v`` (the mark for ``v + 1`` is written beside it). The
+   announcement is conditional on our previous event, so it is the fence check of the push;
+7. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
    drain before ``v`` is on the bus. The engines' ``WeightApplied`` read-backs (monitoring) are
    published beside the resume, off the update's critical path.
 
-On any failure after the take (an exception in the block, a stamp that did not take, an
-announcement refused, lost or cancelled), the engines' weights may not match any number: every
-engine is relabelled ``quarantine:<v>`` (never a version, so every sample from it is judged stale),
-a ``FleetQuarantined`` alert is published, and only then are the engines resumed. A fenced
+On any failure after the take (a pending relabel that did not take, an exception in the block, a
+push that covers no engine, a stamp that did not take, an announcement refused, lost or cancelled),
+the engines' weights may not match any number: every engine is relabelled ``quarantine:<v>``
+(never a version, so every sample from it is judged stale), a ``FleetQuarantined`` alert is
+published, and only then are the engines resumed. A fenced
 publisher resumes them too: it cannot tell whether the owner is between its own pause and resume,
 and an early resume costs no integrity, because SGLang applies a weight load between forward passes
 and a request that spans a label change carries token spans whose oldest version is the one judged.
@@ -50,11 +59,13 @@ from types import TracebackType
 from weightbus.bus import subjects
 from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode
-from weightbus.errors import BusError, EngineError, FencedError, PublishError
+from weightbus.errors import BusError, EngineError, FencedError, PublishError, PushCoverageError
 from weightbus.producers.counter import FencedCounter
+from weightbus.producers.coverage import Push, cover, pending_label
 from weightbus.producers.stamping import (
     EngineFleet,
     EngineStamp,
+    alert_uncovered,
     alert_unexpected_labels,
     publish_applied,
     stamp_and_verify,
@@ -93,11 +104,26 @@ class VersionUpdate:
         pause: the pause mode on entering, or None.
         slot: the publisher's one update slot (updates are sequential).
         lora: the adapter of a LoRA push, else None.
+        push: what the block's push covers: ``full`` (the whole model, the default without ``lora``)
+            or ``delta`` (the difference from the last announced version: a LoRA load, a disk delta;
+            the default, and the only choice, with ``lora``).
+        labels: the block's push carries ``weight_version=str(v)`` to every engine (so it labels
+            them itself, and no ``pending:<v>`` relabel is needed); then an engine the push did not
+            label is not stamped.
+
+    Raises:
+        ValueError: ``lora`` with ``push="full"`` (an adapter load leaves the base as it was: the
+            announcement of a LoRA version says so; announce a new base with a full update).
 
     Attributes:
         version: the reserved version this update pushes and announces (set on entering).
         lora: the adapter of a LoRA push, else None.
-        stamps: the engines' read-backs after a successful exit with a fleet.
+        push: what the push covers.
+        labels: whether the push labels the engines itself.
+        missing: after entering, the engines the push as declared will not bring to ``v`` (a delta
+            whose base they do not hold: restarted or quarantined engines); push them the missing
+            part and call ``pushed_missing``, or they are quarantined and left out of the announcement.
+        stamps: the engines' read-backs after a successful exit with a fleet (the covered engines).
         event: the acknowledged ``WeightUpdated`` after a successful exit.
         quarantined: the ``FleetQuarantined`` alert of a failed update with a fleet, else None.
     """
@@ -110,7 +136,20 @@ class VersionUpdate:
         pause: PauseMode | None,
         slot: UpdateSlot,
         lora: LoraAdapter | None,
+        *,
+        push: Push | None = None,
+        labels: bool = False,
     ) -> None:
+        if push is None:
+            push = "delta" if lora is not None else "full"
+        if push not in ("full", "delta"):
+            raise ValueError(f"push must be 'full' or 'delta', not {push!r}")
+        if lora is not None and push == "full":
+            raise ValueError("a LoRA update is a delta push (an adapter on the previous base); a full one has no lora")
+        self.push: Push = push
+        self.labels = labels
+        self.missing: tuple[str, ...] = ()
+        self._before: dict[str, str] = {}
         self._counter = counter
         self._bus = bus
         self._fleet = fleet
@@ -122,6 +161,52 @@ class VersionUpdate:
         self.event: WeightUpdated | None = None
         self.quarantined: FleetQuarantined | None = None
         self._paused = False
+        self._pending = False
+
+    def pushed_missing(self, *engines: str) -> None:
+        """Say that the block pushed ``engines`` (from ``missing``) the part the declared push lacks for them.
+
+        For a delta push that is the whole model (e.g. the base from disk, then the adapter with the
+        others): they hold the weight set ``v`` names, and are stamped with the covered engines.
+
+        Raises:
+            ValueError: an engine that is not in ``missing``.
+        """
+        unknown = set(engines) - set(self.missing)
+        if unknown:
+            raise ValueError(f"not missing from this update's push: {sorted(unknown)}")
+        self.missing = tuple(url for url in self.missing if url not in engines)
+
+    async def before_push(self) -> None:
+        """Call right before a push that does not start at once: check ownership, then mark the engines pending again.
+
+        Entering did both already; a block that first computes or waits (a checkpoint to write,
+        a broadcast group to form) calls this just before it sends weights, so that an owner that
+        took over and finished an update in the meantime is seen here, before the push, and not
+        after it: a fenced publisher raises and pushes nothing, and the engines carry ``pending:<v>``
+        (not the owner's number) from here to the stamp.
+
+        Raises:
+            FencedError: another publisher owns the counter: do not push (the update then quarantines).
+            EngineError: an engine refused the pending label.
+            RuntimeError: outside the block.
+        """
+        if self.version is None or not self._slot.active:
+            raise RuntimeError("before_push() belongs inside the update's block")
+        await self._counter.check_owner()
+        if self._fleet is not None and not self.labels:
+            await self._mark_pending(self._fleet, self.version)
+
+    async def _mark_pending(self, fleet: EngineFleet, version: int) -> None:
+        """Relabel every engine ``pending:<version>`` before the push; raise the first engine's refusal."""
+        self._pending = True  # before the await: a cancellation may land some relabels
+        results = await fleet.relabel(pending_label(version), timeout=_CLEANUP_TIMEOUT)
+        errors = [err for err in results.values() if err is not None]
+        if errors:
+            first = errors[0]
+            for other in errors[1:]:
+                first.add_note(f"the pending relabel also failed on {other.url}: {other}")
+            raise first
 
     async def __aenter__(self) -> int:
         counter, fleet, slot = self._counter, self._fleet, self._slot
@@ -156,8 +241,23 @@ class VersionUpdate:
                 await alert_unexpected_labels(
                     self._bus, counter.policy, counter.trainer_id, version, counter.version, labels
                 )
+                self._before = {url: label for url, label in labels.items() if isinstance(label, str)}
+                covered = cover(
+                    self._before,
+                    push=self.push,
+                    lora=self.lora is not None,
+                    previous=counter.version,
+                    lineage=counter.lineage,
+                )
+                self.missing = covered.missing
+                if not self.labels:
+                    await self._mark_pending(fleet, version)
         except BaseException as failure:
             slot.active = False
+            if self._pending:
+                # Some engine may carry the pending label, or a failed relabel left it in doubt: quarantine.
+                await self._cleanup("update_failed", failure)
+                raise
             if self._paused:
                 # Nothing was pushed yet, so the labels still match the weights: resume, no quarantine.
                 # (A fenced publisher's pause is undone too; see the module docstring.)
@@ -182,10 +282,14 @@ class VersionUpdate:
                     "update aborted; nothing announced, the version stays used up",
                     extra={"policy": counter.policy, "version": self.version, "error": repr(exc)},
                 )
-                await self._cleanup("update_failed", exc)
+                # A block that learnt it is fenced (before_push) pushed nothing more; say why it stopped.
+                await self._cleanup("fenced" if isinstance(exc, FencedError) else "update_failed", exc)
                 return
             try:
+                engines: tuple[str, ...] = ()
                 if fleet is not None:
+                    await self._leave_out_missing(fleet, self.version)
+                    covered = [url for url in fleet.urls if url not in self.missing]
                     self.stamps = await stamp_and_verify(
                         fleet,
                         self.version,
@@ -196,9 +300,11 @@ class VersionUpdate:
                         previous=counter.version,
                         report_applied=False,
                         before_stamp=counter.check_owner,
+                        engines=covered,
+                        expect=str(self.version) if self.labels else pending_label(self.version),
                     )
+                    engines = tuple(s.engine for s in self.stamps)
                 # The announcement alone: the only bus round trip between the stamp and the resume.
-                engines = fleet.urls if fleet is not None else ()
                 self.event = await counter.announce(self.version, self.lora, engines)
             except BaseException as failure:
                 if isinstance(failure, FencedError):
@@ -213,6 +319,21 @@ class VersionUpdate:
                 await self._resume_and_report()
         finally:
             self._slot.active = False
+
+    async def _leave_out_missing(self, fleet: EngineFleet, version: int) -> None:
+        """Quarantine and alert the engines the push did not cover; raise if it covered none."""
+        if not self.missing:
+            return
+        if len(self.missing) == len(fleet.urls):
+            raise PushCoverageError(version, self.missing)
+        counter = self._counter
+        label = quarantine_label(version)
+        results = await fleet.relabel(label, timeout=_CLEANUP_TIMEOUT, engines=self.missing)
+        failed = [err for err in results.values() if err is not None]
+        if failed:
+            raise failed[0]  # an uncovered engine that keeps a number: the whole update is quarantined
+        labels = {url: self._before[url] for url in self.missing}
+        await alert_uncovered(self._bus, counter.policy, counter.trainer_id, version, labels, label)
 
     async def _resume_and_report(self) -> None:
         """Resume the fleet and publish the engines' ``WeightApplied`` read-backs beside it (monitoring only)."""

@@ -87,9 +87,10 @@ class VersionRejected(AlertEvent, tag="alert.version_rejected"):
 class EngineOutOfSync(AlertEvent, tag="alert.engine_out_of_sync"):
     """Engine ``engine`` was expected to serve ``expected`` but reported ``actual`` (or ``error``).
 
-    ``reason`` is ``read_back`` (a stamp did not take), or ``unexpected_label`` (before stamping, the
+    ``reason`` is ``read_back`` (a stamp did not take), ``unexpected_label`` (before stamping, the
     engine reported a label that is neither the last published version nor the one being stamped,
-    e.g. ``"default"`` after a restart).
+    e.g. ``"default"`` after a restart), or ``not_covered`` (a delta push did not bring the engine to
+    ``expected``: it did not hold what the delta is the difference from; it was quarantined, not stamped).
     """
 
     policy: PolicyId
