@@ -49,6 +49,6 @@ def test_version_module_entry_point_and_completion() -> None:
 
 
 def test_every_long_running_command_can_bind_metrics_for_a_cluster() -> None:
-    for command in ("watch", "follow", "record"):
+    for command in ("watch", "follow", "record", "rollout", "trainer"):
         text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
         assert "--metrics-host" in text and "--metrics-port" in text, command
