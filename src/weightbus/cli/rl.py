@@ -84,11 +84,11 @@ def _build(kind: type[Any], config_file: Path | None, **given: Any) -> Any:
     except ConfigError as exc:
         message = str(exc)
         if "missing required field `policy`" in message:
-            message = "--policy is required (or WEIGHTBUS_POLICY, or \"policy\" in --config)"
+            message = '--policy is required (or WEIGHTBUS_POLICY, or "policy" in --config)'
         elif "missing required field `router_url`" in message:
-            message = "--router is required (or \"router_url\" in --config)"
+            message = '--router is required (or "router_url" in --config)'
         elif "missing required field `run_dir`" in message:
-            message = "--run-dir is required (or \"run_dir\" in --config)"
+            message = '--run-dir is required (or "run_dir" in --config)'
         raise fail(message, 2) from None
 
 
@@ -98,7 +98,9 @@ def rollout_command(
     nats_url: NatsUrl = None,
     connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     policy: PolicyRequired = None,
-    task: Annotated[str | None, typer.Option("--task", help="The task, as package.module:factory." + _r("task"))] = None,
+    task: Annotated[
+        str | None, typer.Option("--task", help="The task, as package.module:factory." + _r("task"))
+    ] = None,
     group_size: Annotated[
         int | None, typer.Option("--group-size", help="Samples per prompt group." + _r("group_size"))
     ] = None,
@@ -192,7 +194,9 @@ def trainer_command(
         int | None, typer.Option("--steps", help="Train until this many steps are checkpointed." + _t("steps"))
     ] = None,
     batch: Annotated[int | None, typer.Option("--batch", help="Groups per step." + _t("batch"))] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Initial weights (the engines' --seed)." + _t("seed"))] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Initial weights (the engines' --seed)." + _t("seed"))
+    ] = None,
     lr: Annotated[float | None, typer.Option("--lr", help="Adam learning rate." + _t("lr"))] = None,
     lora_rank: Annotated[
         int | None, typer.Option("--lora-rank", help="Train and push a LoRA adapter of this rank instead.")

@@ -26,6 +26,12 @@ rollout's wait for its tracker and the drain's own run time) over the steps' tot
 engines' HTTP time inside ``update()`` (pause, labels, stamp, resume: the engines' time, not weightbus's), and
 ``push_share`` the trainer's own push (write and load the weights).
 
+Each check has a verdict (``DemoResult.checks``): ``failed`` with any problem, else ``held`` where the run gave
+it something to judge, else ``vacuous``: ``faults_survived`` without a fault injected, ``restart_alerted``
+without an engine restart, ``regression_caught`` without the rogue announcement, ``versions_forward`` with fewer
+than two versions, ``staleness_bound`` with no group trained, ``engines_in_sync`` with no version announced. A
+vacuous check is not a failure (``ok`` stays true) but it is not evidence either, and the demo says so.
+
 Learning is reported, not checked here: ``reward_first`` and ``reward_last`` are the mean rewards of the first and
 last quarter of the steps.
 """
@@ -38,11 +44,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 __all__ = [
+    "FAILED",
+    "HELD",
     "ROGUE_ID",
+    "VACUOUS",
     "DemoResult",
     "analyse",
     "overhead_summary",
+    "plot_report",
     "tradeoff_numbers",
     "write_report",
     "write_tradeoff",
@@ -74,6 +86,8 @@ class DemoResult:
     """Every ``WeightApplied`` recorded (wire JSON)."""
     alerts: list[dict[str, Any]] = field(default_factory=list)
     """Every alert recorded (wire JSON: ``VersionRegressed``, ``EngineOutOfSync``, ``FleetQuarantined``, ...)."""
+    checks: dict[str, str] = field(default_factory=dict)
+    """Each check's verdict: ``held``, ``failed``, or ``vacuous`` (nothing to judge: a fault never injected, say)."""
 
     @property
     def ok(self) -> bool:
@@ -139,100 +153,128 @@ def overhead_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def analyse(
-    config: Any,
-    *,
-    rows: list[dict[str, Any]],
-    recording: Path,
-    faults: list[dict[str, Any]],
-    engines: list[str],
-    wall_s: float,
-) -> DemoResult:
-    """Check the invariants of one run (see the module docstring)."""
-    records = _recorded(recording)
-    all_updates = sorted(
-        (r for r in records if r["event"].get("type") == "weight.updated"), key=lambda r: r.get("seq") or 0
-    )
-    updates = [r for r in all_updates if r["event"]["trainer_id"] != ROGUE_ID]
-    rogue = [r["event"] for r in all_updates if r["event"]["trainer_id"] == ROGUE_ID]
-    alerts = [r["event"] for r in records if r["event"].get("type") == "alert.version_regressed"]
-    drains = [r["event"] for r in records if r["event"].get("type") == "drain.report"]
-    applied = [r["event"] for r in records if r["event"].get("type") == "weight.applied"]
-    problems: dict[str, list[str]] = {
-        "versions_forward": [],
-        "staleness_bound": [],
-        "engines_in_sync": [],
-        "faults_survived": [],
-        "regression_caught": [],
-        "restart_alerted": [],
-    }
-    if rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in alerts):
-        problems["regression_caught"].append("the rogue v1 was not held and alerted by the rollout's tracker")
+class _Recorded:
+    """The recorded events of one run, by kind (the rogue announcement apart from the trainers')."""
 
-    versions = [r["event"]["version"] for r in updates]
-    for before, after in zip(versions, versions[1:], strict=False):
-        if after <= before:
-            problems["versions_forward"].append(f"v{after} announced after v{before}")
-    if not versions:
-        problems["versions_forward"].append("no WeightUpdated was recorded")
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        def of(kind: str) -> list[dict[str, Any]]:
+            return [r["event"] for r in records if r["event"].get("type") == kind]
 
+        all_updates = sorted(
+            (r for r in records if r["event"].get("type") == "weight.updated"), key=lambda r: r.get("seq") or 0
+        )
+        self.updates = [r for r in all_updates if r["event"]["trainer_id"] != ROGUE_ID]
+        self.rogue = [r["event"] for r in all_updates if r["event"]["trainer_id"] == ROGUE_ID]
+        self.regressions = of("alert.version_regressed")
+        self.drains = of("drain.report")
+        self.applied = of("weight.applied")
+        self.out_of_sync = of("alert.engine_out_of_sync")
+        self.alerts = [r["event"] for r in records if str(r["event"].get("type", "")).startswith("alert.")]
+        self.versions = [r["event"]["version"] for r in self.updates]
+
+
+def _versions_forward(rec: _Recorded) -> list[str]:
+    problems = [
+        f"v{after} announced after v{before}"
+        for before, after in zip(rec.versions, rec.versions[1:], strict=False)
+        if after <= before
+    ]
+    return problems if rec.versions else ["no WeightUpdated was recorded"]
+
+
+def _staleness_bound(rows: list[dict[str, Any]], max_staleness: int) -> list[str]:
+    problems = []
     for row in rows:
         for i, group in enumerate(row["groups"]):
             if group["unknown"] or group["oldest"] is None:
-                problems["staleness_bound"].append(f"step {row['step']} group {i} has a non-version label")
-            elif row["trained_under"] - group["oldest"] > config.max_staleness:
-                problems["staleness_bound"].append(
+                problems.append(f"step {row['step']} group {i} has a non-version label")
+            elif row["trained_under"] - group["oldest"] > max_staleness:
+                problems.append(
                     f"step {row['step']} group {i}: v{group['oldest']} trained under v{row['trained_under']}"
                 )
+    return problems
 
+
+def _engines_in_sync(rec: _Recorded, engines: list[str]) -> list[str]:
+    applied = rec.applied
     ok_reads = {(a["engine"], a["version"]) for a in applied if a.get("ok") and a.get("read_back") == str(a["version"])}
-    for r in updates:
-        event = r["event"]
-        for engine in event.get("engines") or engines:
-            if (engine, event["version"]) not in ok_reads:
-                problems["engines_in_sync"].append(f"v{event['version']} has no ok read-back from {engine}")
+    return [
+        f"v{r['event']['version']} has no ok read-back from {engine}"
+        for r in rec.updates
+        for engine in r["event"].get("engines") or engines
+        if (engine, r["event"]["version"]) not in ok_reads
+    ]
 
+
+def _faults_survived(rec: _Recorded, rows: list[dict[str, Any]], steps: int, faults: list[dict[str, Any]]) -> list[str]:
+    problems = []
     last_step = max((row["step"] for row in rows), default=0)
-    if last_step < config.steps:
-        problems["faults_survived"].append(f"training stopped at step {last_step} of {config.steps}")
-    for fault in faults:
-        if fault["kind"] == "failover":
-            before = [r["event"] for r in updates if r["event"]["trainer_id"] == "trainer-0"]
-            after = [r["event"] for r in updates if r["event"]["trainer_id"] == "trainer-1"]
-            if not after:
-                problems["faults_survived"].append("the replacement trainer never published")
-            elif before and after[0]["version"] <= before[-1]["version"]:
-                problems["faults_survived"].append(
-                    f"the replacement trainer published v{after[0]['version']} after v{before[-1]['version']}"
-                )
+    if last_step < steps:
+        problems.append(f"training stopped at step {last_step} of {steps}")
+    if any(fault["kind"] == "failover" for fault in faults):
+        before = [r["event"] for r in rec.updates if r["event"]["trainer_id"] == "trainer-0"]
+        after = [r["event"] for r in rec.updates if r["event"]["trainer_id"] == "trainer-1"]
+        if not after:
+            problems.append("the replacement trainer never published")
+        elif before and after[0]["version"] <= before[-1]["version"]:
+            problems.append(f"the replacement trainer published v{after[0]['version']} after v{before[-1]['version']}")
+    return problems
 
-    out_of_sync = [r["event"] for r in records if r["event"].get("type") == "alert.engine_out_of_sync"]
-    restart_alerts = []
+
+def _restart_alerts(rec: _Recorded, faults: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The alerts naming each restarted engine after its restart, and a problem per engine never alerted."""
+    alerts, problems = [], []
     for fault in faults:
         if fault["kind"] != "restart-engine":
             continue
         engine = fault.get("engine")
         named = [
             a
-            for a in out_of_sync
+            for a in rec.out_of_sync
             if a.get("reason") == "unexpected_label" and a["engine"] == engine and a["published_at"] >= fault["time"]
         ]
-        restart_alerts += named
+        alerts += named
         if not named:
-            problems["restart_alerted"].append(
+            problems.append(
                 f"engine {engine}, restarted after step {fault['step']}, was never alerted as "
                 "EngineOutOfSync(reason=unexpected_label)"
             )
+    return alerts, problems
 
-    rewards = [row["reward"] for row in rows]
-    first, last = _quarter_means(rewards)
-    lags = [r["received_at"] - r["event"]["published_at"] for r in updates if r.get("received_at")]
+
+#: Each check's verdict: every problem is a failure; a check with nothing to judge is vacuous, not held.
+HELD, FAILED, VACUOUS = "held", "failed", "vacuous"
+
+
+def _verdicts(
+    problems: dict[str, list[str]], rec: _Recorded, rows: list[dict[str, Any]], faults: list[dict[str, Any]]
+) -> dict[str, str]:
+    kinds = {fault["kind"] for fault in faults}
+    exercised = {
+        "versions_forward": len(rec.versions) >= 2,
+        "staleness_bound": any(row["groups"] for row in rows),
+        "engines_in_sync": bool(rec.updates),
+        "faults_survived": bool(faults),
+        "regression_caught": bool(rec.rogue),
+        "restart_alerted": "restart-engine" in kinds,
+    }
+    return {name: FAILED if problems[name] else HELD if exercised[name] else VACUOUS for name in problems}
+
+
+def _summary(
+    rec: _Recorded,
+    rows: list[dict[str, Any]],
+    restart_alerts: list[dict[str, Any]],
+    wall_s: float,
+) -> dict[str, Any]:
+    first, last = _quarter_means([row["reward"] for row in rows])
+    lags = [r["received_at"] - r["event"]["published_at"] for r in rec.updates if r.get("received_at")]
     tokens = rows[-1]["tokens_generated"] if rows else 0
     wasted = rows[-1]["tokens_wasted"] if rows else 0
     staleness = [row["staleness_avg"] for row in rows if row["staleness_avg"] is not None]
-    summary = {
-        "steps": last_step,
-        "final_version": versions[-1] if versions else None,
+    return {
+        "steps": max((row["step"] for row in rows), default=0),
+        "final_version": rec.versions[-1] if rec.versions else None,
         "reward_first": first,
         "reward_last": last,
         "staleness_avg": statistics.fmean(staleness) if staleness else None,
@@ -242,8 +284,8 @@ def analyse(
         "tokens_wasted_share": wasted / tokens if tokens else None,
         **overhead_summary(rows),
         "wall_s": wall_s,
-        "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in drains),
-        "engine_out_of_sync_alerts": len(out_of_sync),
+        "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in rec.drains),
+        "engine_out_of_sync_alerts": len(rec.out_of_sync),
         "restart_alerts": [
             {
                 "engine": a["engine"],
@@ -253,18 +295,56 @@ def analyse(
             }
             for a in restart_alerts
         ],
-        "regression_alerts": len(alerts),
+        "regression_alerts": len(rec.regressions),
     }
-    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    fields = msgspec.structs.asdict(config) if isinstance(config, msgspec.Struct) else asdict(config)
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()}
+
+
+def analyse(
+    config: Any,
+    *,
+    rows: list[dict[str, Any]],
+    recording: Path,
+    faults: list[dict[str, Any]],
+    engines: list[str],
+    wall_s: float,
+) -> DemoResult:
+    """Check the invariants of one run (see the module docstring).
+
+    Args:
+        config: the run's config (its ``steps`` and ``max_staleness`` are checked against).
+        rows: the trainer's ``steps.jsonl`` records.
+        recording: the recorder's JSON lines of the bus.
+        faults: the faults injected (kind, step, time, and ``engine`` for an engine restart).
+        engines: the engines' URLs (for updates that name none).
+        wall_s: the run's wall time.
+    """
+    rec = _Recorded(_recorded(recording))
+    restart_alerts, restart_problems = _restart_alerts(rec, faults)
+    problems: dict[str, list[str]] = {
+        "versions_forward": _versions_forward(rec),
+        "staleness_bound": _staleness_bound(rows, config.max_staleness),
+        "engines_in_sync": _engines_in_sync(rec, engines),
+        "faults_survived": _faults_survived(rec, rows, config.steps, faults),
+        "regression_caught": [],
+        "restart_alerted": restart_problems,
+    }
+    if rec.rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in rec.regressions):
+        problems["regression_caught"].append("the rogue v1 was not held and alerted by the rollout's tracker")
     return DemoResult(
         rows=rows,
         problems=problems,
         faults=faults,
-        summary=summary,
-        config=cfg,
-        announced=[r["event"] for r in updates],
-        read_backs=applied,
-        alerts=[r["event"] for r in records if str(r["event"].get("type", "")).startswith("alert.")],
+        summary=_summary(rec, rows, restart_alerts, wall_s),
+        config=_config_dict(config),
+        announced=[r["event"] for r in rec.updates],
+        read_backs=rec.applied,
+        alerts=rec.alerts,
+        checks=_verdicts(problems, rec, rows, faults),
     )
 
 
@@ -308,10 +388,20 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
         "steps": steps,
     }
     (out_dir / "report.json").write_text(json.dumps(body, indent=2) + "\n")
+    fig = plot_report(result)
+    fig.savefig(out_dir / "report.png", dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def plot_report(result: DemoResult) -> Any:
+    """The report's figure: reward per step, and staleness per step on integer ticks with the bound drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 4))
     xs = [row["step"] for row in result.rows]
@@ -334,6 +424,12 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
         ls=":",
         label="max staleness judged (recycled too)",
     )
+    bound = result.config.get("max_staleness")
+    if bound is not None:
+        ax2.axhline(bound, color="tab:red", lw=1, alpha=0.6, label=f"bound (max_staleness {bound})")
+        ax2.set_ylim(bottom=0, top=max(ax2.get_ylim()[1], bound + 0.5))
+    # Staleness counts versions: whole numbers only.
+    ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_ylabel("staleness (versions)", color="tab:orange")
     ax2.legend(loc="lower right", fontsize=7)
     for fault in result.faults:
@@ -343,8 +439,7 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
         )
     ax.set_title("weightbus demo: reward and staleness per step")
     fig.tight_layout()
-    fig.savefig(out_dir / "report.png", dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def _training_clock(rows: list[dict[str, Any]]) -> list[float]:

@@ -249,8 +249,15 @@ class _Rollout:
             drain_s=timer.seconds,
         )
 
+    async def serve(self, tracker: asyncio.Future[VersionTracker]) -> Any:
+        """Subscribe to the batch subject; requests wait for ``tracker``."""
+
+        async def on_request(request: BatchRequest) -> BatchReply:
+            return await self.handle(await asyncio.shield(tracker), request)
+
+        return await serve_batches(self.bus, self.config.policy, on_request)
+
     async def run(self, tracker: VersionTracker) -> None:
-        sub = await serve_batches(self.bus, self.config.policy, lambda request: self.handle(tracker, request))
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
         if self.config.follow_lora:
@@ -260,7 +267,6 @@ class _Rollout:
         finally:
             for task in tasks:
                 task.cancel()
-            await sub.unsubscribe()
 
 
 async def run_rollout(
@@ -294,7 +300,15 @@ async def run_rollout(
     )
     try:
         rollout = _Rollout(config, task, bus, registry, progress)
-        async with VersionTracker(bus, config.policy, registry=registry) as tracker:
-            await rollout.run(tracker)
+        # The batch subject first: a refusal of it must end the rollout before anything else runs on the connection.
+        started: asyncio.Future[VersionTracker] = asyncio.get_running_loop().create_future()
+        sub = await rollout.serve(started)
+        try:
+            async with VersionTracker(bus, config.policy, registry=registry) as tracker:
+                started.set_result(tracker)
+                await rollout.run(tracker)
+        finally:
+            started.cancel()
+            await sub.unsubscribe()
     finally:
         await bus.close()

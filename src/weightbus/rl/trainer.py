@@ -231,9 +231,7 @@ async def run_trainer(
     """
     config.run_path.mkdir(parents=True, exist_ok=True)
     trainer = _Trainer(config)
-    bus = await connect(
-        config.nats_url, name=f"weightbus-trainer-{config.policy}", metrics=metrics, options=connection
-    )
+    bus = await connect(config.nats_url, name=f"weightbus-trainer-{config.policy}", metrics=metrics, options=connection)
     # One client for every engine request, timed from outside weightbus by the meter's hooks.
     http = httpx.AsyncClient(event_hooks=trainer.meter.http_hooks(), timeout=30.0)
     steps_log = (config.run_path / "steps.jsonl").open("a", encoding="utf-8")
