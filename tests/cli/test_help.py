@@ -7,7 +7,20 @@ from typer.testing import CliRunner
 
 from weightbus.cli import app
 
-COMMANDS = ["server", "schema", "record", "replay", "publish", "status", "watch", "follow", "engine", "demo"]
+COMMANDS = [
+    "server",
+    "schema",
+    "record",
+    "replay",
+    "publish",
+    "status",
+    "watch",
+    "follow",
+    "engine",
+    "rollout",
+    "trainer",
+    "demo",
+]
 
 
 def test_top_level_help_lists_every_command() -> None:
