@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from weightbus.process.demo import FAULTS, DemoConfig
-from weightbus.rl.report import ROGUE_ID, analyse, plot_report, tradeoff_numbers, write_report, write_tradeoff
+from weightbus.rl.report import ROGUE_ID, analyse
+from weightbus.rl.writers import plot_report, tradeoff_numbers, write_report, write_tradeoff
 
 ENGINES = ["http://e0", "http://e1"]
 

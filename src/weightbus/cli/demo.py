@@ -142,7 +142,7 @@ def _verdict(result: DemoResult) -> None:
 
 def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path) -> None:
     from weightbus.process.demo import DemoConfig, DemoError, run_demo
-    from weightbus.rl.report import write_tradeoff
+    from weightbus.rl.writers import write_tradeoff
 
     results = {}
     for bound in bounds:

@@ -19,7 +19,7 @@ from msgspec import Meta
 
 __all__ = ["ConfigError", "RolloutConfig", "TrainerConfig", "dump_config", "load_config", "make_config"]
 
-C = TypeVar("C", bound=msgspec.Struct)
+_C = TypeVar("_C", bound=msgspec.Struct)
 
 #: The client default; weightbus never starts a server on 4222 itself.
 _DEFAULT_NATS = "nats://127.0.0.1:4222"
@@ -102,7 +102,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
         return Path(self.run_dir)
 
 
-def make_config(kind: type[C], base: C | None = None, **given: object) -> C:
+def make_config(kind: type[_C], base: _C | None = None, **given: object) -> _C:
     """A ``kind`` from ``base`` (or the defaults) with every non-None value of ``given`` set, validated.
 
     Raises:
@@ -116,7 +116,7 @@ def make_config(kind: type[C], base: C | None = None, **given: object) -> C:
         raise ConfigError(str(exc)) from None
 
 
-def load_config(path: Path, kind: type[C]) -> C:
+def load_config(path: Path, kind: type[_C]) -> _C:
     """Read a ``kind`` from the JSON file at ``path``.
 
     Raises:

@@ -30,7 +30,8 @@ from weightbus.process.demo.children import (
 )
 from weightbus.process.demo.config import DemoConfig
 from weightbus.process.demo.faults import Injector, rogue_publish
-from weightbus.rl.report import DemoResult, analyse, write_report
+from weightbus.rl.report import DemoResult, analyse
+from weightbus.rl.writers import write_report
 
 __all__ = ["run_demo"]
 
