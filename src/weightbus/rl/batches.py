@@ -17,6 +17,7 @@ both, and the rollout's answers through ``allow_responses``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -24,6 +25,7 @@ from typing import Any, Final
 import msgspec
 
 from weightbus.bus.subjects import validate_policy
+from weightbus.errors import PermissionDeniedError
 from weightbus.schemas.rollouts import Group
 
 __all__ = [
@@ -140,7 +142,15 @@ async def serve_batches(bus: Any, policy: str, handler: Callable[[BatchRequest],
         await nc.flush()
         return sub
 
-    return await bus.guard(_subscribe_to(subject), subscribe())
+    # The guard interrupts what it awaits on a refusal; a flush it cancelled would make nats-py's read loop fail
+    # on the late PONG, so it awaits a shield and the round trips always finish.
+    registered = asyncio.ensure_future(subscribe())
+    try:
+        return await bus.guard(_subscribe_to(subject), asyncio.shield(registered))
+    except PermissionDeniedError:
+        with contextlib.suppress(Exception):
+            await registered
+        raise
 
 
 async def request_batch(bus: Any, policy: str, request: BatchRequest, *, timeout: float) -> BatchReply:
