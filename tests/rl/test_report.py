@@ -260,3 +260,21 @@ def test_the_demo_injects_every_fault_at_spread_steps_by_default() -> None:
     # Short runs still inject each fault before the last step.
     short = DemoConfig(steps=3).fault_plan()
     assert len(short) == 4 and all(1 <= at < 3 for at in short.values())
+
+
+def test_the_demo_summary_lists_vacuous_checks_apart_from_held_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from weightbus.cli.demo import _verdict
+
+    config = DemoConfig(steps=2, out_dir=None, faults=False)
+    rows = [_row(1, 2, [1, 2]), _row(2, 3, [2, 3])]
+    result = analyse(
+        config, rows=rows, recording=_write(tmp_path / "b.jsonl", _healthy()), faults=[], engines=ENGINES, wall_s=1.0
+    )
+    _verdict(result)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "held: versions_forward, staleness_bound, engines_in_sync",
+        "vacuous (not exercised by this run): faults_survived, regression_caught, restart_alerted",
+    ]
