@@ -91,7 +91,9 @@ def _start(config: DemoConfig, layout: Layout, procs: dict[str, Process]) -> Non
     procs["trainer"] = layout.trainer(config, 0).start()
 
 
-def _follow(config: DemoConfig, layout: Layout, procs: dict[str, Process], injector: Injector, emit: Any) -> None:
+def _follow(
+    config: DemoConfig, layout: Layout, procs: dict[str, Process], injector: Injector, emit: Callable[[str], None]
+) -> None:
     """Print each step as the trainer records it and inject the faults planned after it, until the last step."""
     plan = config.fault_plan()
     shown = consumed = 0
