@@ -92,7 +92,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
-    command = ["weightbus", "demo", "--steps", str(args.steps), "--seed", str(args.seed)]
+    # A clean run: the faults' recoveries (a failover's redone step, a NATS restart) are not a step's normal cost.
+    command = ["weightbus", "demo", "--steps", str(args.steps), "--seed", str(args.seed), "--no-faults"]
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="weightbus-demo-overhead-") as tmp:
         started = time.monotonic()

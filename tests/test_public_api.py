@@ -28,6 +28,9 @@ PACKAGES = [
     "weightbus.rl.task",
     "weightbus.rl.batches",
     "weightbus.rl.report",
+    "weightbus.rl.writers",
+    "weightbus.rl.config",
+    "weightbus.process.progress",
     "weightbus.process.overhead",
 ]
 

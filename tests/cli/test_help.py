@@ -7,7 +7,20 @@ from typer.testing import CliRunner
 
 from weightbus.cli import app
 
-COMMANDS = ["server", "schema", "record", "replay", "publish", "status", "watch", "follow", "engine", "demo"]
+COMMANDS = [
+    "server",
+    "schema",
+    "record",
+    "replay",
+    "publish",
+    "status",
+    "watch",
+    "follow",
+    "engine",
+    "rollout",
+    "trainer",
+    "demo",
+]
 
 
 def test_top_level_help_lists_every_command() -> None:
@@ -49,6 +62,6 @@ def test_version_module_entry_point_and_completion() -> None:
 
 
 def test_every_long_running_command_can_bind_metrics_for_a_cluster() -> None:
-    for command in ("watch", "follow", "record"):
+    for command in ("watch", "follow", "record", "rollout", "trainer"):
         text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
         assert "--metrics-host" in text and "--metrics-port" in text, command

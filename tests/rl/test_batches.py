@@ -37,13 +37,13 @@ async def test_a_batch_larger_than_max_payload_arrives_whole(nats_url: str, poli
         seen.append(request)
         return BatchReply(groups=groups[: request.size], judged_at=7, kept=request.size)
 
-    sub = await serve_batches(server.client, policy, handler)
+    sub = await serve_batches(server, policy, handler)
     try:
         for attempt in range(5):
             # Observed about once in ten runs: a "no responders" for a request published after the responder's
             # subscription was flushed. The trainer retries such answers; so does this test, boundedly.
             try:
-                reply = await request_batch(client.client, policy, BatchRequest(size=4, min_version=7), timeout=10)
+                reply = await request_batch(client, policy, BatchRequest(size=4, min_version=7), timeout=10)
                 break
             except NoRolloutError:
                 assert attempt < 4
@@ -62,6 +62,6 @@ async def test_no_rollout_is_a_typed_error_not_a_hang(nats_url: str, policy: str
     client = await connect(nats_url)
     try:
         with pytest.raises(NoRolloutError):
-            await request_batch(client.client, policy, BatchRequest(size=1), timeout=5)
+            await request_batch(client, policy, BatchRequest(size=1), timeout=5)
     finally:
         await client.close()

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from weightbus.process.demo import DemoConfig
-from weightbus.rl.report import ROGUE_ID, analyse, tradeoff_numbers, write_report, write_tradeoff
+from weightbus.process.demo import FAULTS, DemoConfig
+from weightbus.rl.report import ROGUE_ID, analyse
+from weightbus.rl.writers import plot_report, tradeoff_numbers, write_report, write_tradeoff
 
 ENGINES = ["http://e0", "http://e1"]
 
@@ -192,3 +193,88 @@ def test_tradeoff_numbers_and_plot(tmp_path: Path) -> None:
     write_tradeoff(results, tmp_path / "out")
     assert (tmp_path / "out" / "staleness-tradeoff.png").stat().st_size > 0
     assert json.loads((tmp_path / "out" / "staleness-tradeoff.json").read_text())["2"]["ok"] is True
+
+
+def test_a_check_with_nothing_to_judge_is_vacuous_not_held(tmp_path: Path) -> None:
+    # A clean run (no fault, no rogue announcement): the fault checks have no problem, yet they proved nothing.
+    config = DemoConfig(steps=2, out_dir=None, faults=False)
+    rows = [_row(1, 2, [1, 2]), _row(2, 3, [2, 3])]
+    recording = _write(tmp_path / "bus.jsonl", _healthy())
+    result = analyse(config, rows=rows, recording=recording, faults=[], engines=ENGINES, wall_s=1.0)
+    assert result.ok
+    assert result.checks == {
+        "versions_forward": "held",
+        "staleness_bound": "held",
+        "engines_in_sync": "held",
+        "faults_survived": "vacuous",
+        "regression_caught": "vacuous",
+        "restart_alerted": "vacuous",
+    }
+    # With the faults injected and the rogue announced and alerted, the same checks are exercised.
+    restart = {"kind": "restart-engine", "step": 1, "time": 150.0, "engine": ENGINES[0]}
+    rogue = _updated(50, 1, trainer=ROGUE_ID)
+    held = {
+        "type": "alert.version_regressed",
+        "policy": "demo",
+        "current": 3,
+        "incoming": 1,
+        "action": "hold",
+        "published_at": 160.0,
+    }
+    records = [*_healthy(), _out_of_sync(40, ENGINES[0], 151.0), rogue, {"seq": 51, "event": held}]
+    recording = _write(tmp_path / "faults.jsonl", records)
+    faults = [{"kind": "failover", "step": 1, "time": 140.0}, restart]
+    result = analyse(config, rows=rows, recording=recording, faults=faults, engines=ENGINES, wall_s=1.0)
+    assert result.checks["restart_alerted"] == "held" and result.checks["regression_caught"] == "held"
+    # The failover's replacement never published: a failure, never vacuous.
+    assert result.checks["faults_survived"] == "failed"
+    assert json.loads(json.dumps(result.checks))  # goes into report.json as is
+
+
+def test_the_staleness_axis_has_integer_ticks_and_a_line_at_the_bound(tmp_path: Path) -> None:
+    config = DemoConfig(steps=2, max_staleness=2, out_dir=None)
+    rows = [_row(1, 2, [1, 2]), _row(2, 3, [2, 3])]
+    result = analyse(
+        config, rows=rows, recording=_write(tmp_path / "b.jsonl", _healthy()), faults=[], engines=ENGINES, wall_s=1.0
+    )
+    fig = plot_report(result)
+    try:
+        staleness = fig.axes[1]
+        ticks = [t for t in staleness.get_yticks() if staleness.get_ylim()[0] <= t <= staleness.get_ylim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+        bounds = [line for line in staleness.get_lines() if list(line.get_ydata()) == [2, 2]]
+        assert len(bounds) == 1
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_the_demo_injects_every_fault_at_spread_steps_by_default() -> None:
+    plan = DemoConfig(steps=80).fault_plan()
+    assert list(plan) == list(FAULTS) and list(plan.values()) == [16, 32, 48, 64]
+    assert DemoConfig(steps=80, faults=False).fault_plan() == {}
+    # An explicit step wins, with or without the others.
+    assert DemoConfig(steps=80, faults=False, kill_nats_at=5).fault_plan() == {"kill-nats": 5}
+    assert DemoConfig(steps=80, failover_at=3).fault_plan()["failover"] == 3
+    # Short runs still inject each fault before the last step.
+    short = DemoConfig(steps=3).fault_plan()
+    assert len(short) == 4 and all(1 <= at < 3 for at in short.values())
+
+
+def test_the_demo_summary_lists_vacuous_checks_apart_from_held_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from weightbus.cli.demo import _verdict
+
+    config = DemoConfig(steps=2, out_dir=None, faults=False)
+    rows = [_row(1, 2, [1, 2]), _row(2, 3, [2, 3])]
+    result = analyse(
+        config, rows=rows, recording=_write(tmp_path / "b.jsonl", _healthy()), faults=[], engines=ENGINES, wall_s=1.0
+    )
+    _verdict(result)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "held: versions_forward, staleness_bound, engines_in_sync",
+        "vacuous (not exercised by this run): faults_survived, regression_caught, restart_alerted",
+    ]

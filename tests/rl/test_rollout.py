@@ -21,12 +21,12 @@ pytestmark = pytest.mark.torch
 async def test_a_group_is_stamped_from_meta_info_and_carries_the_engine_logprobs() -> None:
     state = EngineState(model=WindowLM(seed=0), weight_version="12")
     task = ReverseDigits(3)
-    config = RolloutConfig(nats_url="nats://unused", router_url="http://engine", policy="p", task=task, group_size=4)
+    config = RolloutConfig(nats_url="nats://unused", router_url="http://engine", policy="p", group_size=4)
     transport = httpx.ASGITransport(app=create_app(state))
     async with httpx.AsyncClient(transport=transport, base_url="http://engine") as http:
-        group = await generate_group(http, config, Group(prompt_index=0), "407.", itertools.count(5))
+        group = await generate_group(http, config, task, Group(prompt_index=0), "407.", itertools.count(5))
         state.weight_version = "default"
-        unknown = await generate_group(http, config, Group(prompt_index=1), "123.", itertools.count())
+        unknown = await generate_group(http, config, task, Group(prompt_index=1), "123.", itertools.count())
     assert [s.index for s in group.samples] == [5, 6, 7, 8]
     assert group.status == SampleStatus.COMPLETED and group.metadata["prompt"] == "407."
     for sample in group.samples:

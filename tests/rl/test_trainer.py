@@ -81,7 +81,7 @@ def test_a_far_off_policy_token_with_positive_advantage_is_clipped_out() -> None
 
 
 def test_a_replacement_trainer_resumes_weights_optimizer_and_step(tmp_path: Path) -> None:
-    config = TrainerConfig(nats_url="nats://unused", router_url="http://unused", policy="p", run_dir=tmp_path)
+    config = TrainerConfig(nats_url="nats://unused", router_url="http://unused", policy="p", run_dir=str(tmp_path))
     first = _Trainer(config)
     group = _group(first.policy, [[33, 32, 31], [1, 2, 3]], [1.0, 0.0])
     for _ in range(3):
@@ -98,7 +98,7 @@ def test_a_replacement_trainer_resumes_weights_optimizer_and_step(tmp_path: Path
     assert second.optimizer.state_dict()["state"][0]["step"] == first.optimizer.state_dict()["state"][0]["step"]
     assert not (tmp_path / "checkpoint.tmp").exists()
     # A fresh run directory starts from the seed instead.
-    fresh = _Trainer(TrainerConfig(nats_url="", router_url="", policy="p", run_dir=tmp_path / "other"))
+    fresh = _Trainer(TrainerConfig(nats_url="", router_url="", policy="p", run_dir=str(tmp_path / "other")))
     assert fresh.step == 0
     resumed = second.policy.module.state_dict()["fc.weight"]
     assert not torch.equal(fresh.policy.module.state_dict()["fc.weight"], resumed)

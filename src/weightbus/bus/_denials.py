@@ -41,6 +41,8 @@ class Denials:
 
     def __init__(self) -> None:
         self._waiters: list[_Waiter] = []
+        self.last_caught = False
+        """Whether the last refusal recorded interrupted a guarded operation (which then reports it)."""
 
     def record(self, message: str) -> bool:
         """Parse a server error; interrupt the operations it refuses. True when it was a permission refusal."""
@@ -49,9 +51,11 @@ class Denials:
             return False
         action = "publish" if found.group("kind").lower() == "publish" else "subscribe"
         subject = found.group("subject")
+        self.last_caught = False
         for waiter in list(self._waiters):
             if waiter.refused is None and waiter.match(action, subject):
                 waiter.refused = (action, subject)
+                self.last_caught = True
                 if waiter.task is not None:
                     waiter.task.cancel()
         return True

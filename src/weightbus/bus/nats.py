@@ -165,7 +165,10 @@ async def connect(
     async def _error(exc: Exception) -> None:
         text = str(exc)
         if denials.record(text):
-            log.warning("NATS refused an action (permissions)", extra={"error": opts.redact(text, url)})
+            # A refusal a guarded operation was waiting for becomes its PermissionDeniedError, which the caller
+            # reports; a warning as well would say it twice.
+            level = logging.DEBUG if denials.last_caught else logging.WARNING
+            log.log(level, "NATS refused an action (permissions)", extra={"error": opts.redact(text, url)})
             return
         if client.is_connecting or not client.is_connected:
             cause, _ = _classify(exc, shown)

@@ -1,148 +1,269 @@
 """``weightbus rollout`` and ``weightbus trainer``: the two processes of the RL loop, each launchable alone.
 
-torch is imported by the trainer command only, after option parsing. Exit codes: 2 bad option or task,
-3 fenced (another trainer took the counter over), 4 an engine push failed or is out of sync, 5 NATS unreachable.
+Each command builds one config object (:class:`weightbus.rl.config.RolloutConfig` / ``TrainerConfig``): from
+``--config FILE`` (JSON) if given, then every flag given on the command line on top; a flag's default is the
+field's. ``--policy`` is required (or ``WEIGHTBUS_POLICY``, or ``policy`` in the file). Each prints a progress line
+per step on stderr (a bar for the trainer on a terminal); ``--quiet`` silences it.
+
+torch is imported by the trainer command only, after option parsing. Exit codes: 2 bad option, config or task,
+3 fenced (another trainer took the counter over), 4 an engine push failed or is out of sync, 5 NATS unreachable or
+a permission refusal on a subject the process cannot work without.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Final
 
+import msgspec
 import typer
 
 from weightbus.bus.options import ConnectOptions
 from weightbus.cli._common import (
-    DEFAULT_NATS,
+    MetricsHostOption,
     MetricsPortOption,
-    NatsOption,
-    PolicyOption,
     VerboseOption,
+    check_nats_url,
     fail,
     run_async,
     setup_logging,
     start_metrics,
     with_connection,
 )
+from weightbus.rl.config import ConfigError, RolloutConfig, TrainerConfig, load_config, make_config
 
-__all__ = ["register"]
+__all__ = ["EXIT_ENGINE", "EXIT_FENCED", "EXIT_NATS", "register"]
 
-RouterUrl = Annotated[str, typer.Option("--router", help="The SGLang router (http://host:port).")]
-TaskOption = Annotated[
-    str, typer.Option("--task", help="The task, as package.module:factory (default: reverse 3 digits).")
+#: Another trainer took the counter over.
+EXIT_FENCED: Final = 3
+#: An engine push failed or an engine is out of sync.
+EXIT_ENGINE: Final = 4
+#: NATS unreachable, or the user may not use a subject the process needs (``PermissionDeniedError``).
+EXIT_NATS: Final = 5
+
+
+def _default(kind: type[Any], name: str) -> str:
+    """The field's default as help text: the flag has none of its own, so the config's shows."""
+    (field,) = (f for f in msgspec.structs.fields(kind) if f.name == name)
+    return f" (default: {field.default})"
+
+
+def _r(name: str) -> str:
+    return _default(RolloutConfig, name)
+
+
+def _t(name: str) -> str:
+    return _default(TrainerConfig, name)
+
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="JSON file of the process's config (flags given override its fields).", exists=True),
 ]
+RouterUrl = Annotated[str | None, typer.Option("--router", help="The SGLang router (http://host:port).")]
+NatsUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--nats",
+        envvar="WEIGHTBUS_NATS",
+        callback=check_nats_url,
+        help="NATS URL (or several, comma-separated) (default: nats://127.0.0.1:4222).",
+    ),
+]
+PolicyRequired = Annotated[
+    str | None,
+    typer.Option("--policy", envvar="WEIGHTBUS_POLICY", show_envvar=True, help="Policy id (required)."),
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")]
 
 
-def _task(path: str):  # noqa: ANN202 - the Task protocol, imported lazily
-    from weightbus.rl.task import TaskLoadError, load_task
-
+def _build(kind: type[Any], config_file: Path | None, **given: Any) -> Any:
     try:
-        return load_task(path)
-    except TaskLoadError as exc:
-        raise fail(str(exc), 2) from None
+        base = load_config(config_file, kind) if config_file is not None else None
+        return make_config(kind, base, **given)
+    except ConfigError as exc:
+        message = str(exc)
+        if "missing required field `policy`" in message:
+            message = '--policy is required (or WEIGHTBUS_POLICY, or "policy" in --config)'
+        elif "missing required field `router_url`" in message:
+            message = '--router is required (or "router_url" in --config)'
+        elif "missing required field `run_dir`" in message:
+            message = '--run-dir is required (or "run_dir" in --config)'
+        raise fail(message, 2) from None
 
 
 def rollout_command(
-    router: RouterUrl,
-    nats: NatsOption = DEFAULT_NATS,
+    config_file: ConfigOption = None,
+    router_url: RouterUrl = None,
+    nats_url: NatsUrl = None,
     connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
-    policy: PolicyOption = "policy",
-    task: TaskOption = "weightbus.rl.task:ReverseDigits",
-    group_size: Annotated[int, typer.Option("--group-size", min=2, help="Samples per prompt group.")] = 8,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Groups per training batch.")] = 8,
-    in_flight: Annotated[int, typer.Option("--in-flight", min=1, help="Prompt groups generated at once.")] = 4,
-    max_staleness: Annotated[int, typer.Option("--max-staleness", min=0, help="Largest staleness kept.")] = 1,
-    on_stale: Annotated[str, typer.Option("--on-stale", help="recycle or drop what is not kept.")] = "recycle",
-    lora: Annotated[
-        bool, typer.Option("--lora", help="Generate with the LoRA adapter each announced version names.")
-    ] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seeds the prompt stream.")] = 0,
+    policy: PolicyRequired = None,
+    task: Annotated[
+        str | None, typer.Option("--task", help="The task, as package.module:factory." + _r("task"))
+    ] = None,
+    group_size: Annotated[
+        int | None, typer.Option("--group-size", help="Samples per prompt group." + _r("group_size"))
+    ] = None,
+    batch: Annotated[int | None, typer.Option("--batch", help="Groups per training batch." + _r("batch"))] = None,
+    in_flight: Annotated[
+        int | None, typer.Option("--in-flight", help="Prompt groups generated at once." + _r("in_flight"))
+    ] = None,
+    max_staleness: Annotated[
+        int | None, typer.Option("--max-staleness", help="Largest staleness kept." + _r("max_staleness"))
+    ] = None,
+    on_stale: Annotated[
+        str | None, typer.Option("--on-stale", help="recycle or drop what is not kept." + _r("on_stale"))
+    ] = None,
+    follow_lora: Annotated[
+        bool | None,
+        typer.Option(
+            "--follow-lora/--no-follow-lora",
+            help="Generate with the LoRA adapter each announced version names." + _r("follow_lora"),
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seeds the prompt stream." + _r("seed"))] = None,
     metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = None,  # type: ignore[assignment]
+    quiet: QuietOption = False,
     verbose: VerboseOption = 0,
 ) -> None:
     """Keep prompt groups in flight through the router, judge drains against the live version, serve batches."""
     setup_logging(verbose)
-    if on_stale not in ("recycle", "drop"):
-        raise fail("--on-stale must be recycle or drop", 2)
-    from prometheus_client import CollectorRegistry
-
-    from weightbus.errors import BusConnectError
-    from weightbus.rl.rollout import RolloutConfig, run_rollout
-
-    config = RolloutConfig(
-        nats_url=nats,
-        connection=connection,
-        router_url=router,
+    config: RolloutConfig = _build(
+        RolloutConfig,
+        config_file,
+        router_url=router_url,
+        nats_url=nats_url,
         policy=policy,
-        task=_task(task),
+        task=task,
         group_size=group_size,
         batch=batch,
         in_flight=in_flight,
         max_staleness=max_staleness,
         on_stale=on_stale,
-        lora=lora,
+        follow_lora=follow_lora,
         seed=seed,
-        freeze_heap=True,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
-    registry = CollectorRegistry()
-    start_metrics(metrics_port, registry)
+    from prometheus_client import CollectorRegistry
+
+    from weightbus.errors import BusConnectError, PermissionDeniedError
+    from weightbus.process.progress import ProgressPrinter
+    from weightbus.rl.rollout import RolloutProgress, run_rollout
+    from weightbus.rl.task import TaskLoadError, load_task
+
     try:
-        run_async(run_rollout(config, registry=registry))
-    except BusConnectError as exc:
-        raise fail(str(exc), 5) from None
+        loaded = load_task(config.task)
+    except TaskLoadError as exc:
+        raise fail(str(exc), 2) from None
+    registry = CollectorRegistry()
+    start_metrics(config.metrics_port, registry, config.metrics_host)
+    with ProgressPrinter("rollout", quiet=quiet) as printer:
+
+        def progress(p: RolloutProgress) -> None:
+            printer.report(
+                {
+                    "batch": p.batches,
+                    "judged_at": p.judged_at,
+                    "kept": p.kept,
+                    "recycled": p.recycled,
+                    "dropped": p.dropped,
+                    "staleness_max": p.staleness_max,
+                    "tokens": p.tokens_generated,
+                }
+            )
+
+        try:
+            run_async(run_rollout(config, task=loaded, connection=connection, registry=registry, progress=progress))
+        except (BusConnectError, PermissionDeniedError) as exc:
+            raise fail(str(exc), EXIT_NATS) from None
 
 
 def trainer_command(
-    router: RouterUrl,
-    run_dir: Annotated[Path, typer.Option("--run-dir", help="Checkpoint, steps.jsonl and weight files.")],
-    nats: NatsOption = DEFAULT_NATS,
-    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
-    policy: PolicyOption = "policy",
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Train until this many steps are checkpointed.")] = 40,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Groups per step.")] = 8,
-    seed: Annotated[int, typer.Option("--seed", help="Initial weights (the engines' --seed).")] = 0,
-    lr: Annotated[float, typer.Option("--lr", help="Adam learning rate.")] = 0.05,
-    lora_rank: Annotated[
-        int | None, typer.Option("--lora", help="Train and push a LoRA adapter of this rank instead.")
+    config_file: ConfigOption = None,
+    router_url: RouterUrl = None,
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", help="Checkpoint, steps.jsonl and weight files (required).")
     ] = None,
-    lora_name: Annotated[
-        str, typer.Option("--lora-name", help="Adapter name prefix on the engines (<name>-v<version>).")
-    ] = "policy-lora",
-    trainer_id: Annotated[str | None, typer.Option("--trainer-id", help="Identity on the bus.")] = None,
+    nats_url: NatsUrl = None,
+    connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
+    policy: PolicyRequired = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", help="Train until this many steps are checkpointed." + _t("steps"))
+    ] = None,
+    batch: Annotated[int | None, typer.Option("--batch", help="Groups per step." + _t("batch"))] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Initial weights (the engines' --seed)." + _t("seed"))
+    ] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="Adam learning rate." + _t("lr"))] = None,
+    lora_rank: Annotated[
+        int | None, typer.Option("--lora-rank", help="Train and push a LoRA adapter of this rank instead.")
+    ] = None,
+    lora_prefix: Annotated[
+        str | None,
+        typer.Option(
+            "--lora-prefix", help="Adapter name prefix on the engines (<prefix>-v<version>)." + _t("lora_prefix")
+        ),
+    ] = None,
+    trainer_id: Annotated[
+        str | None, typer.Option("--trainer-id", help="Identity on the bus (default: host:pid).")
+    ] = None,
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = None,  # type: ignore[assignment]
+    quiet: QuietOption = False,
     verbose: VerboseOption = 0,
 ) -> None:
     """Train the policy on drained batches; after each step push, stamp, verify and publish the weights."""
     setup_logging(verbose)
-    from weightbus.errors import BusConnectError, EngineError, FencedError
-
-    try:
-        from weightbus.rl.trainer import TrainerConfig, run_trainer
-    except ImportError as exc:
-        raise fail(f"the trainer needs the 'rl' extra (torch, safetensors): {exc}", 2) from None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = TrainerConfig(
-        nats_url=nats,
-        connection=connection,
-        router_url=router,
+    config: TrainerConfig = _build(
+        TrainerConfig,
+        config_file,
+        router_url=router_url,
+        run_dir=str(run_dir) if run_dir is not None else None,
+        nats_url=nats_url,
         policy=policy,
-        run_dir=run_dir,
         steps=steps,
         batch=batch,
         seed=seed,
         lr=lr,
         lora_rank=lora_rank,
-        lora_name=lora_name,
+        lora_prefix=lora_prefix,
         trainer_id=trainer_id,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
+    from prometheus_client import CollectorRegistry
+
+    from weightbus.bus.metrics import BusMetrics
+    from weightbus.errors import BusConnectError, EngineError, FencedError, PermissionDeniedError
+    from weightbus.process.progress import ProgressPrinter
+
     try:
-        version = run_async(run_trainer(config))
-    except FencedError as exc:
-        raise fail(str(exc), 3) from None
-    except EngineError as exc:
-        raise fail(str(exc), 4) from None
-    except BusConnectError as exc:
-        raise fail(str(exc), 5) from None
-    typer.echo(f"trained {steps} steps; last version v{version}")
+        from weightbus.rl.trainer import TrainerProgress, run_trainer
+    except ImportError as exc:
+        raise fail(f"the trainer needs the 'rl' extra (torch, safetensors): {exc}", 2) from None
+    registry = CollectorRegistry()
+    start_metrics(config.metrics_port, registry, config.metrics_host)
+    with ProgressPrinter("trainer", total=config.steps, quiet=quiet) as printer:
+
+        def progress(p: TrainerProgress) -> None:
+            fields = {"step": f"{p.step}/{p.steps}", "version": p.version, "reward": p.reward}
+            fields |= {"staleness_max": p.staleness_max, "step_ms": round(p.step_s * 1000)}
+            printer.report(fields, completed=p.step)
+
+        try:
+            version = run_async(
+                run_trainer(config, connection=connection, metrics=BusMetrics(registry), progress=progress)
+            )
+        except FencedError as exc:
+            raise fail(str(exc), EXIT_FENCED) from None
+        except EngineError as exc:
+            raise fail(str(exc), EXIT_ENGINE) from None
+        except (BusConnectError, PermissionDeniedError) as exc:
+            raise fail(str(exc), EXIT_NATS) from None
+    typer.echo(f"trained {config.steps} steps; last version v{version}")
 
 
 def register(app: typer.Typer) -> None:

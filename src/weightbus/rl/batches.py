@@ -7,11 +7,17 @@ A trainer publishes a :class:`BatchRequest` with a private reply inbox; the roll
 one or more chunks of the encoded :class:`BatchReply`, each at most the server's ``max_payload`` (less a
 margin for headers) and numbered in the ``Weightbus-Chunk`` header (``i/n``). The trainer reassembles the
 chunks in order; a missing chunk is a timeout, never a truncated batch.
+
+A process cannot work without its side of the subject: the rollout's subscription and the trainer's request are
+guarded (``NatsBus.guard``), so a user whose permissions refuse them gets ``PermissionDeniedError`` at once
+instead of a warning per attempt and a loop that never trains (the shipped roles, ``ops/nats/auth.conf``, allow
+both, and the rollout's answers through ``allow_responses``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -19,6 +25,7 @@ from typing import Any, Final
 import msgspec
 
 from weightbus.bus.subjects import validate_policy
+from weightbus.errors import PermissionDeniedError
 from weightbus.schemas.rollouts import Group
 
 __all__ = [
@@ -86,12 +93,30 @@ def chunk_payload(data: bytes, max_payload: int) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)] or [b""]
 
 
-async def serve_batches(nc: Any, policy: str, handler: Callable[[BatchRequest], Awaitable[BatchReply]]) -> Any:
+def _subscribe_to(subject: str) -> Callable[[str, str], bool]:
+    wanted = subject.lower()
+    return lambda action, refused: action == "subscribe" and refused.lower() == wanted
+
+
+def _publish_to(subject: str) -> Callable[[str, str], bool]:
+    wanted = subject.lower()
+    return lambda action, refused: action == "publish" and refused.lower() == wanted
+
+
+async def serve_batches(bus: Any, policy: str, handler: Callable[[BatchRequest], Awaitable[BatchReply]]) -> Any:
     """Answer batch requests on ``batch_subject(policy)`` with ``handler``; returns the nats subscription, once the
     server has registered it.
 
     Requests are handled one at a time (a drain takes groups out of the buffer; two at once would split it).
+
+    Args:
+        bus: a connected ``NatsBus`` (its nats-py client serves the subject; its ``guard`` sees refusals).
+
+    Raises:
+        PermissionDeniedError: this user may not subscribe to the subject.
     """
+    nc = bus.client
+    subject = batch_subject(policy)
     lock = asyncio.Lock()
 
     async def on_request(msg: Any) -> None:
@@ -109,20 +134,42 @@ async def serve_batches(nc: Any, policy: str, handler: Callable[[BatchRequest], 
             await nc.publish(msg.reply, chunk, headers={_HEADER: f"{i}/{len(chunks)}"})
         await nc.flush()
 
-    sub = await nc.subscribe(batch_subject(policy), cb=on_request)
-    # Round-trip to the server so the subscription is registered before anyone is told we serve.
-    await nc.flush()
-    return sub
+    async def subscribe() -> Any:
+        sub = await nc.subscribe(subject, cb=on_request)
+        # Round-trips to the server so the subscription is registered (or refused: the refusal is on the wire
+        # before the second answer) before anyone is told we serve.
+        await nc.flush()
+        await nc.flush()
+        return sub
+
+    # The guard interrupts what it awaits on a refusal; a flush it cancelled would make nats-py's read loop fail
+    # on the late PONG, so it awaits a shield and the round trips always finish.
+    registered = asyncio.ensure_future(subscribe())
+    try:
+        return await bus.guard(_subscribe_to(subject), asyncio.shield(registered))
+    except PermissionDeniedError:
+        with contextlib.suppress(Exception):
+            await registered
+        raise
 
 
-async def request_batch(nc: Any, policy: str, request: BatchRequest, *, timeout: float) -> BatchReply:
+async def request_batch(bus: Any, policy: str, request: BatchRequest, *, timeout: float) -> BatchReply:
     """Ask the rollout for a batch and reassemble its chunks.
+
+    Args:
+        bus: a connected ``NatsBus``.
 
     Raises:
         TimeoutError: no complete answer within ``timeout`` seconds.
         NoRolloutError: nobody serves the subject (the server answered "no responders").
         ValueError: the answer does not decode.
+        PermissionDeniedError: this user may not publish to the subject.
     """
+    subject = batch_subject(policy)
+    return await bus.guard(_publish_to(subject), _request(bus.client, policy, request, timeout))
+
+
+async def _request(nc: Any, policy: str, request: BatchRequest, timeout: float) -> BatchReply:
     inbox = nc.new_inbox()
     chunks: dict[int, bytes] = {}
     total: list[int] = []

@@ -26,6 +26,12 @@ rollout's wait for its tracker and the drain's own run time) over the steps' tot
 engines' HTTP time inside ``update()`` (pause, labels, stamp, resume: the engines' time, not weightbus's), and
 ``push_share`` the trainer's own push (write and load the weights).
 
+Each check has a verdict (``DemoResult.checks``): ``failed`` with any problem, else ``held`` where the run gave
+it something to judge, else ``vacuous``: ``faults_survived`` without a fault injected, ``restart_alerted``
+without an engine restart, ``regression_caught`` without the rogue announcement, ``versions_forward`` with fewer
+than two versions, ``staleness_bound`` with no group trained, ``engines_in_sync`` with no version announced. A
+vacuous check is not a failure (``ok`` stays true) but it is not evidence either, and the demo says so.
+
 Learning is reported, not checked here: ``reward_first`` and ``reward_last`` are the mean rewards of the first and
 last quarter of the steps.
 """
@@ -38,14 +44,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 __all__ = [
+    "FAILED",
+    "HELD",
     "ROGUE_ID",
+    "TIME_FIELDS",
+    "VACUOUS",
     "DemoResult",
     "analyse",
     "overhead_summary",
-    "tradeoff_numbers",
-    "write_report",
-    "write_tradeoff",
 ]
 
 #: The trainer id of the demo's rogue publisher, which bypasses the counter to announce v1 at the end.
@@ -74,6 +83,8 @@ class DemoResult:
     """Every ``WeightApplied`` recorded (wire JSON)."""
     alerts: list[dict[str, Any]] = field(default_factory=list)
     """Every alert recorded (wire JSON: ``VersionRegressed``, ``EngineOutOfSync``, ``FleetQuarantined``, ...)."""
+    checks: dict[str, str] = field(default_factory=dict)
+    """Each check's verdict: ``held``, ``failed``, or ``vacuous`` (nothing to judge: a fault never injected, say)."""
 
     @property
     def ok(self) -> bool:
@@ -107,7 +118,7 @@ def _quarter_means(rewards: list[float]) -> tuple[float | None, float | None]:
 
 
 #: Per-step time fields of ``steps.jsonl`` (seconds) copied into ``report.json``; see :mod:`weightbus.rl.trainer`.
-_TIME_FIELDS = ("update_s", "push_s", "engine_http_s", "update_own_s", "rollout_wait_s", "drain_s")
+TIME_FIELDS = ("update_s", "push_s", "engine_http_s", "update_own_s", "rollout_wait_s", "drain_s")
 
 
 def _ms(values: list[float], q: int) -> float | None:
@@ -134,9 +145,160 @@ def overhead_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
     out["weightbus_ms_p50"] = _ms(own, 50)
     out["weightbus_ms_p99"] = _ms(own, 99)
-    for key in ("step_s", "weightbus_s", *_TIME_FIELDS):
+    for key in ("step_s", "weightbus_s", *TIME_FIELDS):
         out[f"{key[:-2]}_ms_mean"] = total(key) / len(rows) * 1000 if rows else None
     return out
+
+
+class _Recorded:
+    """The recorded events of one run, by kind (the rogue announcement apart from the trainers')."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        def of(kind: str) -> list[dict[str, Any]]:
+            return [r["event"] for r in records if r["event"].get("type") == kind]
+
+        all_updates = sorted(
+            (r for r in records if r["event"].get("type") == "weight.updated"), key=lambda r: r.get("seq") or 0
+        )
+        self.updates = [r for r in all_updates if r["event"]["trainer_id"] != ROGUE_ID]
+        self.rogue = [r["event"] for r in all_updates if r["event"]["trainer_id"] == ROGUE_ID]
+        self.regressions = of("alert.version_regressed")
+        self.drains = of("drain.report")
+        self.applied = of("weight.applied")
+        self.out_of_sync = of("alert.engine_out_of_sync")
+        self.alerts = [r["event"] for r in records if str(r["event"].get("type", "")).startswith("alert.")]
+        self.versions = [r["event"]["version"] for r in self.updates]
+
+
+def _versions_forward(rec: _Recorded) -> list[str]:
+    problems = [
+        f"v{after} announced after v{before}"
+        for before, after in zip(rec.versions, rec.versions[1:], strict=False)
+        if after <= before
+    ]
+    return problems if rec.versions else ["no WeightUpdated was recorded"]
+
+
+def _staleness_bound(rows: list[dict[str, Any]], max_staleness: int) -> list[str]:
+    problems = []
+    for row in rows:
+        for i, group in enumerate(row["groups"]):
+            if group["unknown"] or group["oldest"] is None:
+                problems.append(f"step {row['step']} group {i} has a non-version label")
+            elif row["trained_under"] - group["oldest"] > max_staleness:
+                problems.append(
+                    f"step {row['step']} group {i}: v{group['oldest']} trained under v{row['trained_under']}"
+                )
+    return problems
+
+
+def _engines_in_sync(rec: _Recorded, engines: list[str]) -> list[str]:
+    applied = rec.applied
+    ok_reads = {(a["engine"], a["version"]) for a in applied if a.get("ok") and a.get("read_back") == str(a["version"])}
+    return [
+        f"v{r['event']['version']} has no ok read-back from {engine}"
+        for r in rec.updates
+        for engine in r["event"].get("engines") or engines
+        if (engine, r["event"]["version"]) not in ok_reads
+    ]
+
+
+def _faults_survived(rec: _Recorded, rows: list[dict[str, Any]], steps: int, faults: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    last_step = max((row["step"] for row in rows), default=0)
+    if last_step < steps:
+        problems.append(f"training stopped at step {last_step} of {steps}")
+    if any(fault["kind"] == "failover" for fault in faults):
+        before = [r["event"] for r in rec.updates if r["event"]["trainer_id"] == "trainer-0"]
+        after = [r["event"] for r in rec.updates if r["event"]["trainer_id"] == "trainer-1"]
+        if not after:
+            problems.append("the replacement trainer never published")
+        elif before and after[0]["version"] <= before[-1]["version"]:
+            problems.append(f"the replacement trainer published v{after[0]['version']} after v{before[-1]['version']}")
+    return problems
+
+
+def _restart_alerts(rec: _Recorded, faults: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The alerts naming each restarted engine after its restart, and a problem per engine never alerted."""
+    alerts, problems = [], []
+    for fault in faults:
+        if fault["kind"] != "restart-engine":
+            continue
+        engine = fault.get("engine")
+        named = [
+            a
+            for a in rec.out_of_sync
+            if a.get("reason") == "unexpected_label" and a["engine"] == engine and a["published_at"] >= fault["time"]
+        ]
+        alerts += named
+        if not named:
+            problems.append(
+                f"engine {engine}, restarted after step {fault['step']}, was never alerted as "
+                "EngineOutOfSync(reason=unexpected_label)"
+            )
+    return alerts, problems
+
+
+#: Each check's verdict: every problem is a failure; a check with nothing to judge is vacuous, not held.
+HELD, FAILED, VACUOUS = "held", "failed", "vacuous"
+
+
+def _verdicts(
+    problems: dict[str, list[str]], rec: _Recorded, rows: list[dict[str, Any]], faults: list[dict[str, Any]]
+) -> dict[str, str]:
+    kinds = {fault["kind"] for fault in faults}
+    exercised = {
+        "versions_forward": len(rec.versions) >= 2,
+        "staleness_bound": any(row["groups"] for row in rows),
+        "engines_in_sync": bool(rec.updates),
+        "faults_survived": bool(faults),
+        "regression_caught": bool(rec.rogue),
+        "restart_alerted": "restart-engine" in kinds,
+    }
+    return {name: FAILED if problems[name] else HELD if exercised[name] else VACUOUS for name in problems}
+
+
+def _summary(
+    rec: _Recorded,
+    rows: list[dict[str, Any]],
+    restart_alerts: list[dict[str, Any]],
+    wall_s: float,
+) -> dict[str, Any]:
+    first, last = _quarter_means([row["reward"] for row in rows])
+    lags = [r["received_at"] - r["event"]["published_at"] for r in rec.updates if r.get("received_at")]
+    tokens = rows[-1]["tokens_generated"] if rows else 0
+    wasted = rows[-1]["tokens_wasted"] if rows else 0
+    staleness = [row["staleness_avg"] for row in rows if row["staleness_avg"] is not None]
+    return {
+        "steps": max((row["step"] for row in rows), default=0),
+        "final_version": rec.versions[-1] if rec.versions else None,
+        "reward_first": first,
+        "reward_last": last,
+        "staleness_avg": statistics.fmean(staleness) if staleness else None,
+        "staleness_max": max((row["staleness_max"] or 0 for row in rows), default=None),
+        "propagation_lag_ms_p50": statistics.median(lags) * 1000 if lags else None,
+        "tokens_generated": tokens,
+        "tokens_wasted_share": wasted / tokens if tokens else None,
+        **overhead_summary(rows),
+        "wall_s": wall_s,
+        "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in rec.drains),
+        "engine_out_of_sync_alerts": len(rec.out_of_sync),
+        "restart_alerts": [
+            {
+                "engine": a["engine"],
+                "actual": a.get("actual"),
+                "expected": a.get("expected"),
+                "published_at": a["published_at"],
+            }
+            for a in restart_alerts
+        ],
+        "regression_alerts": len(rec.regressions),
+    }
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    fields = msgspec.structs.asdict(config) if isinstance(config, msgspec.Struct) else asdict(config)
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()}
 
 
 def analyse(
@@ -148,257 +310,36 @@ def analyse(
     engines: list[str],
     wall_s: float,
 ) -> DemoResult:
-    """Check the invariants of one run (see the module docstring)."""
-    records = _recorded(recording)
-    all_updates = sorted(
-        (r for r in records if r["event"].get("type") == "weight.updated"), key=lambda r: r.get("seq") or 0
-    )
-    updates = [r for r in all_updates if r["event"]["trainer_id"] != ROGUE_ID]
-    rogue = [r["event"] for r in all_updates if r["event"]["trainer_id"] == ROGUE_ID]
-    alerts = [r["event"] for r in records if r["event"].get("type") == "alert.version_regressed"]
-    drains = [r["event"] for r in records if r["event"].get("type") == "drain.report"]
-    applied = [r["event"] for r in records if r["event"].get("type") == "weight.applied"]
+    """Check the invariants of one run (see the module docstring).
+
+    Args:
+        config: the run's config (its ``steps`` and ``max_staleness`` are checked against).
+        rows: the trainer's ``steps.jsonl`` records.
+        recording: the recorder's JSON lines of the bus.
+        faults: the faults injected (kind, step, time, and ``engine`` for an engine restart).
+        engines: the engines' URLs (for updates that name none).
+        wall_s: the run's wall time.
+    """
+    rec = _Recorded(_recorded(recording))
+    restart_alerts, restart_problems = _restart_alerts(rec, faults)
     problems: dict[str, list[str]] = {
-        "versions_forward": [],
-        "staleness_bound": [],
-        "engines_in_sync": [],
-        "faults_survived": [],
+        "versions_forward": _versions_forward(rec),
+        "staleness_bound": _staleness_bound(rows, config.max_staleness),
+        "engines_in_sync": _engines_in_sync(rec, engines),
+        "faults_survived": _faults_survived(rec, rows, config.steps, faults),
         "regression_caught": [],
-        "restart_alerted": [],
+        "restart_alerted": restart_problems,
     }
-    if rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in alerts):
+    if rec.rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in rec.regressions):
         problems["regression_caught"].append("the rogue v1 was not held and alerted by the rollout's tracker")
-
-    versions = [r["event"]["version"] for r in updates]
-    for before, after in zip(versions, versions[1:], strict=False):
-        if after <= before:
-            problems["versions_forward"].append(f"v{after} announced after v{before}")
-    if not versions:
-        problems["versions_forward"].append("no WeightUpdated was recorded")
-
-    for row in rows:
-        for i, group in enumerate(row["groups"]):
-            if group["unknown"] or group["oldest"] is None:
-                problems["staleness_bound"].append(f"step {row['step']} group {i} has a non-version label")
-            elif row["trained_under"] - group["oldest"] > config.max_staleness:
-                problems["staleness_bound"].append(
-                    f"step {row['step']} group {i}: v{group['oldest']} trained under v{row['trained_under']}"
-                )
-
-    ok_reads = {(a["engine"], a["version"]) for a in applied if a.get("ok") and a.get("read_back") == str(a["version"])}
-    for r in updates:
-        event = r["event"]
-        for engine in event.get("engines") or engines:
-            if (engine, event["version"]) not in ok_reads:
-                problems["engines_in_sync"].append(f"v{event['version']} has no ok read-back from {engine}")
-
-    last_step = max((row["step"] for row in rows), default=0)
-    if last_step < config.steps:
-        problems["faults_survived"].append(f"training stopped at step {last_step} of {config.steps}")
-    for fault in faults:
-        if fault["kind"] == "failover":
-            before = [r["event"] for r in updates if r["event"]["trainer_id"] == "trainer-0"]
-            after = [r["event"] for r in updates if r["event"]["trainer_id"] == "trainer-1"]
-            if not after:
-                problems["faults_survived"].append("the replacement trainer never published")
-            elif before and after[0]["version"] <= before[-1]["version"]:
-                problems["faults_survived"].append(
-                    f"the replacement trainer published v{after[0]['version']} after v{before[-1]['version']}"
-                )
-
-    out_of_sync = [r["event"] for r in records if r["event"].get("type") == "alert.engine_out_of_sync"]
-    restart_alerts = []
-    for fault in faults:
-        if fault["kind"] != "restart-engine":
-            continue
-        engine = fault.get("engine")
-        named = [
-            a
-            for a in out_of_sync
-            if a.get("reason") == "unexpected_label" and a["engine"] == engine and a["published_at"] >= fault["time"]
-        ]
-        restart_alerts += named
-        if not named:
-            problems["restart_alerted"].append(
-                f"engine {engine}, restarted after step {fault['step']}, was never alerted as "
-                "EngineOutOfSync(reason=unexpected_label)"
-            )
-
-    rewards = [row["reward"] for row in rows]
-    first, last = _quarter_means(rewards)
-    lags = [r["received_at"] - r["event"]["published_at"] for r in updates if r.get("received_at")]
-    tokens = rows[-1]["tokens_generated"] if rows else 0
-    wasted = rows[-1]["tokens_wasted"] if rows else 0
-    staleness = [row["staleness_avg"] for row in rows if row["staleness_avg"] is not None]
-    summary = {
-        "steps": last_step,
-        "final_version": versions[-1] if versions else None,
-        "reward_first": first,
-        "reward_last": last,
-        "staleness_avg": statistics.fmean(staleness) if staleness else None,
-        "staleness_max": max((row["staleness_max"] or 0 for row in rows), default=None),
-        "propagation_lag_ms_p50": statistics.median(lags) * 1000 if lags else None,
-        "tokens_generated": tokens,
-        "tokens_wasted_share": wasted / tokens if tokens else None,
-        **overhead_summary(rows),
-        "wall_s": wall_s,
-        "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in drains),
-        "engine_out_of_sync_alerts": len(out_of_sync),
-        "restart_alerts": [
-            {
-                "engine": a["engine"],
-                "actual": a.get("actual"),
-                "expected": a.get("expected"),
-                "published_at": a["published_at"],
-            }
-            for a in restart_alerts
-        ],
-        "regression_alerts": len(alerts),
-    }
-    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     return DemoResult(
         rows=rows,
         problems=problems,
         faults=faults,
-        summary=summary,
-        config=cfg,
-        announced=[r["event"] for r in updates],
-        read_backs=applied,
-        alerts=[r["event"] for r in records if str(r["event"].get("type", "")).startswith("alert.")],
+        summary=_summary(rec, rows, restart_alerts, wall_s),
+        config=_config_dict(config),
+        announced=[r["event"] for r in rec.updates],
+        read_backs=rec.applied,
+        alerts=rec.alerts,
+        checks=_verdicts(problems, rec, rows, faults),
     )
-
-
-def _trained_staleness(row: dict[str, Any]) -> int | None:
-    known = [row["trained_under"] - g["oldest"] for g in row["groups"] if g["oldest"] is not None]
-    return max(known) if known else None
-
-
-def write_report(result: DemoResult, out_dir: Path) -> None:
-    """Write ``report.json`` and ``report.png`` (reward and staleness per step, faults marked) into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    steps = [
-        {
-            k: row[k]
-            for k in (
-                "step",
-                "version",
-                "reward",
-                "staleness_avg",
-                "staleness_max",
-                "kept",
-                "recycled",
-                "dropped",
-                "step_s",
-                "weightbus_s",
-                "batch_wait_s",
-                "trained_under",
-            )
-        }
-        | {"lag_s": row.get("lag_s")}
-        | {key: row.get(key) for key in _TIME_FIELDS}
-        | {"trained_staleness_max": _trained_staleness(row)}
-        for row in result.rows
-    ]
-    body = {
-        "config": result.config,
-        "summary": result.summary,
-        "faults": result.faults,
-        "problems": result.problems,
-        "ok": result.ok,
-        "steps": steps,
-    }
-    (out_dir / "report.json").write_text(json.dumps(body, indent=2) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    xs = [row["step"] for row in result.rows]
-    ax.plot(xs, [row["reward"] for row in result.rows], color="tab:blue", label="mean reward")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("mean reward", color="tab:blue")
-    ax2 = ax.twinx()
-    ax2.step(
-        xs,
-        [_trained_staleness(row) or 0 for row in result.rows],
-        color="tab:orange",
-        where="mid",
-        label="max staleness trained on",
-    )
-    ax2.plot(
-        xs,
-        [row["staleness_max"] or 0 for row in result.rows],
-        color="tab:orange",
-        alpha=0.5,
-        ls=":",
-        label="max staleness judged (recycled too)",
-    )
-    ax2.set_ylabel("staleness (versions)", color="tab:orange")
-    ax2.legend(loc="lower right", fontsize=7)
-    for fault in result.faults:
-        ax.axvline(fault["step"], color="red", ls="--", lw=1)
-        ax.annotate(
-            fault["kind"], (fault["step"], ax.get_ylim()[1]), fontsize=7, color="red", rotation=90, va="top", ha="right"
-        )
-    ax.set_title("weightbus demo: reward and staleness per step")
-    fig.tight_layout()
-    fig.savefig(out_dir / "report.png", dpi=100)
-    plt.close(fig)
-
-
-def _training_clock(rows: list[dict[str, Any]]) -> list[float]:
-    """Seconds since the first step began, at the end of each step."""
-    if not rows:
-        return []
-    origin = rows[0]["time"] - rows[0]["step_s"]
-    return [row["time"] - origin for row in rows]
-
-
-def tradeoff_numbers(results: dict[int, DemoResult]) -> dict[str, Any]:
-    """Per staleness bound: reward against wall time, the final reward, and the share of tokens not trained on."""
-    out: dict[str, Any] = {}
-    for bound, result in sorted(results.items()):
-        clock = _training_clock(result.rows)
-        out[str(bound)] = {
-            "reward_first": result.summary["reward_first"],
-            "reward_last": result.summary["reward_last"],
-            "wall_s": clock[-1] if clock else None,
-            "tokens_generated": result.summary["tokens_generated"],
-            "tokens_wasted_share": result.summary["tokens_wasted_share"],
-            "staleness_avg": result.summary["staleness_avg"],
-            "ok": result.ok,
-            "curve": [[t, row["reward"]] for t, row in zip(clock, result.rows, strict=True)],
-        }
-    return out
-
-
-def write_tradeoff(results: dict[int, DemoResult], out_dir: Path) -> dict[str, Any]:
-    """Write ``staleness-tradeoff.json`` and ``staleness-tradeoff.png`` (reward against wall time per bound, and
-    the share of generated tokens wasted on recycled or dropped groups); returns the numbers."""
-    numbers = tradeoff_numbers(results)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "staleness-tradeoff.json").write_text(json.dumps(numbers, indent=2) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
-    for bound, entry in numbers.items():
-        curve = entry["curve"]
-        window = 5
-        smooth = [statistics.fmean(r for _, r in curve[max(0, i - window + 1) : i + 1]) for i in range(len(curve))]
-        left.plot([t for t, _ in curve], smooth, label=f"max_staleness {bound}")
-    left.set_xlabel("wall time since training began (s)")
-    left.set_ylabel("mean reward (5-step moving average)")
-    left.legend()
-    bounds = list(numbers)
-    right.bar(bounds, [(numbers[b]["tokens_wasted_share"] or 0) * 100 for b in bounds], color="tab:red")
-    right.set_xlabel("max_staleness")
-    right.set_ylabel("% of generated tokens not trained on")
-    fig.suptitle("weightbus: the staleness trade-off")
-    fig.tight_layout()
-    fig.savefig(out_dir / "staleness-tradeoff.png", dpi=100)
-    plt.close(fig)
-    return numbers

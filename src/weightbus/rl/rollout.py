@@ -13,6 +13,10 @@ Invariants:
   buffer, a router error retries the group after a short back-off.
 * Each batch reply carries weightbus's share of the answer: the wait for the tracker (``wait_s``) and the
   drain's own run time (``drain_s``, :class:`weightbus.process.overhead.BusyTimer`: the waits for groups not counted).
+* The connection counts invalid payloads on the injected registry (``weightbus_invalid_events_total``), like every
+  process that follows a policy.
+* A refusal of the batch subject (the user's permissions) ends the rollout with ``PermissionDeniedError``: it cannot
+  serve anything without it.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ import logging
 import random
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
 import httpx
+import msgspec
 from prometheus_client import CollectorRegistry
 
-from weightbus.bus import connect, subjects
+from weightbus.bus import BusMetrics, connect, subjects
 from weightbus.bus.options import ConnectOptions
 from weightbus.consumers import (
     DrainReporter,
@@ -41,60 +47,38 @@ from weightbus.consumers import (
 from weightbus.errors import SlowConsumerError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
-from weightbus.rl.task import Task
+from weightbus.rl.config import RolloutConfig
+from weightbus.rl.task import Task, load_task
 from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
-__all__ = ["RolloutConfig", "generate_group", "run_rollout"]
+__all__ = ["RolloutConfig", "RolloutProgress", "generate_group", "run_rollout"]
 
 log = logging.getLogger("weightbus.rl")
 
 _RETRY_DELAY = 0.2
+_LAGS_KEPT = 64
 
 
-@dataclass(frozen=True, slots=True)
-class RolloutConfig:
-    """What ``weightbus rollout`` runs.
+class RolloutProgress(msgspec.Struct, kw_only=True, frozen=True):
+    """One batch served: what the rollout reports after each answer to the trainer."""
 
-    Attributes:
-        nats_url: the NATS to use.
-        router_url: the SGLang router that rollouts generate through.
-        policy: the policy id.
-        task: the task (prompts, tokenizer, reward).
-        group_size: samples per prompt group.
-        batch: groups per training batch (sizes the buffer).
-        in_flight: prompt groups being generated at once.
-        max_staleness: the largest staleness kept.
-        on_stale: ``recycle`` or ``drop`` the groups that are not kept.
-        temperature: sampling temperature.
-        lora: generate with the LoRA adapter that the latest ``WeightUpdated`` names (``lora_path``).
-        seed: seeds the prompt stream.
-        consumer: the drain reporter's consumer id (default: ``rollout-<random>``, unique per start).
-    """
-
-    nats_url: str
-    router_url: str
-    policy: str
-    task: Task
-    group_size: int = 8
-    batch: int = 8
-    in_flight: int = 4
-    max_staleness: int = 1
-    on_stale: str = "recycle"
-    temperature: float = 1.0
-    lora: bool = False
-    seed: int = 0
-    consumer: str | None = None
-    connection: ConnectOptions | None = None
-    """NATS credentials and TLS (``weightbus.bus.ConnectOptions``); None reads the WEIGHTBUS_* variables."""
-    freeze_heap: bool = False
-    """Freeze the collector's start-up heap once the tracker is ready (``weightbus rollout`` does; see
-    ``VersionTracker``): it acts on the whole process, so an embedding host decides."""
+    batches: int
+    """Batches served since the start."""
+    judged_at: int | None
+    """The version the batch was judged against."""
+    kept: int
+    recycled: int
+    dropped: int
+    staleness_max: int | None
+    tokens_generated: int
+    """Response tokens generated since the start (kept or not)."""
 
 
 async def generate_group(
     http: httpx.AsyncClient,
     config: RolloutConfig,
+    task: Task,
     group: Group,
     prompt: str,
     next_index: itertools.count[int],
@@ -105,7 +89,6 @@ async def generate_group(
     Raises:
         httpx.HTTPError: the router failed or answered an error.
     """
-    task = config.task
     ids = task.encode(prompt)
     body: dict[str, object] = {
         "input_ids": ids,
@@ -115,140 +98,217 @@ async def generate_group(
     if lora_path is not None:
         body["lora_path"] = lora_path
 
-    async def one() -> dict[str, object]:
+    async def one() -> dict[str, Any]:
         response = await http.post("/generate", json=body)
         response.raise_for_status()
         return response.json()
 
     answers = await asyncio.gather(*(one() for _ in range(config.group_size)))
-    samples = []
-    for answer in answers:
-        meta = answer["meta_info"]
-        out = list(answer["output_ids"])
-        text = task.decode(out)
-        aborted = meta.get("finish_reason", {}).get("type") == "abort"
-        sample = Sample(
-            index=next(next_index),
-            prompt=prompt,
-            tokens=ids + out,
-            response=text,
-            response_length=len(out),
-            reward=task.reward(prompt, text),
-            status=SampleStatus.ABORTED if aborted else SampleStatus.COMPLETED,
-            metadata={"logprobs": [float(entry[0]) for entry in meta.get("output_token_logprobs", [])]},
-        )
-        sample.record_meta_info(meta)
-        samples.append(sample)
-    group.samples = samples
-    aborted = any(s.status == SampleStatus.ABORTED for s in samples)
+    group.samples = [_sample(task, prompt, ids, answer, next(next_index)) for answer in answers]
+    aborted = any(s.status == SampleStatus.ABORTED for s in group.samples)
     group.status = SampleStatus.ABORTED if aborted else SampleStatus.COMPLETED
     group.metadata["prompt"] = prompt
     return group
 
 
-async def run_rollout(config: RolloutConfig, *, registry: CollectorRegistry | None = None) -> None:
-    """Run until cancelled: producers fill the buffer, drains answer the trainer's batch requests."""
-    registry = registry if registry is not None else CollectorRegistry()
-    bus = await connect(config.nats_url, name=f"weightbus-rollout-{config.policy}", options=config.connection)
-    metrics = StalenessMetrics(registry).for_policy(config.policy)
-    consumer = config.consumer or f"rollout-{uuid.uuid4().hex[:8]}"
-    stage = StalenessStage(max_staleness=config.max_staleness, on_stale=config.on_stale, metrics=metrics)  # type: ignore[arg-type]
-    retry: asyncio.Queue[Group] = asyncio.Queue()
-    buffer = FullyAsyncBuffer(
-        buffer_capacity(config.batch),
-        stage=stage,
-        reporter=DrainReporter(bus, config.policy, consumer, metrics=metrics),
-        on_recycle=retry.put_nowait,
+def _sample(task: Task, prompt: str, ids: list[int], answer: dict[str, Any], index: int) -> Sample:
+    meta = answer["meta_info"]
+    out = list(answer["output_ids"])
+    text = task.decode(out)
+    aborted = meta.get("finish_reason", {}).get("type") == "abort"
+    sample = Sample(
+        index=index,
+        prompt=prompt,
+        tokens=ids + out,
+        response=text,
+        response_length=len(out),
+        reward=task.reward(prompt, text),
+        status=SampleStatus.ABORTED if aborted else SampleStatus.COMPLETED,
+        metadata={"logprobs": [float(entry[0]) for entry in meta.get("output_token_logprobs", [])]},
     )
-    rng = random.Random(config.seed)
-    next_index = itertools.count()
-    prompts = itertools.count()
-    counts = {"generated": 0, "delivered": 0}
-    adapter: dict[str, str] = {}
-    announced = asyncio.Event()
+    sample.record_meta_info(meta)
+    return sample
 
-    async def follow_adapter() -> None:
+
+class _Rollout:
+    """One rollout process's state: the buffer, its producers, the lag and adapter followers, the batch handler."""
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        task: Task,
+        bus: Any,
+        registry: CollectorRegistry,
+        progress: Callable[[RolloutProgress], None] | None,
+    ) -> None:
+        self.config = config
+        self.task = task
+        self.bus = bus
+        self.progress = progress
+        metrics = StalenessMetrics(registry).for_policy(config.policy)
+        consumer = config.consumer or f"rollout-{uuid.uuid4().hex[:8]}"
+        stage = StalenessStage(max_staleness=config.max_staleness, on_stale=config.on_stale, metrics=metrics)
+        self.retry: asyncio.Queue[Group] = asyncio.Queue()
+        self.buffer = FullyAsyncBuffer(
+            buffer_capacity(config.batch),
+            stage=stage,
+            reporter=DrainReporter(bus, config.policy, consumer, metrics=metrics),
+            on_recycle=self.retry.put_nowait,
+        )
+        self.rng = random.Random(config.seed)
+        self.next_index = itertools.count()
+        self.prompts = itertools.count()
+        self.generated = 0
+        self.delivered = 0
+        self.batches = 0
+        self.adapter: str | None = None
+        self.announced = asyncio.Event()
+        self.lags: dict[int, float] = {}
+        self.tracker: VersionTracker | None = None
+
+    async def follow_adapter(self) -> None:
         # The adapter to generate with is the one the latest announced version names.
-        async with bus.subscribe(subjects.weights(config.policy)) as sub:
+        async with self.bus.subscribe(subjects.weights(self.config.policy)) as sub:
             async for env in sub:
                 event = env.event
                 if isinstance(event, WeightUpdated) and event.lora is not None:
-                    adapter["name"] = event.lora.name
-                    announced.set()
+                    self.adapter = event.lora.name
+                    self.announced.set()
 
-    async def producer() -> None:
+    async def produce(self, tracker: VersionTracker) -> None:
         # Nothing is generated before the first version is announced: it would all be "default" (or, with
         # LoRA, for an adapter not loaded yet) and thrown away.
         await tracker.wait_for(1)
-        if config.lora:
-            await announced.wait()
-        async with httpx.AsyncClient(base_url=config.router_url, timeout=30.0) as http:
+        if self.config.follow_lora:
+            await self.announced.wait()
+        async with httpx.AsyncClient(base_url=self.config.router_url, timeout=30.0) as http:
             while True:
-                group = retry.get_nowait() if not retry.empty() else Group(prompt_index=next(prompts))
-                prompt = group.metadata.get("prompt") or config.task.prompt(rng)
+                group = self.retry.get_nowait() if not self.retry.empty() else Group(prompt_index=next(self.prompts))
+                prompt = group.metadata.get("prompt") or self.task.prompt(self.rng)
                 try:
-                    await generate_group(http, config, group, prompt, next_index, adapter.get("name"))
+                    await generate_group(http, self.config, self.task, group, prompt, self.next_index, self.adapter)
                 except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
                     log.warning("generation failed; retrying the group", extra={"error": repr(exc)})
                     group.metadata["prompt"] = prompt
                     group.reset_for_retry()
                     await asyncio.sleep(_RETRY_DELAY)
-                    retry.put_nowait(group)
+                    self.retry.put_nowait(group)
                     continue
-                counts["generated"] += sum(s.response_length for s in group.samples)
-                await buffer.put(group)
+                self.generated += sum(s.response_length for s in group.samples)
+                await self.buffer.put(group)
 
-    async with VersionTracker(bus, config.policy, registry=registry, freeze_heap=config.freeze_heap) as tracker:
-        lags: dict[int, float] = {}
+    async def follow_lags(self, tracker: VersionTracker) -> None:
+        while True:
+            try:
+                async for change in tracker.changes():
+                    if change.version is not None and change.lag is not None:
+                        self.lags[change.version] = change.lag
+                        self.lags.pop(change.version - _LAGS_KEPT, None)
+                return  # the tracker stopped
+            except SlowConsumerError as exc:
+                # Lags are for the report only; losing some must never stop the rollout.
+                log.warning("lag listener fell behind; resubscribing", extra={"error": str(exc)})
 
-        async def follow_lags() -> None:
-            while True:
-                try:
-                    async for change in tracker.changes():
-                        if change.version is not None and change.lag is not None:
-                            lags[change.version] = change.lag
-                            lags.pop(change.version - 64, None)
-                    return  # the tracker stopped
-                except SlowConsumerError as exc:
-                    # Lags are for the report only; losing some must never stop the rollout.
-                    log.warning("lag listener fell behind; resubscribing", extra={"error": str(exc)})
-
-        async def handle(request: BatchRequest) -> BatchReply:
-            waited = time.perf_counter()
-            if request.min_version is not None:
-                try:
-                    await tracker.wait_for(request.min_version, timeout=30.0)
-                except TimeoutError:
-                    return BatchReply(error=f"the tracker did not reach v{request.min_version} within 30 s")
-            wait_s = time.perf_counter() - waited
-            timer = BusyTimer(buffer.drain(request.size, tracker))
-            drain = await timer
-            stats = drain.stats
-            counts["delivered"] += sum(s.response_length for g in drain.groups for s in g.samples)
-            return BatchReply(
-                groups=drain.groups,
-                judged_at=stats.current,
-                kept=stats.kept,
-                recycled=stats.recycled,
-                dropped=stats.dropped,
-                staleness_avg=stats.staleness_avg,
-                staleness_max=stats.staleness_max,
-                tokens_generated=counts["generated"],
-                tokens_wasted=max(0, counts["generated"] - counts["delivered"]),
-                lag_s=lags.get(request.min_version) if request.min_version is not None else None,
-                wait_s=wait_s,
-                drain_s=timer.seconds,
+    async def handle(self, tracker: VersionTracker, request: BatchRequest) -> BatchReply:
+        waited = time.perf_counter()
+        if request.min_version is not None:
+            try:
+                await tracker.wait_for(request.min_version, timeout=30.0)
+            except TimeoutError:
+                return BatchReply(error=f"the tracker did not reach v{request.min_version} within 30 s")
+        wait_s = time.perf_counter() - waited
+        timer = BusyTimer(self.buffer.drain(request.size, tracker))
+        drain = await timer
+        stats = drain.stats
+        self.delivered += sum(s.response_length for g in drain.groups for s in g.samples)
+        self.batches += 1
+        if self.progress is not None:
+            self.progress(
+                RolloutProgress(
+                    batches=self.batches,
+                    judged_at=stats.current,
+                    kept=stats.kept,
+                    recycled=stats.recycled,
+                    dropped=stats.dropped,
+                    staleness_max=stats.staleness_max,
+                    tokens_generated=self.generated,
+                )
             )
+        return BatchReply(
+            groups=drain.groups,
+            judged_at=stats.current,
+            kept=stats.kept,
+            recycled=stats.recycled,
+            dropped=stats.dropped,
+            staleness_avg=stats.staleness_avg,
+            staleness_max=stats.staleness_max,
+            tokens_generated=self.generated,
+            tokens_wasted=max(0, self.generated - self.delivered),
+            lag_s=self.lags.get(request.min_version) if request.min_version is not None else None,
+            wait_s=wait_s,
+            drain_s=timer.seconds,
+        )
 
-        sub = await serve_batches(bus.client, config.policy, handle)
-        tasks = [asyncio.create_task(producer()) for _ in range(config.in_flight)]
-        tasks.append(asyncio.create_task(follow_lags()))
-        if config.lora:
-            tasks.append(asyncio.create_task(follow_adapter()))
+    async def serve(self, tracker: asyncio.Future[VersionTracker]) -> Any:
+        """Subscribe to the batch subject; requests wait for ``tracker``."""
+
+        async def on_request(request: BatchRequest) -> BatchReply:
+            return await self.handle(await asyncio.shield(tracker), request)
+
+        return await serve_batches(self.bus, self.config.policy, on_request)
+
+    async def run(self, tracker: VersionTracker) -> None:
+        tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
+        tasks.append(asyncio.create_task(self.follow_lags(tracker)))
+        if self.config.follow_lora:
+            tasks.append(asyncio.create_task(self.follow_adapter()))
         try:
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
+
+
+async def run_rollout(
+    config: RolloutConfig,
+    *,
+    task: Task | None = None,
+    connection: ConnectOptions | None = None,
+    registry: CollectorRegistry | None = None,
+    progress: Callable[[RolloutProgress], None] | None = None,
+) -> None:
+    """Run until cancelled: producers fill the buffer, drains answer the trainer's batch requests.
+
+    Args:
+        config: what to run.
+        task: the task (default: loaded from ``config.task``).
+        connection: NATS credentials and TLS (None reads the ``WEIGHTBUS_*`` variables).
+        registry: where the bus, tracker and drain metrics are registered (a private one when None).
+        progress: called after each batch served.
+
+    Raises:
+        BusConnectError: NATS is unreachable.
+        PermissionDeniedError: this user may not serve the policy's batch subject (or use the stream).
+    """
+    registry = registry if registry is not None else CollectorRegistry()
+    task = task if task is not None else load_task(config.task)
+    bus = await connect(
+        config.nats_url,
+        name=f"weightbus-rollout-{config.policy}",
+        metrics=BusMetrics(registry),
+        options=connection,
+    )
+    try:
+        rollout = _Rollout(config, task, bus, registry, progress)
+        # The batch subject first: a refusal of it must end the rollout before anything else runs on the connection.
+        started: asyncio.Future[VersionTracker] = asyncio.get_running_loop().create_future()
+        sub = await rollout.serve(started)
+        try:
+            async with VersionTracker(bus, config.policy, registry=registry, freeze_heap=config.freeze_heap) as tracker:
+                started.set_result(tracker)
+                await rollout.run(tracker)
+        finally:
+            started.cancel()
             await sub.unsubscribe()
-            await bus.close()
+    finally:
+        await bus.close()

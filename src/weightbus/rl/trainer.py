@@ -6,7 +6,7 @@ the engines recorded (batches are off-policy by up to the staleness bound), chec
 ``async with publisher.update() as version`` writes a safetensors file and loads it on every engine with
 ``/update_weights_from_disk`` carrying ``weight_version=str(version)`` (load and label in one call), after which
 weightbus stamps, verifies and publishes. In LoRA mode the adapter is what trains; each version is loaded with
-``/load_lora_adapter`` under its own name (``<lora_name>-v<version>``, announced in ``WeightUpdated.lora``, which
+``/load_lora_adapter`` under its own name (``<lora_prefix>-v<version>``, announced in ``WeightUpdated.lora``, which
 rollouts pass as ``lora_path``), stamped from the same counter.
 
 Invariants:
@@ -32,22 +32,23 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
+import msgspec
 
-from weightbus.bus import connect
+from weightbus.bus import BusMetrics, connect
 from weightbus.bus.options import ConnectOptions
-from weightbus.errors import BusError, EngineError
+from weightbus.errors import BusError, EngineError, PermissionDeniedError
 from weightbus.process.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch
+from weightbus.rl.config import TrainerConfig
 from weightbus.schemas import LoraAdapter
 from weightbus.schemas.rollouts import Group
 
-__all__ = ["TrainerConfig", "grpo_loss", "run_trainer"]
+__all__ = ["TrainerConfig", "TrainerProgress", "grpo_loss", "run_trainer"]
 
 log = logging.getLogger("weightbus.rl")
 
@@ -57,39 +58,18 @@ _PUSH_PATIENCE = 60.0
 _PUSH_RETRY_DELAY = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class TrainerConfig:
-    """What ``weightbus trainer`` runs.
+class TrainerProgress(msgspec.Struct, kw_only=True, frozen=True):
+    """One step trained and pushed: what the trainer reports after each step."""
 
-    Attributes:
-        nats_url: the NATS to use.
-        router_url: the router whose ``/workers`` are the engines to push to.
-        policy: the policy id.
-        run_dir: holds ``checkpoint.pt``, ``steps.jsonl`` and the weight files (must be readable by the engines).
-        steps: train until the checkpointed step count reaches this.
-        batch: groups per step.
-        seed: the initial weights (the engines' ``--seed``).
-        lr: Adam's learning rate.
-        clip: the PPO clip range of the importance ratio.
-        lora_rank: train and push a LoRA adapter of this rank instead of the full weights.
-        lora_name: the adapters' name prefix on the engines (``<lora_name>-v<version>``).
-        trainer_id: identity on the bus (default ``<hostname>:<pid>``).
-    """
-
-    nats_url: str
-    router_url: str
-    policy: str
-    run_dir: Path
-    steps: int = 40
-    batch: int = 8
-    seed: int = 0
-    lr: float = 0.05
-    clip: float = 0.2
-    lora_rank: int | None = None
-    lora_name: str = "policy-lora"
-    trainer_id: str | None = None
-    connection: ConnectOptions | None = None
-    """NATS credentials and TLS (``weightbus.bus.ConnectOptions``); None reads the WEIGHTBUS_* variables."""
+    step: int
+    steps: int
+    """The step count the trainer trains to."""
+    version: int
+    """The version published after the step."""
+    reward: float
+    """The batch's mean reward."""
+    staleness_max: int | None
+    step_s: float
 
 
 def grpo_loss(policy: Any, groups: list[Group], clip: float) -> tuple[Any, float]:
@@ -147,8 +127,8 @@ class _Trainer:
         self.policy = Policy(seed=config.seed, lora_rank=config.lora_rank)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
         self.step = 0
-        self.checkpoint = config.run_dir / "checkpoint.pt"
-        self.weights_dir = config.run_dir / "weights"
+        self.checkpoint = config.run_path / "checkpoint.pt"
+        self.weights_dir = config.run_path / "weights"
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         if self.checkpoint.exists():
             state = torch.load(self.checkpoint, weights_only=True)
@@ -174,6 +154,8 @@ class _Trainer:
         while True:
             try:
                 return await self._push_once(pub, fleet)
+            except PermissionDeniedError:
+                raise  # the user's rights will not change on a retry
             except (EngineError, BusError) as exc:  # a PublishError is a BusError; a FencedError is neither
                 if time.monotonic() > deadline:
                     raise
@@ -186,7 +168,7 @@ class _Trainer:
         if config.lora_rank is not None:
             # One adapter name per version: loading never has to unload the name rollouts are using.
             path = self.weights_dir / f"adapter-v{pub.next_version}.safetensors"
-            lora = LoraAdapter(name=f"{config.lora_name}-v{pub.next_version}", path=str(path))
+            lora = LoraAdapter(name=f"{config.lora_prefix}-v{pub.next_version}", path=str(path))
         with meter.weightbus():
             async with pub.update(lora=lora) as version:
                 with meter.excluded():  # the trainer's own work: write the weights, load them on the engines
@@ -201,7 +183,7 @@ class _Trainer:
                             await client.load_lora_adapter(lora.name, str(path))
         if lora is not None:
             # The adapter two versions back is no longer announced; requests already running keep their weights.
-            stale = f"{config.lora_name}-v{version - 2}"
+            stale = f"{config.lora_prefix}-v{version - 2}"
             for client in fleet.clients:
                 with contextlib.suppress(EngineError):
                     await client.unload_lora_adapter(stale)
@@ -227,18 +209,32 @@ class _Trainer:
         }
 
 
-async def run_trainer(config: TrainerConfig) -> int:
+async def run_trainer(
+    config: TrainerConfig,
+    *,
+    connection: ConnectOptions | None = None,
+    metrics: BusMetrics | None = None,
+    progress: Callable[[TrainerProgress], None] | None = None,
+) -> int:
     """Train until ``config.steps``; returns the last published version.
+
+    Args:
+        config: what to run.
+        connection: NATS credentials and TLS (None reads the ``WEIGHTBUS_*`` variables).
+        metrics: where the connection counts invalid payloads (a private registry when None).
+        progress: called after each step is recorded.
 
     Raises:
         FencedError: another trainer took the counter over.
         EngineError, EngineOutOfSyncError: a push did not land on every engine.
+        PermissionDeniedError: this user may not ask for batches (or publish the policy's versions).
     """
+    config.run_path.mkdir(parents=True, exist_ok=True)
     trainer = _Trainer(config)
-    bus = await connect(config.nats_url, name=f"weightbus-trainer-{config.policy}", options=config.connection)
+    bus = await connect(config.nats_url, name=f"weightbus-trainer-{config.policy}", metrics=metrics, options=connection)
     # One client for every engine request, timed from outside weightbus by the meter's hooks.
     http = httpx.AsyncClient(event_hooks=trainer.meter.http_hooks(), timeout=30.0)
-    steps_log = (config.run_dir / "steps.jsonl").open("a", encoding="utf-8")
+    steps_log = (config.run_path / "steps.jsonl").open("a", encoding="utf-8")
     fleet: EngineFleet | None = None
     try:
         fleet = await EngineFleet.from_router(config.router_url, http=http)
@@ -247,42 +243,24 @@ async def run_trainer(config: TrainerConfig) -> int:
         version = await trainer.push(pub, fleet)
         log.info("trainer ready", extra={"step": trainer.step, "version": version})
         while trainer.step < config.steps:
-            trained_under = version
-            with trainer.meter.step():
-                started = time.perf_counter()
-                reply = await _batch(bus.client, config, trained_under, pub.trainer_id)
-                got_batch = time.perf_counter()
-                loss, reward = grpo_loss(trainer.policy, reply.groups, config.clip)
-                trainer.optimizer.zero_grad()
-                loss.backward()
-                trainer.optimizer.step()
-                trainer.step += 1
-                version = await trainer.push(pub, fleet)
-            record = {
-                "step": trainer.step,
-                "trainer_id": pub.trainer_id,
-                "trained_under": trained_under,
-                "version": version,
-                "reward": reward,
-                "groups": [_group_versions(g) for g in reply.groups],
-                "judged_at": reply.judged_at,
-                "kept": reply.kept,
-                "recycled": reply.recycled,
-                "dropped": reply.dropped,
-                "staleness_avg": reply.staleness_avg,
-                "staleness_max": reply.staleness_max,
-                "tokens_generated": reply.tokens_generated,
-                "tokens_wasted": reply.tokens_wasted,
-                "lag_s": reply.lag_s,
-                "batch_wait_s": got_batch - started,
-                **trainer.step_times(reply),
-                "time": time.time(),
-            }
+            record = await _train_step(trainer, bus, pub, fleet, version)
+            version = record["version"]
             steps_log.write(json.dumps(record) + "\n")
             steps_log.flush()
             # Checkpoint last: a trainer killed before this line leaves a step that the next one redoes (a
             # repeated step number in steps.jsonl), never a trained step missing from the record.
             trainer.save_checkpoint()
+            if progress is not None:
+                progress(
+                    TrainerProgress(
+                        step=record["step"],
+                        steps=config.steps,
+                        version=version,
+                        reward=record["reward"],
+                        staleness_max=record["staleness_max"],
+                        step_s=record["step_s"],
+                    )
+                )
         return version
     finally:
         steps_log.close()
@@ -292,11 +270,48 @@ async def run_trainer(config: TrainerConfig) -> int:
         await bus.close()
 
 
-async def _batch(nc: Any, config: TrainerConfig, min_version: int, trainer_id: str) -> BatchReply:
+async def _train_step(
+    trainer: _Trainer, bus: Any, pub: VersionPublisher, fleet: EngineFleet, trained_under: int
+) -> dict[str, Any]:
+    """One step: a batch judged against ``trained_under``, the loss, the push; returns its ``steps.jsonl`` line."""
+    config = trainer.config
+    with trainer.meter.step():
+        started = time.perf_counter()
+        reply = await _batch(bus, config, trained_under, pub.trainer_id)
+        got_batch = time.perf_counter()
+        loss, reward = grpo_loss(trainer.policy, reply.groups, config.clip)
+        trainer.optimizer.zero_grad()
+        loss.backward()
+        trainer.optimizer.step()
+        trainer.step += 1
+        version = await trainer.push(pub, fleet)
+    return {
+        "step": trainer.step,
+        "trainer_id": pub.trainer_id,
+        "trained_under": trained_under,
+        "version": version,
+        "reward": reward,
+        "groups": [_group_versions(g) for g in reply.groups],
+        "judged_at": reply.judged_at,
+        "kept": reply.kept,
+        "recycled": reply.recycled,
+        "dropped": reply.dropped,
+        "staleness_avg": reply.staleness_avg,
+        "staleness_max": reply.staleness_max,
+        "tokens_generated": reply.tokens_generated,
+        "tokens_wasted": reply.tokens_wasted,
+        "lag_s": reply.lag_s,
+        "batch_wait_s": got_batch - started,
+        **trainer.step_times(reply),
+        "time": time.time(),
+    }
+
+
+async def _batch(bus: Any, config: TrainerConfig, min_version: int, trainer_id: str) -> BatchReply:
     request = BatchRequest(size=config.batch, min_version=min_version, trainer_id=trainer_id)
     while True:
         try:
-            reply = await request_batch(nc, config.policy, request, timeout=_BATCH_TIMEOUT)
+            reply = await request_batch(bus, config.policy, request, timeout=_BATCH_TIMEOUT)
         except (TimeoutError, NoRolloutError, ValueError) as exc:
             # A rollout restarting, NATS restarting, or a reply cut by a crash: ask again.
             log.warning("no batch from the rollout; asking again", extra={"policy": config.policy, "error": repr(exc)})
