@@ -153,8 +153,9 @@ def test_readme_headline_figures_come_from_the_committed_results() -> None:
     )
     redis = sorted(f"{ratios[m]['weightbus_over_redis_p50']:.2f}" for m in ("1", "8", "64"))
     assert f"{redis[0]}–{redis[-1]}× Redis Streams' p50" in text
-    poll = [f"{ratios[m]['poll_over_weightbus_p50']:.0f}×" for m in ("1", "8")]
+    poll = [f"{ratios[m]['poll_over_weightbus_p50']:.0f}×" for m in ("1", "8", "64")]
     assert f"{poll[0]} slower at p50 with one subscriber and {poll[1]} with 8" in text
+    assert f"only {poll[2]} with 64" in text
     drain = json.loads((results / "drain.json").read_text())
     assert f"{drain['ratio']:.0f}× the throughput" in text
     assert f"{drain['stage']['groups_per_s']:,.0f} groups" in text
@@ -200,3 +201,23 @@ def test_readme_retained_events_match_the_code() -> None:
     text = " ".join(README.read_text().split())
     assert f"{DEFAULT_HISTORY} events per subject" in text
     assert re.findall(r"(\d+) (?:retained )?events per subject", text) == [str(DEFAULT_HISTORY)]
+
+
+async def test_a_publisher_without_a_fleet_announces_no_engines_as_the_readme_says() -> None:
+    from weightbus.bus import MemoryBus, subjects
+    from weightbus.producers import VersionPublisher
+    from weightbus.schemas import WeightUpdated
+
+    text = " ".join(README.read_text().split())
+    assert '`VersionPublisher(bus, "policy-a")` with no `fleet` works' in text
+    assert "`WeightUpdated.engines` is empty" in text and "unless `--no-engines`" in text
+    bus = MemoryBus()
+    pub = await VersionPublisher(bus, "policy-a").start()
+    async with pub.update() as version:
+        pass
+    last = await bus.last(subjects.weights("policy-a"))
+    assert isinstance(last.event, WeightUpdated) and last.event.version == version
+    assert tuple(last.event.engines) == ()
+    with pytest.raises(ValueError):
+        VersionPublisher(bus, "policy-a", pause="retract")
+    await bus.close()
