@@ -213,6 +213,12 @@ def test_every_alert_has_a_rules_test() -> None:
     assert not untested, untested
 
 
+def test_every_alert_has_a_runbook_row() -> None:
+    runbook = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    missing = [alert for alert, _, _ in rule_exprs() if f"| `{alert}`" not in runbook]
+    assert not missing, f"alerts without a row in docs/operations.md: {missing}"
+
+
 def test_alerts_cover_a_deaf_tracker_and_rejected_events() -> None:
     exprs = {alert: expr for alert, expr, _ in rule_exprs()}
     assert "weightbus_tracker_ready == 0" in exprs.get("WeightbusTrackerDeaf", "")
