@@ -46,7 +46,7 @@ test: venv lint-imports rules-test
 	$(BIN)/python -m pytest -q
 
 lint-imports: venv
-	$(BIN)/lint-imports --no-cache
+	$(BIN)/lint-imports --no-cache --no-logo
 
 rules-test:
 	@if command -v promtool > /dev/null; then \
