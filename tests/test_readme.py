@@ -35,3 +35,189 @@ def test_the_sync_publisher_example_runs_as_written(nats_url: str) -> None:
             exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the point is to run the README
     assert out.getvalue().strip() == "published v1"
     assert state.weight_version == "1"
+
+
+# --- links, metrics and figures: the README stays true on the package index page and to the code ---------------
+
+ROOT = README.parent
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _source_url() -> str:
+    import tomllib
+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    return urls["Source"].rstrip("/")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    return {_slug(m) for m in re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)}
+
+
+def test_readme_links_are_absolute_so_they_work_on_the_package_index() -> None:
+    """The package index shows README.md alone: a relative link or an in-page anchor there leads nowhere."""
+    links = _LINK.findall(README.read_text())
+    assert links
+    relative = [link for link in links if not link.startswith("https://")]
+    assert not relative, f"relative links break on the package index page: {relative}"
+
+
+def test_readme_links_into_the_repository_name_files_that_exist() -> None:
+    base = _source_url()
+    checked = 0
+    for link in _LINK.findall(README.read_text()):
+        if not link.startswith(base + "/"):
+            continue
+        rest = link.removeprefix(base + "/")
+        if rest in ("issues",):
+            continue
+        kind, branch, path = rest.split("/", 2)
+        assert kind in ("blob", "tree") and branch == "main", link
+        path, _, fragment = path.partition("#")
+        target = ROOT / path
+        assert target.exists(), f"{link}: no {path} in the repository"
+        if fragment:
+            assert fragment in _anchors(target), f"{link}: no heading #{fragment} in {path}"
+        checked += 1
+    assert checked >= 5
+
+
+def test_docs_relative_links_resolve() -> None:
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for link in _LINK.findall(doc.read_text()):
+            if link.startswith(("https://", "http://", "mailto:")):
+                continue
+            path, _, fragment = link.partition("#")
+            target = (doc.parent / path).resolve() if path else doc
+            assert target.exists(), f"{doc.name}: {link} does not resolve"
+            if fragment and target.suffix == ".md":
+                assert fragment in _anchors(target), f"{doc.name}: {link}: no such heading"
+
+
+def _registered_metric_names() -> set[str]:
+    """Every series name the library registers, as Prometheus exposes it (counters with ``_total``)."""
+    from prometheus_client import CollectorRegistry
+
+    from weightbus.bus import BusMetrics
+    from weightbus.consumers import StalenessMetrics, TrackerMetrics
+
+    registry = CollectorRegistry()
+    BusMetrics(registry)
+    TrackerMetrics(registry)
+    StalenessMetrics(registry)
+    return {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()} | {
+        "weightbus_group_staleness"
+    }
+
+
+def test_every_metric_family_is_defined_where_the_names_above_come_from() -> None:
+    defining = {
+        p.relative_to(ROOT / "src").as_posix()
+        for p in (ROOT / "src" / "weightbus").rglob("*.py")
+        if re.search(r"\b(Counter|Gauge|Histogram|Summary|\w*MetricFamily)\(", p.read_text())
+    }
+    assert defining == {
+        "weightbus/bus/metrics.py",
+        "weightbus/consumers/tracker/metrics.py",
+        "weightbus/consumers/drain/metrics.py",
+    }, "a new metrics module: add it to _registered_metric_names"
+
+
+def test_readme_metrics_table_lists_every_registered_metric() -> None:
+    text = README.read_text()
+    table = text[text.index("### Metrics") :]
+    table = table[: table.index("\n\n", table.index("| metric |"))]
+    listed = set(re.findall(r"`(weightbus_[a-z_]+)", table))
+    missing = _registered_metric_names() - listed
+    assert not missing, f"metrics the code registers but the README's table omits: {sorted(missing)}"
+    assert listed <= _registered_metric_names(), (
+        f"listed but never registered: {sorted(listed - _registered_metric_names())}"
+    )
+
+
+def test_readme_headline_figures_come_from_the_committed_results() -> None:
+    import json
+
+    text = " ".join(README.read_text().split())
+    results = ROOT / "bench" / "results"
+    ratios = json.loads((results / "propagation.json").read_text())["ratios"]
+    js = [f"{ratios[m]['weightbus_over_jetstream_p50']:.2f}×" for m in ("1", "8", "64")]
+    assert (
+        f"{js[0]} raw JetStream's p50 latency with one subscriber process, {js[1]} with 8 and {js[2]} with 64" in text
+    )
+    redis = sorted(f"{ratios[m]['weightbus_over_redis_p50']:.2f}" for m in ("1", "8", "64"))
+    assert f"{redis[0]}–{redis[-1]}× Redis Streams' p50" in text
+    poll = [f"{ratios[m]['poll_over_weightbus_p50']:.0f}×" for m in ("1", "8", "64")]
+    assert f"{poll[0]} slower at p50 with one subscriber and {poll[1]} with 8" in text
+    assert f"only {poll[2]} with 64" in text
+    drain = json.loads((results / "drain.json").read_text())
+    assert f"{drain['ratio']:.0f}× the throughput" in text
+    assert f"{drain['stage']['groups_per_s']:,.0f} groups" in text
+    overhead = json.loads((results / "demo-overhead.json").read_text())["summary"]
+    assert f"{overhead['weightbus_share'] * 100:.2f} % of the step ({overhead['step_ms_mean']:.0f} ms steps" in text
+    tradeoff = json.loads((results / "staleness-tradeoff.json").read_text())
+    default = tradeoff["1"]
+    assert f"{default['reward_first']:.2f} → {default['reward_last']:.2f}" in text
+    assert f"trained in {default['wall_s']:.0f} s" in text
+    assert f"threw away {tradeoff['0']['tokens_wasted_share'] * 100:.0f} %" in text
+
+
+def test_the_group_example_runs_as_written() -> None:
+    code = python_block("stage.decide(")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the point is to run the README
+    assert out.getvalue().strip() == "recycled stale 2"
+
+
+def test_the_rollout_example_counts_invalid_events() -> None:
+    """Without BusMetrics on connect, ``weightbus_invalid_events_total`` is never exported."""
+    code = python_block("VersionTracker(bus")
+    assert "connect(" in code and "metrics=BusMetrics(registry)" in code
+
+
+def test_readme_states_the_install_truth() -> None:
+    import tomllib
+
+    text = " ".join(README.read_text().split())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch = next(d for d in project["optional-dependencies"]["engine"] if d.startswith("torch"))
+    nats = next(d for d in project["dependencies"] if d.startswith("nats-py"))
+    assert f"(`{torch.removeprefix('torch')}`)" in text, torch
+    assert f"nats-py (`{nats.removeprefix('nats-py')}`)" in text, nats
+    assert "nothing can resolve a CUDA build" not in text
+    assert "torch.version.cuda" in text
+
+
+def test_readme_retained_events_match_the_code() -> None:
+    from weightbus.bus.stream import DEFAULT_HISTORY
+
+    text = " ".join(README.read_text().split())
+    assert f"{DEFAULT_HISTORY} events per subject" in text
+    assert re.findall(r"(\d+) (?:retained )?events per subject", text) == [str(DEFAULT_HISTORY)]
+
+
+async def test_a_publisher_without_a_fleet_announces_no_engines_as_the_readme_says() -> None:
+    from weightbus.bus import MemoryBus, subjects
+    from weightbus.producers import VersionPublisher
+    from weightbus.schemas import WeightUpdated
+
+    text = " ".join(README.read_text().split())
+    assert '`VersionPublisher(bus, "policy-a")` with no `fleet` works' in text
+    assert "`WeightUpdated.engines` is empty" in text and "unless `--no-engines`" in text
+    bus = MemoryBus()
+    pub = await VersionPublisher(bus, "policy-a").start()
+    async with pub.update() as version:
+        pass
+    last = await bus.last(subjects.weights("policy-a"))
+    assert isinstance(last.event, WeightUpdated) and last.event.version == version
+    assert tuple(last.event.engines) == ()
+    with pytest.raises(ValueError):
+        VersionPublisher(bus, "policy-a", pause="retract")
+    await bus.close()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
+from weightbus.schemas.codec import FAMILIES
+
 __all__ = ["BusMetrics"]
 
 
@@ -27,3 +29,9 @@ class BusMetrics:
             ["family", "reason"],
             registry=self.registry,
         )
+        # Every pair at 0 from the start: a counter born at 1 on its first event shows no increase(), so an
+        # alert on it would miss the first invalid payload.
+        for family in FAMILIES:
+            for reason in ("malformed", "invalid", "oversized"):
+                self.invalid_events.labels(family, reason)
+        self.invalid_events.labels("unknown", "unknown_subject")

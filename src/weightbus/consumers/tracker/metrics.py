@@ -9,9 +9,11 @@ Families (prefix ``weightbus_``, label ``policy`` only; never a version, epoch o
 * ``weightbus_propagation_lag_seconds`` histogram: publish-to-observe delay of live updates;
 * ``weightbus_version_regressions_total`` counter: lower versions seen, whatever the handling;
 * ``weightbus_tracker_resubscribes_total`` counter: subscriptions re-established after a failure;
-* ``weightbus_events_rejected_total`` counter (label ``reason`` too: ``not_owner``, ``stale_claim``,
-  ``unexplained_jump``, ``unexplained_claim``, ``counter_reset``): weights events the tracker refused;
-* ``weightbus_tracker_ready`` gauge: 1 while the tracker knows the current state of the policy.
+* ``weightbus_events_rejected_total{reason}`` counter: weights events the tracker refused
+  (``not_owner``, ``stale_claim``, ``unexplained_jump``, ``unexplained_claim``, ``counter_reset``),
+  every reason exported at 0 from the start (so the first one shows as an ``increase``);
+* ``weightbus_tracker_ready`` gauge: 1 while the tracker knows the policy's state; exported by trackers
+  only, never by ``watch``, so an alert on 0 means a deaf (or never replayed) tracker.
 
 One ``TrackerMetrics`` serves every policy of a process: registering the families twice on one
 registry raises, so trackers share it and bind a policy with ``for_policy``.
@@ -20,9 +22,11 @@ registry raises, so trackers share it and bind a policy with ``for_policy``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final, Protocol, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from weightbus.schemas.alerts import RejectReason
 
 __all__ = ["LAG_BUCKETS", "PolicyTrackerMetrics", "TrackerMetrics"]
 
@@ -122,9 +126,11 @@ class PolicyTrackerMetrics:
         self._lag = families.lag.labels(policy)
         self._regressions = families.regressions.labels(policy)
         self._resubscribes = families.resubscribes.labels(policy)
-        self._rejected = families.rejected
-        self._ready = families.ready.labels(policy)
-        self._ready.set(0)
+        # Every reason at 0 from the start: a counter born at 1 on its first event shows no increase(), so an
+        # alert on it would miss the first rejected event of each reason.
+        self._rejected = {reason: families.rejected.labels(policy, reason) for reason in get_args(RejectReason)}
+        self._ready_family = families.ready
+        self._ready_bound = False
 
     def set_state(self, version: int | None, epoch: int | None, updated_at: float | None) -> None:
         """Set the version, epoch and last-update gauges now (``watch``); a None leaves its gauge as it was."""
@@ -141,6 +147,9 @@ class PolicyTrackerMetrics:
         The per-event path then pays nothing for them. Trackers of one policy in one process share
         these gauges; the one that bound last is shown.
         """
+        # Readiness is exported by trackers only (``watch`` binds these metrics without one): 0 until ready.
+        if not self._ready_bound:
+            self.set_ready(False)
         self._current.set_function(lambda: read().version or 0)
         self._epoch.set_function(lambda: read().epoch or 0)
         self._last_update.set_function(lambda: read().updated_at or 0.0)
@@ -157,10 +166,11 @@ class PolicyTrackerMetrics:
         """Count one subscription re-established after a failure."""
         self._resubscribes.inc()
 
-    def count_rejected(self, reason: str) -> None:
+    def count_rejected(self, reason: RejectReason) -> None:
         """Count one refused weights event by ``reason``."""
-        self._rejected.labels(self.policy, reason).inc()
+        self._rejected[reason].inc()
 
     def set_ready(self, ready: bool) -> None:
         """Mirror the tracker's readiness."""
-        self._ready.set(1 if ready else 0)
+        self._ready_bound = True
+        self._ready_family.labels(self.policy).set(1 if ready else 0)
