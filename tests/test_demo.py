@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sglang_router")
 
-from weightbus.process.demo import DemoConfig, run_demo  # noqa: E402
+from weightbus.demo import DemoConfig, run_demo  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 

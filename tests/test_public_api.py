@@ -27,7 +27,7 @@ PACKAGES = [
     "weightbus.integrations",
     "weightbus.engines",
     "weightbus.cli",
-    "weightbus.process.demo",
+    "weightbus.demo",
     "weightbus.refengine",
     "weightbus.rl",
     "weightbus.rl.task",

@@ -55,8 +55,8 @@ def test_the_loop_trains_under_the_shipped_roles_without_a_permission_warning(
 ) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("sglang_router")
-    from weightbus.process.demo import DemoConfig
-    from weightbus.process.demo.children import Layout, Process, http_ok, router_argv, router_workers, wait_until
+    from weightbus.demo import DemoConfig
+    from weightbus.demo.children import Layout, Process, http_ok, router_argv, router_workers, wait_until
 
     config = DemoConfig(steps=3, batch=2, group_size=4, in_flight=2, out_dir=None, faults=False, policy="roles")
     layout = Layout(tmp=tmp_path, nats_url=server.url, engine_ports=[free_port()], router_port=free_port())

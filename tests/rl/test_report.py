@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from weightbus.process.demo import FAULTS, DemoConfig
+from weightbus.demo import FAULTS, DemoConfig
 from weightbus.rl.report import ROGUE_ID, analyse
 from weightbus.rl.writers import plot_report, tradeoff_numbers, write_report, write_tradeoff
 
@@ -25,7 +25,7 @@ def _updated(seq: int, version: int, trainer: str = "trainer-0") -> dict[str, An
         "published_at": 100.0 + seq,
         "engines": ENGINES,
     }
-    return {"subject": "weightbus.process.demo.weights", "seq": seq, "received_at": 100.001 + seq, "event": event}
+    return {"subject": "weightbus.demo.weights", "seq": seq, "received_at": 100.001 + seq, "event": event}
 
 
 def _applied(seq: int, version: int, engine: str, read_back: str | None = None) -> dict[str, Any]:
@@ -39,7 +39,7 @@ def _applied(seq: int, version: int, engine: str, read_back: str | None = None) 
         "ok": read == str(version),
         "published_at": 100.0 + seq,
     }
-    return {"subject": "weightbus.process.demo.applied", "seq": seq, "received_at": 100.0 + seq, "event": event}
+    return {"subject": "weightbus.demo.applied", "seq": seq, "received_at": 100.0 + seq, "event": event}
 
 
 def _row(step: int, trained_under: int, oldest: list[int | None], unknown: bool = False) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def _out_of_sync(seq: int, engine: str, published_at: float, reason: str = "unex
         "published_at": published_at,
         "reason": reason,
     }
-    return {"subject": "weightbus.process.demo.alerts", "seq": seq, "received_at": published_at, "event": event}
+    return {"subject": "weightbus.demo.alerts", "seq": seq, "received_at": published_at, "event": event}
 
 
 def test_a_restarted_engine_must_be_alerted_as_unexpected_label_after_its_restart(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ def demo_command(
             "pip install 'weightbus[engine,rl]'",
             2,
         )
-    from weightbus.process.demo import DemoConfig, DemoError, run_demo
+    from weightbus.demo import DemoConfig, DemoError, run_demo
 
     if compare_staleness is not None:
         try:
@@ -141,7 +141,7 @@ def _verdict(result: DemoResult) -> None:
 
 
 def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path) -> None:
-    from weightbus.process.demo import DemoConfig, DemoError, run_demo
+    from weightbus.demo import DemoConfig, DemoError, run_demo
     from weightbus.rl.writers import write_tradeoff
 
     results = {}

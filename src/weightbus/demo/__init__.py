@@ -14,8 +14,8 @@ Invariants of the supervisor itself: every process it starts is stopped on exit,
 
 from __future__ import annotations
 
-from weightbus.process.demo.children import DemoError
-from weightbus.process.demo.config import FAULTS, DemoConfig
-from weightbus.process.demo.supervisor import run_demo
+from weightbus.demo.children import DemoError
+from weightbus.demo.config import FAULTS, DemoConfig
+from weightbus.demo.supervisor import run_demo
 
 __all__ = ["FAULTS", "DemoConfig", "DemoError", "run_demo"]

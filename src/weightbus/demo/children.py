@@ -2,7 +2,7 @@
 
 Each child is a real process a user could launch alone: ``weightbus engine --config FILE``, ``weightbus rollout
 --config FILE``, ``weightbus trainer --config FILE``, the recorder, and ``sglang_router.launch_router``. The
-configs are built here, once, from :class:`~weightbus.process.demo.config.DemoConfig`; a replacement (a failover's
+configs are built here, once, from :class:`~weightbus.demo.config.DemoConfig`; a replacement (a failover's
 trainer, a restarted rollout) is the same config with its own identity.
 
 Invariant: a child is stopped by pid (SIGTERM, then SIGKILL after a grace period), never by name.
@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from weightbus.process.demo.config import DemoConfig
+from weightbus.demo.config import DemoConfig
 from weightbus.refengine.config import EngineConfig
 from weightbus.rl.config import RolloutConfig, TrainerConfig, dump_config
 

@@ -16,9 +16,9 @@ import uuid
 from typing import Any
 
 from weightbus.bus import connect, subjects
+from weightbus.demo.children import Layout, Process
+from weightbus.demo.config import DemoConfig
 from weightbus.embedded.server import EmbeddedNats
-from weightbus.process.demo.children import Layout, Process
-from weightbus.process.demo.config import DemoConfig
 from weightbus.rl.report import ROGUE_ID
 from weightbus.schemas import WeightUpdated, now
 

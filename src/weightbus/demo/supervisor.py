@@ -18,8 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from weightbus.embedded.server import EmbeddedNats, free_port
-from weightbus.process.demo.children import (
+from weightbus.demo.children import (
     DemoError,
     Layout,
     Process,
@@ -28,8 +27,9 @@ from weightbus.process.demo.children import (
     router_workers,
     wait_until,
 )
-from weightbus.process.demo.config import DemoConfig
-from weightbus.process.demo.faults import Injector, rogue_publish
+from weightbus.demo.config import DemoConfig
+from weightbus.demo.faults import Injector, rogue_publish
+from weightbus.embedded.server import EmbeddedNats, free_port
 from weightbus.rl.report import DemoResult, analyse
 from weightbus.rl.writers import write_report
 
