@@ -19,22 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.options import ConnectOptions
-from weightbus.cli._common import (
-    DEFAULT_NATS,
-    EXIT_USAGE,
-    MetricsHostOption,
-    MetricsPortOption,
-    NatsOption,
-    VerboseOption,
-    fail,
-    run_async,
-    setup_logging,
-    start_metrics,
-    with_connection,
-)
+from weightbus.cli.connection import with_connection
+from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.metrics_server import start_metrics
+from weightbus.cli.options import DEFAULT_NATS, MetricsHostOption, MetricsPortOption, NatsOption, VerboseOption
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.consumers.tracker.tracker import TrackerStatus, VersionChange, VersionTracker
 from weightbus.errors import BusError, InvalidPolicyError, VersionRegressionError
+from weightbus.process.logs import setup_logging
 from weightbus.rules.chain import RegressionMode
 
 __all__ = ["EXIT_REGRESSION", "format_change", "register"]

@@ -28,9 +28,10 @@ import typer
 from weightbus.bus.nats import connect
 from weightbus.bus.options import ConnectOptions
 from weightbus.bus.subjects import validate_policy
-from weightbus.cli._common import (
+from weightbus.cli.connection import with_connection
+from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.options import (
     DEFAULT_NATS,
-    EXIT_USAGE,
     ApiKeyOption,
     ConnectTimeoutOption,
     EngineTimeoutOption,
@@ -38,14 +39,11 @@ from weightbus.cli._common import (
     PolicyOption,
     RouterOption,
     VerboseOption,
-    fail,
-    run_async,
-    setup_logging,
-    with_connection,
 )
 from weightbus.engines._http import normalize_url
 from weightbus.engines.sglang import PauseMode
 from weightbus.errors import BusError, EngineError, FencedError, InvalidEventError, InvalidPolicyError
+from weightbus.process.logs import setup_logging
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.producers.lora import push_lora_adapter
 from weightbus.producers.status import read_weights_history

@@ -18,7 +18,8 @@ from typing import Annotated, Final
 
 import typer
 
-from weightbus.cli._common import check_port, check_writable_dir, fail
+from weightbus.cli.checks import check_port, check_writable_dir
+from weightbus.cli.exits import fail
 from weightbus.embedded.server import EmbeddedNats, NatsServerNotFound, NatsServerStartError
 
 __all__ = ["register"]

@@ -26,21 +26,13 @@ from weightbus.bus.protocol import Deliver
 from weightbus.bus.trace import TraceRecord, read_trace
 from weightbus.bus.trace import record as record_events
 from weightbus.bus.trace import replay as replay_events
-from weightbus.cli._common import (
-    DEFAULT_NATS,
-    EXIT_USAGE,
-    MetricsHostOption,
-    MetricsPortOption,
-    NatsOption,
-    VerboseOption,
-    check_writable_file,
-    fail,
-    run_async,
-    setup_logging,
-    start_metrics,
-    with_connection,
-)
+from weightbus.cli.checks import check_writable_file
+from weightbus.cli.connection import with_connection
+from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.metrics_server import start_metrics
+from weightbus.cli.options import DEFAULT_NATS, MetricsHostOption, MetricsPortOption, NatsOption, VerboseOption
 from weightbus.errors import BusError, InvalidEventError, InvalidPolicyError
+from weightbus.process.logs import setup_logging
 from weightbus.schemas import decode, encode
 
 __all__ = ["EXIT_LIVE_POLICY", "prepare_replay", "register"]
