@@ -255,7 +255,7 @@ def test_replay_into_a_live_policy_needs_force_and_policy_rewrites(nats_url: str
     again = invoke("replay", str(trace), "--nats", nats_url, "--new-ids", "--force")
     assert again.exit_code == 0 and "replayed 2 new events" in again.stderr
     other = f"{policy}-copy"
-    moved = invoke("replay", str(trace), "--nats", nats_url, "--policy", other)
+    moved = invoke("replay", str(trace), "--nats", nats_url, "--as-policy", other)
     assert moved.exit_code == 0, moved.output
     out = tmp_path / "copy.jsonl"
     recorded = invoke("record", "--out", str(out), "--subjects", subjects.weights(other), "--deliver", "all",

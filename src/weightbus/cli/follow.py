@@ -22,7 +22,14 @@ from weightbus.bus.options import ConnectOptions
 from weightbus.cli.connection import with_connection
 from weightbus.cli.exits import EXIT_USAGE, fail, run_async
 from weightbus.cli.metrics_server import start_metrics
-from weightbus.cli.options import DEFAULT_NATS, MetricsHostOption, MetricsPortOption, NatsOption, VerboseOption
+from weightbus.cli.options import (
+    DEFAULT_NATS,
+    MetricsHostOption,
+    MetricsPortOption,
+    NatsOption,
+    PolicyOption,
+    VerboseOption,
+)
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.consumers.tracker.tracker import TrackerStatus, VersionChange, VersionTracker
 from weightbus.errors import BusError, InvalidPolicyError, VersionRegressionError
@@ -61,7 +68,7 @@ def _emit(line: str) -> None:
 
 
 def follow_command(
-    policy: Annotated[str, typer.Option("--policy", "-p", help="The policy to follow.")],
+    policy: PolicyOption,
     regression: Annotated[
         RegressionMode,
         typer.Option("--regression", help="On a lower version: hold (keep the higher), follow, or raise (exit 3)."),

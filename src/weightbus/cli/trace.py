@@ -4,7 +4,7 @@
 ``weightbus.<policy>.<family>`` subject (no wildcards, spaces or empty tokens) and its payload must pass
 the typed decode (no ``version: -5``, nothing over the size limit), checked for the whole trace before
 anything is published. Replaying into a policy whose weights subject already holds events would
-re-store old versions and fence its trainer, so it needs ``--force``; ``--policy NEW`` replays the
+re-store old versions and fence its trainer, so it needs ``--force``; ``--as-policy NEW`` replays the
 trace under another policy id (subjects, events and message ids rewritten), e.g. for tests.
 
 Exit codes: 0 done, 1 runtime failure, 2 bad arguments (an unwritable ``--out``, an invalid trace),
@@ -26,7 +26,7 @@ from weightbus.bus.protocol import Deliver
 from weightbus.bus.trace import TraceRecord, read_trace
 from weightbus.bus.trace import record as record_events
 from weightbus.bus.trace import replay as replay_events
-from weightbus.cli.checks import check_writable_file
+from weightbus.cli.checks import check_policy, check_writable_file
 from weightbus.cli.connection import with_connection
 from weightbus.cli.exits import EXIT_USAGE, fail, run_async
 from weightbus.cli.metrics_server import start_metrics
@@ -141,7 +141,7 @@ def prepare_replay(records: list[TraceRecord], *, source: str, policy: str | Non
             continue
         if len(seen) > 1:
             raise ValueError(
-                f"{where}: the trace holds several policies ({', '.join(sorted(seen))}); --policy needs one"
+                f"{where}: the trace holds several policies ({', '.join(sorted(seen))}); --as-policy needs one"
             )
         event = msgspec.structs.replace(event, policy=policy)
         headers = dict(rec.headers)
@@ -172,8 +172,11 @@ def replay_command(
     new_ids: Annotated[
         bool, typer.Option("--new-ids", help="Suffix message ids, to replay into the stream the trace came from.")
     ] = False,
-    policy: Annotated[
-        str | None, typer.Option("--policy", help="Replay under this policy id (rewrites subjects and events).")
+    as_policy: Annotated[
+        str | None,
+        typer.Option(
+            "--as-policy", help="Replay under this policy id (rewrites subjects and events).", callback=check_policy
+        ),
     ] = None,
     force: Annotated[
         bool,
@@ -187,13 +190,13 @@ def replay_command(
 
     Every record is validated first (concrete subject, valid event); nothing is published if one fails.
     A policy whose weights subject already has events needs --force (replaying would fence its trainer);
-    --policy NEW replays the trace under another policy id.
+    --as-policy NEW replays the trace under another policy id.
 
     Exit codes: 0 done, 2 invalid trace or arguments, 3 target policy has events (no --force), 5 NATS unreachable.
     """
     setup_logging(verbose)
     try:
-        records = prepare_replay(list(read_trace(trace)), source=str(trace), policy=policy)
+        records = prepare_replay(list(read_trace(trace)), source=str(trace), policy=as_policy)
     except (ValueError, OSError) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     targets = sorted({p for r in records if (p := subjects.policy_of(r.subject)) is not None})
@@ -214,7 +217,7 @@ def replay_command(
                     if stored is not None:
                         raise _LivePolicyError(
                             f"policy {target!r} already has events on {subjects.weights(target)}; replaying would "
-                            "re-store old versions and fence its trainer: pass --force, or --policy NEW"
+                            "re-store old versions and fence its trainer: pass --force, or --as-policy NEW"
                         )
             suffix = f":replay-{time.time_ns()}" if new_ids else None
             acks = await replay_events(records, bus, speed=speed or None, msg_id_suffix=suffix)

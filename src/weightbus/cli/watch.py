@@ -34,7 +34,14 @@ from weightbus.bus.protocol import Bus, Deliver, Envelope
 from weightbus.cli.connection import with_connection
 from weightbus.cli.exits import EXIT_USAGE, fail, run_async
 from weightbus.cli.metrics_server import start_metrics
-from weightbus.cli.options import DEFAULT_NATS, MetricsHostOption, MetricsPortOption, NatsOption, VerboseOption
+from weightbus.cli.options import (
+    DEFAULT_NATS,
+    MetricsHostOption,
+    MetricsPortOption,
+    NatsOption,
+    PolicyFilterOption,
+    VerboseOption,
+)
 from weightbus.consumers.monitor import MonitorState, PolicyView, reduce
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import BusError, InvalidPolicyError, SlowConsumerError
@@ -246,7 +253,7 @@ def _update_metrics(
 
 
 def watch_command(
-    policy: Annotated[str | None, typer.Option("--policy", "-p", help="Only this policy (default: all).")] = None,
+    policy: PolicyFilterOption = None,
     json_out: Annotated[
         bool, typer.Option("--json", help='Print each event as its wire JSON plus a "subject" key, one per line.')
     ] = False,
