@@ -35,7 +35,7 @@ from weightbus.errors import BusError, InvalidEventError, InvalidPolicyError
 from weightbus.process.logs import setup_logging
 from weightbus.schemas import decode, encode
 
-__all__ = ["EXIT_LIVE_POLICY", "prepare_replay", "register"]
+__all__ = ["EXIT_LIVE_POLICY", "prepare_replay", "recording_line", "register"]
 
 EXIT_LIVE_POLICY: Final = 3
 EXIT_NATS: Final = 5
@@ -50,7 +50,12 @@ def record_command(
     ],
     subjects_: Annotated[str, typer.Option("--subjects", help="Subject pattern to record.")] = "weightbus.>",
     deliver: Annotated[
-        Deliver, typer.Option("--deliver", help="new: from now on; last_per_subject: current first; all: history.")
+        Deliver,
+        typer.Option(
+            "--deliver",
+            help="new: only events published from now on (an idle bus records nothing); last_per_subject: the "
+            "latest stored event of each subject first; all: the retained history from its start first.",
+        ),
     ] = Deliver.NEW,
     count: Annotated[int | None, typer.Option("--count", min=1, help="Stop after this many events.")] = None,
     duration: Annotated[float | None, typer.Option("--duration", min=0.0, help="Stop after this many seconds.")] = None,
@@ -62,6 +67,8 @@ def record_command(
 ) -> None:
     """Record events (subject, headers, receive time, wire JSON) to a JSON Lines trace until Ctrl-C.
 
+    By default only new events are recorded (--deliver new): on an idle bus, --count N waits for N new
+    events; --deliver all records the retained history first. One line on stderr says which at start.
     The format is documented in docs/trace-format.md; `weightbus replay` republishes a trace.
     Exit codes: 0 done, 2 bad arguments or unwritable --out, 5 NATS unreachable, 130/143 interrupted.
     """
@@ -80,6 +87,7 @@ def record_command(
         start_metrics(metrics_port, registry, metrics_host)
         bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
         try:
+            typer.echo(recording_line(pattern, deliver, out), err=True)
             if str(out) == "-":
                 return await record_events(
                     bus, sys.stdout.buffer, pattern=pattern, deliver=deliver, count=count, duration=duration
@@ -96,6 +104,19 @@ def record_command(
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
     typer.echo(f"recorded {n} events", err=True)
+
+
+_WHAT: Final = {
+    Deliver.NEW: "new events only, from now on (--deliver all records the retained history too)",
+    Deliver.LAST_PER_SUBJECT: "the latest stored event of each subject, then new events",
+    Deliver.ALL: "the retained history from its start, then new events",
+}
+
+
+def recording_line(pattern: str, deliver: Deliver, out: Path | str) -> str:
+    """The line ``record`` prints when it starts: what it records, and where."""
+    where = "stdout" if str(out) == "-" else str(out)
+    return f"recording {pattern} to {where}: {_WHAT[deliver]}"
 
 
 def _rewrite_msg_id(msg_id: str, old: str, new: str) -> str:

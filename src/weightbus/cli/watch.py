@@ -9,12 +9,14 @@ subject. Then it follows live events; it works the same against a live system an
 
 An event counts as live (and its lag is shown) when it was published after the watch started; the
 stored events replayed at start are ages, not lags. ``--json`` prints each event's wire JSON with a
-``"subject"`` key, one object per line, flushed per line.
+``"subject"`` key, one object per line, flushed per line. While the live view is drawn on a terminal,
+log lines are printed through its console, above the display, so none is left over it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -26,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from weightbus.bus import subjects
 from weightbus.bus.metrics import BusMetrics
@@ -45,7 +48,7 @@ from weightbus.cli.options import (
 from weightbus.consumers.monitor import MonitorState, PolicyView, reduce
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import BusError, InvalidPolicyError, SlowConsumerError
-from weightbus.process.logs import setup_logging
+from weightbus.process.logs import route_logs, setup_logging
 from weightbus.rules.chain import TrackerAction
 from weightbus.schemas.weights import WeightUpdated
 
@@ -193,7 +196,7 @@ async def watch(
     deadline = None if duration is None else loop.time() + duration
     state = MonitorState()
     seen = 0
-    live_view: Live | None = None
+    views = contextlib.ExitStack()
     if not json_out:
         live_view = Live(
             get_renderable=lambda: render(state, time.time()),
@@ -201,6 +204,12 @@ async def watch(
             refresh_per_second=refresh_per_second,
         )
         live_view.start()
+        views.callback(live_view.stop)
+        if live_view.console.is_terminal:
+            # A line written to stderr behind the display's back shifts it down one row, and the next
+            # redraw leaves the old header on screen: log lines go through the display's console instead.
+            live_console = live_view.console
+            views.enter_context(route_logs(lambda line: live_console.print(Text(line), soft_wrap=True)))
     # The live view replays each subject's retained history, so versions are folded exactly as a
     # tracker that starts now folds them (a rogue lower version stored last is held, not shown).
     deliver = Deliver.LAST_PER_SUBJECT if json_out else Deliver.ALL
@@ -233,8 +242,7 @@ async def watch(
                 deliver = Deliver.LAST_PER_SUBJECT  # the history is folded already
         return state
     finally:
-        if live_view is not None:
-            live_view.stop()
+        views.close()
 
 
 def _update_metrics(
