@@ -43,7 +43,7 @@ def engine_command(
         str, typer.Option("--weight-version", help="Boot weight_version label, as SGLang's --weight-version.")
     ] = "default",
     api_key: Annotated[
-        str | None, typer.Option("--api-key", envvar="WEIGHTBUS_ENGINE_API_KEY", help="Require Bearer auth.")
+        str | None, typer.Option("--api-key", envvar="WEIGHTBUS_API_KEY", help="Require Bearer auth.")
     ] = None,
     token_delay: Annotated[float, typer.Option("--token-delay", help="Seconds per generated token.")] = 0.01,
 ) -> None:
