@@ -161,3 +161,17 @@ def test_server_without_a_binary_suggests_no_flag_it_lacks(monkeypatch: pytest.M
     result = runner.invoke(app, ["server"])
     one_line_error(result, 1, "no nats-server binary found")
     assert "--nats" not in result.stderr
+
+
+def test_the_library_reads_the_nats_url_in_the_same_order() -> None:
+    from weightbus.bus.options import NATS_URL_ENV, nats_url_from_env
+
+    assert NATS_URL_ENV == ("WEIGHTBUS_NATS", "NATS_URL")
+    assert nats_url_from_env("d", {}) == "d"
+    assert nats_url_from_env("d", {"NATS_URL": "nats://b:1"}) == "nats://b:1"
+    assert nats_url_from_env("d", {"NATS_URL": "nats://b:1", "WEIGHTBUS_NATS": "nats://a:1"}) == "nats://a:1"
+    assert nats_url_from_env("d", {"NATS_URL": "nats://b:1", "WEIGHTBUS_NATS": ""}) == "nats://b:1"
+
+
+def test_an_empty_policy_variable_counts_as_unset() -> None:
+    one_line_error(runner.invoke(app, ["status"], env=_clean_env(WEIGHTBUS_POLICY="")), 2, "--policy")
