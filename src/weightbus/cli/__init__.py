@@ -13,13 +13,13 @@ from typing import Annotated
 import typer
 
 from weightbus.cli import demo, engine, follow, publish, rl, schema, server, status, stream, trace, watch
-from weightbus.cli.exits import CommandGroup
+from weightbus.cli.exits import CommandGroup as _CommandGroup
 
 __all__ = ["app", "main", "package_version"]
 
 app = typer.Typer(
     name="weightbus",
-    cls=CommandGroup,
+    cls=_CommandGroup,
     help=(
         "Weight versions for fully-async RL over NATS JetStream: trainers publish the version after each "
         "engine push; rollout managers follow it and judge the staleness of drained groups.\n\n"
