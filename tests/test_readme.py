@@ -59,7 +59,13 @@ def test_the_processes_block_names_its_nats_and_binds_loopback() -> None:
         if line.startswith("weightbus ") and not line.startswith("weightbus server"):
             assert n > exported or "--nats" in line, line
     router = block[block.index("sglang_router") :].split("&", 1)[0]
-    for needle in ("--host 127.0.0.1", "--log-level warn", "--prometheus-host 127.0.0.1"):
+    # The demo's router flags (weightbus.process.demo): loopback only, quiet, its metrics port loopback too.
+    for needle in (
+        "--host 127.0.0.1",
+        "--log-level warn",
+        "--health-check-interval-secs 1",
+        "--prometheus-host 127.0.0.1",
+    ):
         assert needle in router
 
 
