@@ -1,7 +1,8 @@
 """SIGINT ends every long-running command with 130 and SIGTERM with 143, in a real process, after its cleanup.
 
 Each command is started as the operator starts it, signalled once it shows it is running (a line it
-prints, a file it opens), and must exit with the shared code and no traceback.
+prints, a file it opens, a port it listens on), and must exit with the shared code and no traceback.
+``weightbus demo`` is interrupted by ``tests/test_demo.py``; ``publish`` by ``test_publish_interrupt.py``.
 """
 
 from __future__ import annotations
@@ -109,27 +110,3 @@ def test_a_signal_ends_each_command_with_the_shared_code(
     returncode, err = _stop(_run_until(args, ready), sig)
     assert returncode == code, err
     assert "Traceback" not in err
-
-
-@pytest.mark.slow
-@pytest.mark.torch
-@pytest.mark.parametrize(
-    ("sig", "code"),
-    [
-        (signal.SIGINT, 130),
-        pytest.param(
-            signal.SIGTERM,
-            143,
-            marks=pytest.mark.xfail(
-                strict=True, reason="process/demo.py turns SIGTERM into KeyboardInterrupt, so the demo exits 130"
-            ),
-        ),
-    ],
-    ids=["SIGINT", "SIGTERM"],
-)
-def test_a_signal_ends_the_demo_with_the_shared_code(sig: signal.Signals, code: int, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("sglang_router")
-    proc = _run_until(["demo", "--steps", "200", "--out", str(tmp_path)], lambda out, err: "training" in out, 180)
-    returncode, err = _stop(proc, sig)
-    assert returncode == code, err
