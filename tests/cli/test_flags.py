@@ -175,3 +175,14 @@ def test_the_library_reads_the_nats_url_in_the_same_order() -> None:
 
 def test_an_empty_policy_variable_counts_as_unset() -> None:
     one_line_error(runner.invoke(app, ["status"], env=_clean_env(WEIGHTBUS_POLICY="")), 2, "--policy")
+
+
+def test_an_abort_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import weightbus.cli.status as status
+
+    def eof(coro: Any) -> None:
+        coro.close()
+        raise EOFError  # what typer turns into Abort (an input closed under a prompt)
+
+    monkeypatch.setattr(status, "run_async", eof)
+    one_line_error(runner.invoke(app, ["status", "--policy", "p"], env=_clean_env()), 1, "aborted")

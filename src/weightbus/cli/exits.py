@@ -88,7 +88,7 @@ class CommandGroup(TyperGroup):
             hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
             fail(f"{where}{exc.format_message()}{hint}", exc.exit_code)
             sys.exit(exc.exit_code)
-        except click_errors.Abort:
+        except typer.Abort:
             fail("aborted", EXIT_FAILURE)
             sys.exit(EXIT_FAILURE)
         sys.exit(code if isinstance(code, int) else EXIT_OK)
