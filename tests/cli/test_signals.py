@@ -87,6 +87,9 @@ def test_a_signal_ends_each_command_with_the_shared_code(
     command: str, sig: signal.Signals, code: int, nats_url: str, policy: str, tmp_path: Path
 ) -> None:
     dead_router = f"http://127.0.0.1:{free_port()}"
+    # Accepts connections (the kernel's backlog) and never answers: the trainer waits on its /workers.
+    silent_router = socket.create_server(("127.0.0.1", 0))
+    silent = f"http://127.0.0.1:{silent_router.getsockname()[1]}"
     engine_port = free_port()
     if command in ("watch", "rollout"):
         _publish_one(nats_url, policy)  # watch prints it; the rollout generates once a version exists
@@ -101,12 +104,13 @@ def test_a_signal_ends_each_command_with_the_shared_code(
             lambda out, err: "generation failed" in err,
         ),
         "trainer": (
-            ["trainer", "--nats", nats_url, "--router", dead_router, "--policy", policy, "--run-dir", str(tmp_path)],
+            ["trainer", "--nats", nats_url, "--router", silent, "--policy", policy, "--run-dir", str(tmp_path)],
             lambda out, err: (tmp_path / "steps.jsonl").exists(),
         ),
     }[command]
     if command == "trainer":
         pytest.importorskip("torch")
     returncode, err = _stop(_run_until(args, ready), sig)
+    silent_router.close()
     assert returncode == code, err
     assert "Traceback" not in err

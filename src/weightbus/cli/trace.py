@@ -13,6 +13,7 @@ Exit codes: 0 done, 1 runtime failure, 2 bad arguments (an unwritable ``--out``,
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated, Final
@@ -83,19 +84,17 @@ def record_command(
         from weightbus.bus.metrics import BusMetrics
         from weightbus.bus.nats import connect
 
-        registry = CollectorRegistry()
-        start_metrics(metrics_port, registry, metrics_host)
-        bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
-        try:
-            typer.echo(recording_line(pattern, deliver, out), err=True)
-            if str(out) == "-":
-                return await record_events(
-                    bus, sys.stdout.buffer, pattern=pattern, deliver=deliver, count=count, duration=duration
-                )
-            with open(out, "ab") as f:
-                return await record_events(bus, f, pattern=pattern, deliver=deliver, count=count, duration=duration)
-        finally:
-            await bus.close()
+        with contextlib.ExitStack() as files:
+            # Opened before connecting: a path that cannot be written fails before anything else happens.
+            sink = sys.stdout.buffer if str(out) == "-" else files.enter_context(open(out, "ab"))
+            registry = CollectorRegistry()
+            start_metrics(metrics_port, registry, metrics_host)
+            bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
+            try:
+                typer.echo(recording_line(pattern, deliver, out), err=True)
+                return await record_events(bus, sink, pattern=pattern, deliver=deliver, count=count, duration=duration)
+            finally:
+                await bus.close()
 
     try:
         n = run_async(_run())
