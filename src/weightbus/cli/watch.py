@@ -20,6 +20,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Annotated, Final
 
 import msgspec
@@ -160,6 +161,20 @@ def render(state: MonitorState, now: float) -> Group:
     return Group(policies, drains, alerts)
 
 
+def _draw(view: Callable[[], Group], console: Console | None, refresh_per_second: float) -> contextlib.ExitStack:
+    """Start drawing ``view`` live; closing the returned stack stops it and gives the logs back to stderr."""
+    views = contextlib.ExitStack()
+    live_view = Live(get_renderable=view, console=console, refresh_per_second=refresh_per_second)
+    live_view.start()
+    views.callback(live_view.stop)
+    if live_view.console.is_terminal:
+        # A line written to stderr behind the display's back shifts it down one row, and the next
+        # redraw leaves the old header on screen: log lines go through the display's console instead.
+        live_console = live_view.console
+        views.enter_context(route_logs(lambda line: live_console.print(Text(line), soft_wrap=True)))
+    return views
+
+
 def _json_line(env: Envelope) -> str:
     wire = msgspec.json.decode(env.data)
     return _json_encoder.encode({"subject": env.subject, **wire}).decode()
@@ -196,20 +211,9 @@ async def watch(
     deadline = None if duration is None else loop.time() + duration
     state = MonitorState()
     seen = 0
-    views = contextlib.ExitStack()
-    if not json_out:
-        live_view = Live(
-            get_renderable=lambda: render(state, time.time()),
-            console=console,
-            refresh_per_second=refresh_per_second,
-        )
-        live_view.start()
-        views.callback(live_view.stop)
-        if live_view.console.is_terminal:
-            # A line written to stderr behind the display's back shifts it down one row, and the next
-            # redraw leaves the old header on screen: log lines go through the display's console instead.
-            live_console = live_view.console
-            views.enter_context(route_logs(lambda line: live_console.print(Text(line), soft_wrap=True)))
+    views = (
+        contextlib.ExitStack() if json_out else _draw(lambda: render(state, time.time()), console, refresh_per_second)
+    )
     # The live view replays each subject's retained history, so versions are folded exactly as a
     # tracker that starts now folds them (a rogue lower version stored last is held, not shown).
     deliver = Deliver.LAST_PER_SUBJECT if json_out else Deliver.ALL
