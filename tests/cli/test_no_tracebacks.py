@@ -124,7 +124,8 @@ def test_a_taken_metrics_port(nats_url: str, nats_server: Any) -> None:
 
 @pytest.mark.parametrize("out", ["/nonexistent/x.jsonl", "/proc/x.jsonl"])
 def test_record_into_an_unwritable_path(out: str) -> None:
-    one_line_error(invoke("record", "--out", out, "--nats", "nats://127.0.0.1:4222"), 2, out)
+    # A dead URL: the path is refused before anything connects.
+    one_line_error(invoke("record", "--out", out, "--nats", f"nats://127.0.0.1:{free_port()}"), 2, out)
 
 
 def test_server_with_an_unwritable_store(tmp_path: Path) -> None:
@@ -255,7 +256,7 @@ def test_replay_into_a_live_policy_needs_force_and_policy_rewrites(nats_url: str
     again = invoke("replay", str(trace), "--nats", nats_url, "--new-ids", "--force")
     assert again.exit_code == 0 and "replayed 2 new events" in again.stderr
     other = f"{policy}-copy"
-    moved = invoke("replay", str(trace), "--nats", nats_url, "--policy", other)
+    moved = invoke("replay", str(trace), "--nats", nats_url, "--as-policy", other)
     assert moved.exit_code == 0, moved.output
     out = tmp_path / "copy.jsonl"
     recorded = invoke("record", "--out", str(out), "--subjects", subjects.weights(other), "--deliver", "all",

@@ -80,7 +80,7 @@ def test_publish_stamps_verifies_and_prints_the_version(nats_url: str, policy: s
 
 def test_publish_lora_loads_then_stamps_and_re_pushes_the_same_name(nats_url: str, policy: str, served: Any) -> None:
     state, url = served
-    args = ("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--lora", "math")
+    args = ("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--lora-adapter", "math")
     result = invoke(*args, "--lora-path", "/adapters/math")
     assert result.exit_code == 0, result.output
     assert state.lora_adapters["math"].path == "/adapters/math" and state.weight_version == "1"
@@ -110,7 +110,7 @@ def test_a_lora_load_refused_by_one_engine_is_undone_on_the_others(nats_url: str
 
     with ServedEngine(create_app(good)) as g, ServedEngine(refuse_lora) as b:
         args = ("publish", "--policy", policy, "--nats", nats_url, "--engine", g.url, "--engine", b.url)
-        result = invoke(*args, "--lora", "math", "--lora-path", "/adapters/math")
+        result = invoke(*args, "--lora-adapter", "math", "--lora-path", "/adapters/math")
     assert result.exit_code == 4 and "out of adapter memory" in result.stderr, result.output
     assert "math" not in good.lora_adapters and good.weight_version == "quarantine:1"
     assert [r.body["lora_name"] for r in good.recorded("/unload_lora_adapter")] == ["math"]

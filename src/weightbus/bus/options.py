@@ -2,7 +2,8 @@
 
 ``ConnectOptions`` carries the options NATS users already know (a ``.creds`` file, an NKEY seed file, a
 token, user and password, a TLS CA, a client certificate and key), read from keyword arguments or from
-``WEIGHTBUS_*`` environment variables, and turns them into nats-py connect arguments.
+``WEIGHTBUS_*`` environment variables, and turns them into nats-py connect arguments. The server URL comes
+from ``WEIGHTBUS_NATS``, else ``NATS_URL`` (the ``nats`` CLI's variable): ``NATS_URL_ENV``, ``nats_url_from_env``.
 
 Invariants:
 
@@ -26,7 +27,7 @@ from urllib.parse import urlsplit
 
 from weightbus.errors import BusConfigError
 
-__all__ = ["ENV", "ConnectOptions", "redact_url"]
+__all__ = ["ENV", "NATS_URL_ENV", "ConnectOptions", "nats_url_from_env", "redact_url"]
 
 #: The environment variable of each option (the CLI flags read the same ones).
 ENV: Final = {
@@ -40,6 +41,8 @@ ENV: Final = {
     "tls_key": "WEIGHTBUS_TLS_KEY",
     "replicas": "WEIGHTBUS_REPLICAS",
 }
+#: Where a NATS URL is read from, first found wins: weightbus's own variable, then the ``nats`` CLI's.
+NATS_URL_ENV: Final = ("WEIGHTBUS_NATS", "NATS_URL")
 _MASK: Final = "***"
 _USERINFO = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>[^@/\s,]+)@", re.IGNORECASE)
 
@@ -58,6 +61,16 @@ def redact_url(url: str) -> str:
         return f"{match.group('scheme')}{shown}@"
 
     return _USERINFO.sub(_mask, url)
+
+
+def nats_url_from_env(default: str, environ: Mapping[str, str] | None = None) -> str:
+    """The NATS URL of the first non-empty variable of ``NATS_URL_ENV``, else ``default``."""
+    env = os.environ if environ is None else environ
+    for var in NATS_URL_ENV:
+        value = env.get(var)
+        if value:
+            return value
+    return default
 
 
 def _url_secrets(url: str) -> list[str]:

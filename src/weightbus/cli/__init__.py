@@ -13,16 +13,19 @@ from typing import Annotated
 import typer
 
 from weightbus.cli import demo, engine, follow, publish, rl, schema, server, status, stream, trace, watch
+from weightbus.cli.exits import CommandGroup as _CommandGroup
 
 __all__ = ["app", "main", "package_version"]
 
 app = typer.Typer(
     name="weightbus",
+    cls=_CommandGroup,
     help=(
         "Weight versions for fully-async RL over NATS JetStream: trainers publish the version after each "
         "engine push; rollout managers follow it and judge the staleness of drained groups.\n\n"
         "Exit codes shared by every command: 0 success, 1 runtime failure, 2 bad arguments, 5 NATS "
         "unreachable, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); each command's --help lists its own.\n\n"
+        "The NATS URL is --nats, else WEIGHTBUS_NATS, else NATS_URL; the policy is --policy, else WEIGHTBUS_POLICY.\n\n"
         "Commands run on uvloop when it is installed; WEIGHTBUS_EVENT_LOOP=asyncio runs them on asyncio's own loop."
     ),
     no_args_is_help=True,

@@ -59,7 +59,7 @@ def engine_command(
         ),
     ] = None,
     api_key: Annotated[
-        str | None, typer.Option("--api-key", envvar="WEIGHTBUS_ENGINE_API_KEY", help="Require Bearer auth.")
+        str | None, typer.Option("--api-key", envvar="WEIGHTBUS_API_KEY", help="Require Bearer auth.")
     ] = None,
     token_delay: Annotated[
         float | None, typer.Option("--token-delay", help="Seconds per generated token." + _d("token_delay"))

@@ -19,22 +19,21 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.options import ConnectOptions
-from weightbus.cli._common import (
+from weightbus.cli.connection import with_connection
+from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.metrics_server import start_metrics
+from weightbus.cli.options import (
     DEFAULT_NATS,
-    EXIT_USAGE,
     MetricsHostOption,
     MetricsPortOption,
     NatsOption,
+    PolicyOption,
     VerboseOption,
-    fail,
-    run_async,
-    setup_logging,
-    start_metrics,
-    with_connection,
 )
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.consumers.tracker.tracker import TrackerStatus, VersionChange, VersionTracker
 from weightbus.errors import BusError, InvalidPolicyError, VersionRegressionError
+from weightbus.process.logs import setup_logging
 from weightbus.rules.chain import RegressionMode
 
 __all__ = ["EXIT_REGRESSION", "format_change", "register"]
@@ -69,7 +68,7 @@ def _emit(line: str) -> None:
 
 
 def follow_command(
-    policy: Annotated[str, typer.Option("--policy", "-p", help="The policy to follow.")],
+    policy: PolicyOption,
     regression: Annotated[
         RegressionMode,
         typer.Option("--regression", help="On a lower version: hold (keep the higher), follow, or raise (exit 3)."),

@@ -27,10 +27,10 @@ import typer
 
 from weightbus.bus.nats import connect
 from weightbus.bus.options import ConnectOptions
-from weightbus.bus.subjects import validate_policy
-from weightbus.cli._common import (
+from weightbus.cli.connection import with_connection
+from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.options import (
     DEFAULT_NATS,
-    EXIT_USAGE,
     ApiKeyOption,
     ConnectTimeoutOption,
     EngineTimeoutOption,
@@ -38,14 +38,11 @@ from weightbus.cli._common import (
     PolicyOption,
     RouterOption,
     VerboseOption,
-    fail,
-    run_async,
-    setup_logging,
-    with_connection,
 )
 from weightbus.engines._http import normalize_url
 from weightbus.engines.sglang import PauseMode
-from weightbus.errors import BusError, EngineError, FencedError, InvalidEventError, InvalidPolicyError
+from weightbus.errors import BusError, EngineError, FencedError, InvalidEventError
+from weightbus.process.logs import setup_logging
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.producers.lora import push_lora_adapter
 from weightbus.producers.status import read_weights_history
@@ -150,43 +147,98 @@ async def _publish(req: _Request) -> int:
         await bus.close()
 
 
+EngineOption = Annotated[
+    list[str] | None, typer.Option("--engine", help="SGLang worker URL to stamp and verify (repeatable).")
+]
+NoEnginesOption = Annotated[
+    bool, typer.Option("--no-engines", help="Announce a version without stamping any engine (you stamp them).")
+]
+LoraAdapterOption = Annotated[
+    str | None, typer.Option("--lora-adapter", help="Name of the LoRA adapter this push carries.")
+]
+LoraPathOption = Annotated[
+    str | None,
+    typer.Option("--lora-path", help="Load the adapter from this path on every engine before stamping."),
+]
+LoraReplaceOption = Annotated[
+    bool,
+    typer.Option(
+        "--lora-replace/--no-lora-replace", help="Re-push an adapter name an engine already serves (unload, then load)."
+    ),
+]
+TrainerIdOption = Annotated[
+    str | None, typer.Option("--trainer-id", help="Publisher identity (default cli:<user>@<host>).")
+]
+PauseOption = Annotated[
+    str | None, typer.Option("--pause", help="Pause the engines around the stamp: retract, in_place or abort.")
+]
+TakeoverOption = Annotated[
+    bool, typer.Option("--takeover", help="Claim the counter even if its owner is alive (fences it).")
+]
+AliveWindowOption = Annotated[
+    float, typer.Option("--alive-window", min=0.0, help="An owner with an event this recent (seconds) is alive.")
+]
+
+
+def _check_targets(
+    engines: list[str], router: str | None, no_engines: bool, pause: str | None, adapter: str | None, path: str | None
+) -> None:
+    """The engine, pause and adapter options agree (one ``error:`` line and exit 2 if not)."""
+    if path is not None and adapter is None:
+        raise fail("--lora-path needs --lora-adapter NAME", EXIT_USAGE)
+    if engines and router:
+        raise fail("pass --engine or --router, not both", EXIT_USAGE)
+    if no_engines and (engines or router):
+        raise fail("--no-engines contradicts --engine/--router", EXIT_USAGE)
+    if not (engines or router or no_engines):
+        raise fail(
+            "no engines: pass --engine URL or --router URL, or --no-engines to announce a version no engine "
+            "was stamped with",
+            EXIT_USAGE,
+        )
+    if pause is not None and pause not in ("retract", "in_place", "abort"):
+        raise fail(f"--pause must be retract, in_place or abort, not {pause!r}", EXIT_USAGE)
+    if pause is not None and no_engines:
+        raise fail("--pause needs --engine or --router", EXIT_USAGE)
+    if path is not None and no_engines:
+        raise fail("--lora-path needs --engine or --router to load the adapter on", EXIT_USAGE)
+    try:
+        for url in [*engines, *([router] if router else [])]:
+            normalize_url(url)
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+
+
+def _run(request: _Request) -> int:
+    """Publish once; each failure is one ``error:`` line and the exit code the module docstring lists."""
+    try:
+        return run_async(_publish(request))
+    except (FencedError, OwnerAliveError) as exc:
+        raise fail(str(exc), EXIT_FENCED) from None
+    except EngineError as exc:
+        raise fail(_with_notes(exc) + "; nothing was published", EXIT_ENGINE) from None
+    except InvalidEventError as exc:
+        raise fail(f"{exc}; fix or purge the subject before publishing", EXIT_INVALID) from None
+    except BusError as exc:
+        raise fail(str(exc), EXIT_NATS) from None
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+
+
 def publish_command(
     policy: PolicyOption,
     nats: NatsOption = DEFAULT_NATS,
     connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
-    engine: Annotated[
-        list[str] | None, typer.Option("--engine", help="SGLang worker URL to stamp and verify (repeatable).")
-    ] = None,
+    engine: EngineOption = None,
     router: RouterOption = None,
-    no_engines: Annotated[
-        bool,
-        typer.Option("--no-engines", help="Announce a version without stamping any engine (you stamp them)."),
-    ] = False,
-    lora: Annotated[str | None, typer.Option("--lora", help="Name of the LoRA adapter this push carries.")] = None,
-    lora_path: Annotated[
-        str | None,
-        typer.Option("--lora-path", help="Load the adapter from this path on every engine before stamping."),
-    ] = None,
-    lora_replace: Annotated[
-        bool,
-        typer.Option(
-            "--lora-replace/--no-lora-replace",
-            help="Re-push an adapter name an engine already serves (unload, then load).",
-        ),
-    ] = True,
-    trainer_id: Annotated[
-        str | None, typer.Option("--trainer-id", help="Publisher identity (default cli:<user>@<host>).")
-    ] = None,
-    pause: Annotated[
-        str | None, typer.Option("--pause", help="Pause the engines around the stamp: retract, in_place or abort.")
-    ] = None,
-    takeover: Annotated[
-        bool, typer.Option("--takeover", help="Claim the counter even if its owner is alive (fences it).")
-    ] = False,
-    alive_window: Annotated[
-        float,
-        typer.Option("--alive-window", min=0.0, help="An owner with an event this recent (seconds) is alive."),
-    ] = 120.0,
+    no_engines: NoEnginesOption = False,
+    lora_adapter: LoraAdapterOption = None,
+    lora_path: LoraPathOption = None,
+    lora_replace: LoraReplaceOption = True,
+    trainer_id: TrainerIdOption = None,
+    pause: PauseOption = None,
+    takeover: TakeoverOption = False,
+    alive_window: AliveWindowOption = 120.0,
     engine_timeout: EngineTimeoutOption = 30.0,
     api_key: ApiKeyOption = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
@@ -202,39 +254,14 @@ def publish_command(
     or out of sync, 5 NATS unreachable or publish failed, 6 invalid event stored, 130/143 interrupted.
     """
     setup_logging(verbose)
-    try:
-        validate_policy(policy)
-    except InvalidPolicyError as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
-    if lora_path is not None and lora is None:
-        raise fail("--lora-path needs --lora NAME", EXIT_USAGE)
-    if engine and router:
-        raise fail("pass --engine or --router, not both", EXIT_USAGE)
-    if no_engines and (engine or router):
-        raise fail("--no-engines contradicts --engine/--router", EXIT_USAGE)
-    if not (engine or router or no_engines):
-        raise fail(
-            "no engines: pass --engine URL or --router URL, or --no-engines to announce a version no engine "
-            "was stamped with",
-            EXIT_USAGE,
-        )
-    if pause is not None and pause not in ("retract", "in_place", "abort"):
-        raise fail(f"--pause must be retract, in_place or abort, not {pause!r}", EXIT_USAGE)
-    if pause is not None and no_engines:
-        raise fail("--pause needs --engine or --router", EXIT_USAGE)
-    if lora_path is not None and no_engines:
-        raise fail("--lora-path needs --engine or --router to load the adapter on", EXIT_USAGE)
-    try:
-        for url in [*(engine or []), *([router] if router else [])]:
-            normalize_url(url)
-    except ValueError as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
+    engines = list(engine or [])
+    _check_targets(engines, router, no_engines, pause, lora_adapter, lora_path)
     request = _Request(
         nats=nats,
         policy=policy,
-        engines=list(engine or []),
+        engines=engines,
         router=router,
-        lora=LoraAdapter(name=lora, path=lora_path) if lora is not None else None,
+        lora=LoraAdapter(name=lora_adapter, path=lora_path) if lora_adapter is not None else None,
         lora_replace=lora_replace,
         trainer_id=trainer_id or default_cli_trainer_id(),
         pause=pause,  # type: ignore[arg-type]
@@ -245,19 +272,7 @@ def publish_command(
         api_key=api_key,
         connection=connection,
     )
-    try:
-        version = run_async(_publish(request))
-    except (FencedError, OwnerAliveError) as exc:
-        raise fail(str(exc), EXIT_FENCED) from None
-    except EngineError as exc:
-        raise fail(_with_notes(exc) + "; nothing was published", EXIT_ENGINE) from None
-    except InvalidEventError as exc:
-        raise fail(f"{exc}; fix or purge the subject before publishing", EXIT_INVALID) from None
-    except BusError as exc:
-        raise fail(str(exc), EXIT_NATS) from None
-    except ValueError as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
-    typer.echo(str(version))
+    typer.echo(str(_run(request)))
 
 
 def _with_notes(exc: BaseException) -> str:

@@ -65,7 +65,7 @@ NatsUrl = Annotated[
     str | None,
     typer.Option(
         "--nats",
-        envvar="WEIGHTBUS_NATS",
+        envvar=["WEIGHTBUS_NATS", "NATS_URL"],
         callback=check_nats_url,
         help="NATS URL (or several, comma-separated) (default: nats://127.0.0.1:4222).",
     ),

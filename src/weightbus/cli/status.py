@@ -22,10 +22,10 @@ import typer
 
 from weightbus.bus.nats import connect
 from weightbus.bus.options import ConnectOptions
-from weightbus.bus.subjects import validate_policy
-from weightbus.cli._common import (
+from weightbus.cli.connection import with_connection
+from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.options import (
     DEFAULT_NATS,
-    EXIT_USAGE,
     ApiKeyOption,
     ConnectTimeoutOption,
     EngineTimeoutOption,
@@ -33,13 +33,10 @@ from weightbus.cli._common import (
     PolicyOption,
     RouterOption,
     VerboseOption,
-    fail,
-    run_async,
-    setup_logging,
-    with_connection,
 )
 from weightbus.engines._http import normalize_url
-from weightbus.errors import BusError, EngineError, InvalidPolicyError
+from weightbus.errors import BusError, EngineError
+from weightbus.process.logs import setup_logging
 from weightbus.producers import EngineFleet
 from weightbus.producers.status import EngineReadBack, read_weights_history
 from weightbus.rules.history import WeightsHistory
@@ -245,10 +242,9 @@ def status_command(
     """
     setup_logging(verbose)
     try:
-        validate_policy(policy)
         for url in [*(engine or []), *([router] if router else [])]:
             normalize_url(url)
-    except (InvalidPolicyError, ValueError) as exc:
+    except ValueError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     if engine and router:
         raise fail("pass --engine or --router, not both", EXIT_USAGE)

@@ -14,17 +14,11 @@ from typing import Annotated, Any, Final
 import typer
 
 from weightbus.bus.options import ConnectOptions
-from weightbus.cli._common import (
-    DEFAULT_NATS,
-    ConnectTimeoutOption,
-    NatsOption,
-    VerboseOption,
-    fail,
-    run_async,
-    setup_logging,
-    with_connection,
-)
+from weightbus.cli.connection import with_connection
+from weightbus.cli.exits import fail, run_async
+from weightbus.cli.options import DEFAULT_NATS, ConnectTimeoutOption, NatsOption, VerboseOption
 from weightbus.errors import BusConnectError, BusError
+from weightbus.process.logs import setup_logging
 
 __all__ = ["EXIT_BUS", "EXIT_MISMATCH", "register"]
 

@@ -4,7 +4,7 @@
 ``weightbus.<policy>.<family>`` subject (no wildcards, spaces or empty tokens) and its payload must pass
 the typed decode (no ``version: -5``, nothing over the size limit), checked for the whole trace before
 anything is published. Replaying into a policy whose weights subject already holds events would
-re-store old versions and fence its trainer, so it needs ``--force``; ``--policy NEW`` replays the
+re-store old versions and fence its trainer, so it needs ``--force``; ``--as-policy NEW`` replays the
 trace under another policy id (subjects, events and message ids rewritten), e.g. for tests.
 
 Exit codes: 0 done, 1 runtime failure, 2 bad arguments (an unwritable ``--out``, an invalid trace),
@@ -13,6 +13,7 @@ Exit codes: 0 done, 1 runtime failure, 2 bad arguments (an unwritable ``--out``,
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated, Final
@@ -26,24 +27,16 @@ from weightbus.bus.protocol import Deliver
 from weightbus.bus.trace import TraceRecord, read_trace
 from weightbus.bus.trace import record as record_events
 from weightbus.bus.trace import replay as replay_events
-from weightbus.cli._common import (
-    DEFAULT_NATS,
-    EXIT_USAGE,
-    MetricsHostOption,
-    MetricsPortOption,
-    NatsOption,
-    VerboseOption,
-    check_writable_file,
-    fail,
-    run_async,
-    setup_logging,
-    start_metrics,
-    with_connection,
-)
+from weightbus.cli.checks import check_policy, check_writable_file
+from weightbus.cli.connection import with_connection
+from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.metrics_server import start_metrics
+from weightbus.cli.options import DEFAULT_NATS, MetricsHostOption, MetricsPortOption, NatsOption, VerboseOption
 from weightbus.errors import BusError, InvalidEventError, InvalidPolicyError
+from weightbus.process.logs import setup_logging
 from weightbus.schemas import decode, encode
 
-__all__ = ["EXIT_LIVE_POLICY", "prepare_replay", "register"]
+__all__ = ["EXIT_LIVE_POLICY", "prepare_replay", "recording_line", "register"]
 
 EXIT_LIVE_POLICY: Final = 3
 EXIT_NATS: Final = 5
@@ -58,7 +51,12 @@ def record_command(
     ],
     subjects_: Annotated[str, typer.Option("--subjects", help="Subject pattern to record.")] = "weightbus.>",
     deliver: Annotated[
-        Deliver, typer.Option("--deliver", help="new: from now on; last_per_subject: current first; all: history.")
+        Deliver,
+        typer.Option(
+            "--deliver",
+            help="new: only events published from now on (an idle bus records nothing); last_per_subject: the "
+            "latest stored event of each subject first; all: the retained history from its start first.",
+        ),
     ] = Deliver.NEW,
     count: Annotated[int | None, typer.Option("--count", min=1, help="Stop after this many events.")] = None,
     duration: Annotated[float | None, typer.Option("--duration", min=0.0, help="Stop after this many seconds.")] = None,
@@ -70,6 +68,8 @@ def record_command(
 ) -> None:
     """Record events (subject, headers, receive time, wire JSON) to a JSON Lines trace until Ctrl-C.
 
+    By default only new events are recorded (--deliver new): on an idle bus, --count N waits for N new
+    events; --deliver all records the retained history first. One line on stderr says which at start.
     The format is documented in docs/trace-format.md; `weightbus replay` republishes a trace.
     Exit codes: 0 done, 2 bad arguments or unwritable --out, 5 NATS unreachable, 130/143 interrupted.
     """
@@ -84,18 +84,17 @@ def record_command(
         from weightbus.bus.metrics import BusMetrics
         from weightbus.bus.nats import connect
 
-        registry = CollectorRegistry()
-        start_metrics(metrics_port, registry, metrics_host)
-        bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
-        try:
-            if str(out) == "-":
-                return await record_events(
-                    bus, sys.stdout.buffer, pattern=pattern, deliver=deliver, count=count, duration=duration
-                )
-            with open(out, "ab") as f:
-                return await record_events(bus, f, pattern=pattern, deliver=deliver, count=count, duration=duration)
-        finally:
-            await bus.close()
+        with contextlib.ExitStack() as files:
+            # Opened before connecting: a path that cannot be written fails before anything else happens.
+            sink = sys.stdout.buffer if str(out) == "-" else files.enter_context(open(out, "ab"))
+            registry = CollectorRegistry()
+            start_metrics(metrics_port, registry, metrics_host)
+            bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
+            try:
+                typer.echo(recording_line(pattern, deliver, out), err=True)
+                return await record_events(bus, sink, pattern=pattern, deliver=deliver, count=count, duration=duration)
+            finally:
+                await bus.close()
 
     try:
         n = run_async(_run())
@@ -104,6 +103,19 @@ def record_command(
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
     typer.echo(f"recorded {n} events", err=True)
+
+
+_WHAT: Final = {
+    Deliver.NEW: "new events only, from now on (--deliver all records the retained history too)",
+    Deliver.LAST_PER_SUBJECT: "the latest stored event of each subject, then new events",
+    Deliver.ALL: "the retained history from its start, then new events",
+}
+
+
+def recording_line(pattern: str, deliver: Deliver, out: Path | str) -> str:
+    """The line ``record`` prints when it starts: what it records, and where."""
+    where = "stdout" if str(out) == "-" else str(out)
+    return f"recording {pattern} to {where}: {_WHAT[deliver]}"
 
 
 def _rewrite_msg_id(msg_id: str, old: str, new: str) -> str:
@@ -149,7 +161,7 @@ def prepare_replay(records: list[TraceRecord], *, source: str, policy: str | Non
             continue
         if len(seen) > 1:
             raise ValueError(
-                f"{where}: the trace holds several policies ({', '.join(sorted(seen))}); --policy needs one"
+                f"{where}: the trace holds several policies ({', '.join(sorted(seen))}); --as-policy needs one"
             )
         event = msgspec.structs.replace(event, policy=policy)
         headers = dict(rec.headers)
@@ -180,8 +192,11 @@ def replay_command(
     new_ids: Annotated[
         bool, typer.Option("--new-ids", help="Suffix message ids, to replay into the stream the trace came from.")
     ] = False,
-    policy: Annotated[
-        str | None, typer.Option("--policy", help="Replay under this policy id (rewrites subjects and events).")
+    as_policy: Annotated[
+        str | None,
+        typer.Option(
+            "--as-policy", help="Replay under this policy id (rewrites subjects and events).", callback=check_policy
+        ),
     ] = None,
     force: Annotated[
         bool,
@@ -195,13 +210,13 @@ def replay_command(
 
     Every record is validated first (concrete subject, valid event); nothing is published if one fails.
     A policy whose weights subject already has events needs --force (replaying would fence its trainer);
-    --policy NEW replays the trace under another policy id.
+    --as-policy NEW replays the trace under another policy id.
 
     Exit codes: 0 done, 2 invalid trace or arguments, 3 target policy has events (no --force), 5 NATS unreachable.
     """
     setup_logging(verbose)
     try:
-        records = prepare_replay(list(read_trace(trace)), source=str(trace), policy=policy)
+        records = prepare_replay(list(read_trace(trace)), source=str(trace), policy=as_policy)
     except (ValueError, OSError) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     targets = sorted({p for r in records if (p := subjects.policy_of(r.subject)) is not None})
@@ -222,7 +237,7 @@ def replay_command(
                     if stored is not None:
                         raise _LivePolicyError(
                             f"policy {target!r} already has events on {subjects.weights(target)}; replaying would "
-                            "re-store old versions and fence its trainer: pass --force, or --policy NEW"
+                            "re-store old versions and fence its trainer: pass --force, or --as-policy NEW"
                         )
             suffix = f":replay-{time.time_ns()}" if new_ids else None
             acks = await replay_events(records, bus, speed=speed or None, msg_id_suffix=suffix)

@@ -9,15 +9,18 @@ subject. Then it follows live events; it works the same against a live system an
 
 An event counts as live (and its lag is shown) when it was published after the watch started; the
 stored events replayed at start are ages, not lags. ``--json`` prints each event's wire JSON with a
-``"subject"`` key, one object per line, flushed per line.
+``"subject"`` key, one object per line, flushed per line. While the live view is drawn on a terminal,
+log lines are printed through its console, above the display, so none is left over it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Annotated, Final
 
 import msgspec
@@ -26,28 +29,28 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from weightbus.bus import subjects
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.options import ConnectOptions
 from weightbus.bus.protocol import Bus, Deliver, Envelope
-from weightbus.cli._common import (
+from weightbus.cli.connection import with_connection
+from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.metrics_server import start_metrics
+from weightbus.cli.options import (
     DEFAULT_NATS,
-    EXIT_USAGE,
     MetricsHostOption,
     MetricsPortOption,
     NatsOption,
+    PolicyFilterOption,
     VerboseOption,
-    fail,
-    run_async,
-    setup_logging,
-    start_metrics,
-    with_connection,
 )
 from weightbus.consumers.monitor import MonitorState, PolicyView, reduce
 from weightbus.consumers.tracker.heap import freeze_startup_heap
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import BusError, InvalidPolicyError, SlowConsumerError
+from weightbus.process.logs import route_logs, setup_logging
 from weightbus.rules.chain import TrackerAction
 from weightbus.schemas.weights import WeightUpdated
 
@@ -159,6 +162,20 @@ def render(state: MonitorState, now: float) -> Group:
     return Group(policies, drains, alerts)
 
 
+def _draw(view: Callable[[], Group], console: Console | None, refresh_per_second: float) -> contextlib.ExitStack:
+    """Start drawing ``view`` live; closing the returned stack stops it and gives the logs back to stderr."""
+    views = contextlib.ExitStack()
+    live_view = Live(get_renderable=view, console=console, refresh_per_second=refresh_per_second)
+    live_view.start()
+    views.callback(live_view.stop)
+    if live_view.console.is_terminal:
+        # A line written to stderr behind the display's back shifts it down one row, and the next
+        # redraw leaves the old header on screen: log lines go through the display's console instead.
+        live_console = live_view.console
+        views.enter_context(route_logs(lambda line: live_console.print(Text(line), soft_wrap=True)))
+    return views
+
+
 def _json_line(env: Envelope) -> str:
     wire = msgspec.json.decode(env.data)
     return _json_encoder.encode({"subject": env.subject, **wire}).decode()
@@ -195,14 +212,9 @@ async def watch(
     deadline = None if duration is None else loop.time() + duration
     state = MonitorState()
     seen = 0
-    live_view: Live | None = None
-    if not json_out:
-        live_view = Live(
-            get_renderable=lambda: render(state, time.time()),
-            console=console,
-            refresh_per_second=refresh_per_second,
-        )
-        live_view.start()
+    views = (
+        contextlib.ExitStack() if json_out else _draw(lambda: render(state, time.time()), console, refresh_per_second)
+    )
     # The live view replays each subject's retained history, so versions are folded exactly as a
     # tracker that starts now folds them (a rogue lower version stored last is held, not shown).
     deliver = Deliver.LAST_PER_SUBJECT if json_out else Deliver.ALL
@@ -235,8 +247,7 @@ async def watch(
                 deliver = Deliver.LAST_PER_SUBJECT  # the history is folded already
         return state
     finally:
-        if live_view is not None:
-            live_view.stop()
+        views.close()
 
 
 def _update_metrics(
@@ -255,7 +266,7 @@ def _update_metrics(
 
 
 def watch_command(
-    policy: Annotated[str | None, typer.Option("--policy", "-p", help="Only this policy (default: all).")] = None,
+    policy: PolicyFilterOption = None,
     json_out: Annotated[
         bool, typer.Option("--json", help='Print each event as its wire JSON plus a "subject" key, one per line.')
     ] = False,

