@@ -33,6 +33,7 @@ import httpx
 
 from weightbus.bus import connect, subjects
 from weightbus.embedded.server import EmbeddedNats, free_port
+from weightbus.errors import DemoError
 from weightbus.rl.report import ROGUE_ID, DemoResult, analyse, write_report
 from weightbus.schemas import WeightUpdated, now
 
@@ -40,10 +41,6 @@ __all__ = ["DemoConfig", "DemoError", "run_demo"]
 
 _STOP_GRACE = 5.0
 _READY_TIMEOUT = 60.0
-
-
-class DemoError(RuntimeError):
-    """A process of the demo failed to start or died without being asked to."""
 
 
 @dataclass(frozen=True, slots=True)
