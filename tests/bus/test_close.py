@@ -1,7 +1,9 @@
-"""``NatsBus.close()`` never raises and never hangs, also when the connection dies under it.
+"""``NatsBus.close()`` never raises and never hangs, also when the connection dies under it, and leaves no task.
 
-The server-stays-dead case (nats-py reconnecting, commands buffered) is in ``tests/chaos/test_server_kill.py``;
-here the socket dies during nats-py's own final flush, which no timing of a real kill hits reliably.
+The server-stays-dead cases (nats-py reconnecting, commands buffered; 50 timed closes at the first reconnection
+attempt) are in ``tests/chaos/test_server_kill.py``; here are the moments no timing of a real kill hits
+reliably: the socket dying during nats-py's own final flush, and the close landing as the refused reconnection
+returns.
 """
 
 from __future__ import annotations
