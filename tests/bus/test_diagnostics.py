@@ -136,3 +136,13 @@ async def test_a_stream_created_as_the_docs_say_is_accepted(server: EmbeddedNats
     )
     bus = await connect(server.url)
     await bus.close()
+
+
+async def test_reads_on_a_closed_bus_raise_weightbus_errors_not_nats_py_ones(nats_url: str) -> None:
+    bus = await connect(nats_url, name="closed-reads")
+    await bus.close()
+    subject = subjects.weights("diag-closed")
+    for read in (bus.last_seq, bus.last):
+        with pytest.raises(BusError) as info:
+            await read(subject)
+        assert type(info.value).__module__ == "weightbus.errors"

@@ -301,7 +301,10 @@ class NatsBus:
 
     async def _landed(self, subject: str, msg_id: str) -> int | None:
         """The sequence of the last message on ``subject`` if it carries ``msg_id`` (a retry that did land)."""
-        raw = await self._read_last(subject)
+        try:
+            raw = await self._read_last(subject)
+        except nats.errors.Error as exc:
+            raise PublishError(subject, f"conflict reported, and the last message could not be read: {exc!r}") from None
         if raw is not None and raw.headers and raw.headers.get("Nats-Msg-Id") == msg_id:
             return int(raw.seq) if raw.seq is not None else None
         return None
@@ -339,8 +342,12 @@ class NatsBus:
     async def _last_seq_once(self, subject: str) -> int:
         try:
             raw = await self._read_last(subject)
+        except nats.errors.TimeoutError:
+            raise  # retried by last_seq
         except nats.js.errors.APIError as exc:
             raise BusError(f"cannot read the last sequence on {subject!r}: {exc.description or exc}") from None
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read the last sequence on {subject!r}: {exc!r}") from None
         return int(raw.seq or 0) if raw is not None else 0
 
     async def last(self, subject: str) -> Envelope | None:
