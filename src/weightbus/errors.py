@@ -10,17 +10,29 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     │   ├── BusConnectError (ConnectionError) NATS could not be reached or used; ``cause`` says why
     │   │   └── StreamConfigError             the WEIGHTBUS stream exists but lacks what weightbus needs
     │   ├── BusConfigError (ValueError)       connection options that cannot work (a missing file, ...)
+    │   ├── StreamNotFoundError               the WEIGHTBUS stream does not exist (never created, or deleted)
     │   ├── PermissionDeniedError             the server refused a publish or subscribe for this user
     │   ├── PublishError                      the bus refused or could not confirm a publish
     │   │   ├── SequenceConflictError         a conditional publish lost: the subject moved on
     │   │   └── CounterExhaustedError         the policy's counter reached MAX_VERSION: use a new policy id
     │   └── SlowConsumerError                 a subscriber fell behind its bounded queue
+    ├── NatsServerNotFound (FileNotFoundError) no nats-server binary to run an embedded server with
+    ├── NatsServerStartError (RuntimeError)   an embedded nats-server exited or did not become ready
     ├── FencedError                           another publisher owns the policy's counter
+    ├── OwnerAliveError                       a manual publish would fence an owner that is alive
     ├── TrackerNotReadyError                  a tracker does not know the current state (starting, deaf)
     ├── EngineError                           an SGLang engine answered with an error or not at all
     │   └── EngineOutOfSyncError              an engine does not serve the version it was stamped with
     ├── PushCoverageError                     no engine holds the weights a version would name after its push
-    └── VersionRegressionError                a tracker in ``raise`` mode saw a lower version
+    ├── VersionRegressionError                a tracker in ``raise`` mode saw a lower version
+    ├── EventLoopError (ValueError)           ``WEIGHTBUS_EVENT_LOOP`` names a loop that cannot be used
+    ├── TaskLoadError (ValueError)            a ``--task`` import path names no task factory
+    ├── ConfigError (ValueError)              a process's config file or flags do not decode into its config
+    ├── NoRolloutError (ConnectionError)      no rollout process serves the policy's batch subject
+    └── DemoError (RuntimeError)              a demo process failed to start or died unasked
+
+Each error is defined here and nowhere else; the modules that raise one also re-export it under its old
+import path (``weightbus.embedded.server.NatsServerNotFound``, ``weightbus.demo.DemoError``, ...).
 
 Translation from nats-py and msgspec errors happens in ``weightbus.bus`` only; from httpx errors in
 ``weightbus.engines`` only.
@@ -32,18 +44,27 @@ __all__ = [
     "BusConfigError",
     "BusConnectError",
     "BusError",
+    "ConfigError",
     "CounterExhaustedError",
+    "DemoError",
     "EngineError",
     "EngineOutOfSyncError",
+    "EventLoopError",
     "FencedError",
     "InvalidEventError",
     "InvalidPolicyError",
+    "NatsServerNotFound",
+    "NatsServerStartError",
+    "NoRolloutError",
+    "OwnerAliveError",
     "PermissionDeniedError",
     "PublishError",
     "PushCoverageError",
     "SequenceConflictError",
     "SlowConsumerError",
     "StreamConfigError",
+    "StreamNotFoundError",
+    "TaskLoadError",
     "TrackerNotReadyError",
     "UnsendableEventError",
     "VersionRegressionError",
@@ -125,7 +146,7 @@ class StreamConfigError(BusConnectError):
 
     Attributes:
         stream: the stream name.
-        mismatches: one line per problem, e.g. ``max_msgs_per_subject is 8, needs at least 64``.
+        mismatches: one line per problem, e.g. ``max_msgs_per_subject is 8, needs at least 256``.
     """
 
     def __init__(self, url: str, stream: str, mismatches: list[str]) -> None:
@@ -134,13 +155,29 @@ class StreamConfigError(BusConnectError):
         super().__init__(
             url,
             f"stream {stream} does not fit weightbus: {'; '.join(mismatches)} "
-            "(left unchanged; an admin fixes it with `weightbus stream create --upgrade`)",
+            "(left unchanged; an admin fixes it with `weightbus stream create`)",
             cause="stream",
         )
 
 
 class BusConfigError(BusError, ValueError):
     """Connection options that cannot work: a missing creds or certificate file, a password without a user."""
+
+
+class StreamNotFoundError(BusError):
+    """The stream weightbus reads does not exist on the server: it was never created, or it was deleted.
+
+    Attributes:
+        url: the server's URL (secrets redacted).
+        stream: the stream name.
+    """
+
+    def __init__(self, url: str, stream: str) -> None:
+        self.url = url
+        self.stream = stream
+        super().__init__(
+            f"stream {stream} does not exist on {url} (deleted? an admin recreates it with `weightbus stream create`)"
+        )
 
 
 class PermissionDeniedError(BusError):
@@ -293,3 +330,56 @@ class VersionRegressionError(WeightbusError):
         super().__init__(
             f"policy {policy!r}: version went back from {current} to {incoming} (published by {publisher!r})"
         )
+
+
+class NatsServerNotFound(WeightbusError, FileNotFoundError):
+    """No ``nats-server`` binary was found for an embedded server; the message says how to get one."""
+
+
+class NatsServerStartError(WeightbusError, RuntimeError):
+    """An embedded nats-server exited or did not become ready; ``reason`` holds what it logged (the port in use)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"{message}: {reason}" if reason else message)
+
+
+class OwnerAliveError(WeightbusError):
+    """A manual publish found the counter's owner alive (it published recently); ``--takeover`` fences it.
+
+    Attributes:
+        policy: the policy id.
+        owner: the trainer id that holds the counter.
+        age: seconds since the owner's last event.
+        window: the ``--alive-window`` it was compared with.
+    """
+
+    def __init__(self, policy: str, owner: str, age: float, window: float) -> None:
+        self.policy = policy
+        self.owner = owner
+        self.age = age
+        self.window = window
+        super().__init__(
+            f"policy {policy!r} is owned by {owner!r}, alive ({age:.1f}s since its last event < --alive-window "
+            f"{window:g}s); pass --takeover to fence it, or wait; nothing was published"
+        )
+
+
+class EventLoopError(WeightbusError, ValueError):
+    """``WEIGHTBUS_EVENT_LOOP`` names an unknown loop, or uvloop was asked for and does not import."""
+
+
+class ConfigError(WeightbusError, ValueError):
+    """A process config that does not decode: a missing or unknown field, a value out of range, bad JSON."""
+
+
+class TaskLoadError(WeightbusError, ValueError):
+    """A ``--task`` import path that does not name a task factory."""
+
+
+class NoRolloutError(WeightbusError, ConnectionError):
+    """No rollout process is subscribed to the policy's batch subject."""
+
+
+class DemoError(WeightbusError, RuntimeError):
+    """A process of the demo failed to start or died without being asked to."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import resource
 import signal
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import pytest_asyncio
 
@@ -29,10 +31,12 @@ from weightbus.embedded.server import EmbeddedNats
 from weightbus.schemas import WeightUpdated
 
 __all__ = [
+    "DisconnectMark",
     "EventRecorder",
     "Figures",
     "assert_versions_exact",
     "kill_pid",
+    "nats_py_tasks",
     "report",
     "rss_mib",
     "stream_leader",
@@ -48,6 +52,38 @@ def kill_pid(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         return
+
+
+def nats_py_tasks() -> list[asyncio.Task[Any]]:
+    """The running tasks whose coroutine is nats-py's (a client's read loop, pinger, flusher, reconnection...)."""
+    root = os.path.dirname(nats.__file__)
+    found = []
+    for task in asyncio.all_tasks():
+        code = getattr(task.get_coro(), "cr_code", None)
+        if not task.done() and code is not None and code.co_filename.startswith(root):
+            found.append(task)
+    return found
+
+
+class DisconnectMark(logging.Handler):
+    """Records the loop time of weightbus's "disconnected from NATS" warning: nats-py logs it through the
+    disconnected callback in the same step in which its reconnection task starts waiting ``reconnect_time_wait``
+    before the first attempt, so the attempt's moment is known to within the loop's timer resolution."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.at: float | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("disconnected from NATS"):
+            self.at = asyncio.get_running_loop().time()
+
+    def __enter__(self) -> DisconnectMark:
+        logging.getLogger("weightbus.bus").addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("weightbus.bus").removeHandler(self)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:

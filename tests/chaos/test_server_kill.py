@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
-from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, wait_until
+from tests.chaos.conftest import (
+    DisconnectMark,
+    EventRecorder,
+    assert_versions_exact,
+    nats_py_tasks,
+    report,
+    wait_until,
+)
 from weightbus.bus import NatsBus, connect
+from weightbus.bus._connection import RECONNECT_TIME_WAIT
+from weightbus.bus.nats import CLOSE_TASKS_BOUND
 from weightbus.consumers import VersionTracker
 from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import BusError, WeightbusError
@@ -133,3 +143,55 @@ async def test_everything_closes_promptly_while_the_server_stays_dead(own_server
     assert tracker_bus.client.is_closed and trainer_bus.client.is_closed
     assert not tracker.ready
     report("close while nats-server stays dead", close_s=round(took, 2))
+
+
+CLOSE_TRIALS = 50
+# When the close lands, after the first reconnection attempt began: nats-py's connect to the refused port takes a
+# few loop iterations (0.3-0.5 ms here) and the loop oversleeps timers by up to 1 ms, so the trials sweep the close
+# over 0.8-2.0 ms; a cancel is swallowed only when it lands in the two iterations after the refusal.
+CLOSE_OFFSETS_S = tuple((0.8 + 0.05 * i) / 1000 for i in range(25))
+
+
+async def test_close_at_the_first_reconnect_attempt_leaves_no_nats_py_task(own_server: EmbeddedNats) -> None:
+    """The server dies right after connect; ``close()`` comes at nats-py's first reconnection attempt.
+
+    That attempt starts ``reconnect_time_wait`` after the disconnect and gets a refused connection. A close
+    landing as the refusal returns used to leave nats-py's reconnection task retrying for ever (3 of 8 runs of a
+    drain-cancel scenario, 1 of 10 of a minimal repro; 11 of these 50 trials), so ``asyncio.run()`` never
+    returned. Over every trial, ``close()`` returns within its bound and no nats-py task is left.
+    """
+    loop = asyncio.get_running_loop()
+    leaks: list[tuple[int, float, list[str]]] = []
+    slowest = 0.0
+    with DisconnectMark() as mark:
+        for trial in range(CLOSE_TRIALS):
+            own_server.start()
+            bus = await connect(own_server.url, name=f"close-trial-{trial}", ensure_stream=False)
+            mark.at = None
+            own_server.kill()
+            await wait_until(lambda: mark.at is not None, 5, "the client to notice the dead server")
+            assert mark.at is not None
+            offset = CLOSE_OFFSETS_S[trial % len(CLOSE_OFFSETS_S)]
+            await asyncio.sleep(max(0.0, mark.at + RECONNECT_TIME_WAIT + offset - loop.time()))
+            started = time.monotonic()
+            async with asyncio.timeout(CLOSE_TASKS_BOUND + RECONNECT_TIME_WAIT + 2.0):
+                await bus.close()
+            slowest = max(slowest, time.monotonic() - started)
+            left = nats_py_tasks()
+            if left:
+                leaks.append((trial, offset, [repr(t.get_coro()) for t in left]))
+                await _end(left)  # so that the next trials start clean
+    report(
+        "close at the first reconnect attempt", trials=CLOSE_TRIALS, leaks=len(leaks), slowest_close_s=round(slowest, 2)
+    )
+    assert not leaks, f"nats-py tasks left after close() in {len(leaks)} of {CLOSE_TRIALS} trials: {leaks[:3]}"
+
+
+async def _end(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel leftover tasks until they end (one cancel may be swallowed, as the test shows)."""
+    for _ in range(100):
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=0.05)
+        if all(t.done() for t in tasks):
+            return

@@ -1,15 +1,22 @@
 """The bus: the ``Bus`` protocol, its NATS JetStream and in-memory implementations, the subject
 scheme, and record/replay of event traces. The embedded nats-server is ``weightbus.embedded``.
 
-``weightbus.bus.nats`` imports nats-py; everything here is light enough to import anywhere.
+Importing this package does not import nats-py: ``NatsBus`` and ``connect`` are loaded from
+``weightbus.bus.nats`` on first use, so the protocol, ``MemoryBus`` and the subject scheme stay light.
 """
+
+from __future__ import annotations
+
+import typing as _typing
 
 from weightbus.bus.history import History, read_subject_history
 from weightbus.bus.memory import MemoryBus
 from weightbus.bus.metrics import BusMetrics
-from weightbus.bus.nats import NatsBus, connect
 from weightbus.bus.options import ConnectOptions, redact_url
 from weightbus.bus.protocol import Bus, Deliver, Envelope, PublishAck, Skipped, Subscription
+
+if _typing.TYPE_CHECKING:
+    from weightbus.bus.nats import NatsBus, connect
 
 __all__ = [
     "Bus",
@@ -27,3 +34,15 @@ __all__ = [
     "read_subject_history",
     "redact_url",
 ]
+
+_LAZY = frozenset({"NatsBus", "connect"})
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name in _LAZY:
+        from weightbus.bus import nats
+
+        value = getattr(nats, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,107 +7,67 @@ Invariants:
   never changed (see ``weightbus.bus.stream``).
 * Connecting never hangs: the initial connect is bounded by ``connect_timeout`` and fails with
   ``BusConnectError`` naming the URL (secrets redacted) and the cause (refused, DNS, auth, TLS, no
-  JetStream). Once connected, the client reconnects forever and logs each transition.
+  JetStream). Once connected, the client reconnects forever and logs each transition (see
+  ``weightbus.bus._connection``).
 * A permission refusal from the server surfaces as ``PermissionDeniedError`` on the operation it refused,
   not as a timeout.
 * Every publish is a JetStream publish with a caller-chosen ``Nats-Msg-Id``; a timeout is retried
   with the same id, so a retry never stores a second event. A conditional publish uses
   ``Nats-Expected-Last-Subject-Sequence``; if a retry of a publish that did land reports a conflict,
   the stored message is recognised by its id and acknowledged as a duplicate.
+* A read of a deleted stream fails with ``StreamNotFoundError``, one of a server without JetStream with a
+  ``BusError`` saying so: the two are told apart, not guessed.
 * Subscriptions are ordered push consumers (no durable state on the server), which survive server
   restarts; payloads are decoded once in the subscription's iterator.
 * ``close()`` returns and never raises, also while the server is unreachable: what nats-py buffered for a
-  reconnection is dropped (it could not be delivered), and a socket that dies during the final flush is
-  closed anyway.
+  reconnection is dropped (it could not be delivered), a socket that dies during the final flush is
+  closed anyway, and every task the client started has ended when it returns (within ``CLOSE_TASKS_BOUND``
+  seconds; one still running after it is logged).
+
+Every reach into nats-py's private state is in ``weightbus.bus._natspy``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
-import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
-from urllib.parse import urlsplit
 
-import nats
-import nats.aio.client
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import RawStreamMsg
 
+from weightbus.bus import _natspy
 from weightbus.bus import stream as _stream
+from weightbus.bus._connection import open_link
 from weightbus.bus._denials import Denials
-from weightbus.bus._subscription import QueueSubscription
+from weightbus.bus._nats_subscription import NatsSubscription, stream_seq  # noqa: F401 (importable from here)
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.options import ConnectOptions, redact_url
 from weightbus.bus.protocol import Deliver, Envelope, PublishAck
 from weightbus.bus.stream import DEFAULT_DUPLICATE_WINDOW, DEFAULT_HISTORY, StreamRequirements
-from weightbus.errors import BusConnectError, BusError, PublishError, SequenceConflictError
+from weightbus.errors import BusConnectError, BusError, PublishError, SequenceConflictError, StreamNotFoundError
 from weightbus.schemas.codec import Event, decode, encode
 
-__all__ = ["DEFAULT_STREAM", "NatsBus", "connect"]
+__all__ = ["CLOSE_TASKS_BOUND", "DEFAULT_STREAM", "NatsBus", "connect"]
 
 log = logging.getLogger("weightbus.bus")
 
 DEFAULT_STREAM: Final = "WEIGHTBUS"
+CLOSE_TASKS_BOUND: Final = 2.0
+"""Seconds ``NatsBus.close()`` spends ending the client's tasks once nats-py's own close has returned."""
+
 T = TypeVar("T")
-_DEFINITE: Final = ("auth", "tls", "dns")
 _WRONG_LAST_SEQUENCE: Final = 10071
-# A JetStream delivery's reply subject:
-#   $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>  (9 tokens), or
-# the 12-token form with a domain and an account hash after $JS.ACK (11 when the random token is absent).
-_SEQ_TOKEN_V1: Final = 5
-_SEQ_TOKEN_V2: Final = 7
+_STREAM_NOT_FOUND: Final = 10059
+_NO_JETSTREAM_ANSWER = (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError)
 
-
-def stream_seq(reply: str | None) -> int | None:
-    """The stream sequence in a JetStream delivery's reply subject, or None for anything else.
-
-    nats-py's ``msg.metadata`` builds a dataclass and a datetime per message; the tracker needs one int.
-    """
-    if not reply or not reply.startswith("$JS.ACK."):
-        return None
-    tokens = reply.split(".")
-    n = len(tokens)
-    index = _SEQ_TOKEN_V1 if n == 9 else _SEQ_TOKEN_V2 if n >= 11 else None
-    if index is None:
-        return None
-    try:
-        return int(tokens[index])
-    except ValueError:
-        return None
-
-
-_DELIVER: Final = {
-    Deliver.LAST_PER_SUBJECT: DeliverPolicy.LAST_PER_SUBJECT,
-    Deliver.NEW: DeliverPolicy.NEW,
-    Deliver.ALL: DeliverPolicy.ALL,
-}
-
-
-def _classify(exc: BaseException | None, redacted: str) -> tuple[str, str]:
-    """``(cause, detail)`` of the last error seen while connecting, for ``BusConnectError``."""
-    if exc is None or isinstance(exc, TimeoutError | asyncio.TimeoutError):
-        return "timeout", "no answer"
-    if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in str(exc).lower():
-        return "auth", "authentication failed: the server refused these credentials (user, token, creds or NKEY)"
-    if isinstance(exc, ssl.SSLError) or "tls" in str(exc).lower() or "ssl" in str(exc).lower():
-        return "tls", f"TLS handshake failed: {exc}"
-    if isinstance(exc, socket.gaierror):
-        host = urlsplit(redacted.split(",")[0].strip()).hostname or redacted
-        return "dns", f"DNS lookup failed for host {host!r} ({exc.strerror or exc})"
-    if isinstance(exc, ConnectionRefusedError):
-        return "refused", "connection refused (is nats-server running on that host and port?)"
-    if isinstance(exc, OSError):
-        return "refused", f"cannot open a connection: {exc.strerror or exc}"
-    return "error", repr(exc)
+# Kept importable from here (tests and older callers).
+_NatsSubscription = NatsSubscription
 
 
 async def connect(
@@ -150,95 +110,22 @@ async def connect(
         BusConfigError: the options cannot work (a missing file, a password without a user).
     """
     opts = options if options is not None else ConnectOptions.from_env()
-    shown = opts.redact(url, url)
-    kwargs = opts.nats_kwargs()
-    client = NatsClient()
-    closing = asyncio.Event()  # set by NatsBus.close, so a deliberate close is not logged as an outage
-    denials = Denials()
-    servers = [u.strip() for u in url.split(",") if u.strip()]
-    if not servers:
-        # nats-py would retry an empty server list forever at full CPU.
-        raise BusConnectError(url, "no server URL given", "config")
-    last_error: list[BaseException] = []
-    fatal = asyncio.Event()
-
-    async def _error(exc: Exception) -> None:
-        text = str(exc)
-        if denials.record(text):
-            # A refusal a guarded operation was waiting for becomes its PermissionDeniedError, which the caller
-            # reports; a warning as well would say it twice.
-            level = logging.DEBUG if denials.last_caught else logging.WARNING
-            log.log(level, "NATS refused an action (permissions)", extra={"error": opts.redact(text, url)})
-            return
-        if client.is_connecting or not client.is_connected:
-            cause, _ = _classify(exc, shown)
-            # Keep the most telling cause: the reset that follows a refused login must not hide it.
-            if not last_error or _classify(last_error[0], shown)[0] not in _DEFINITE:
-                last_error[:] = [exc]
-            if cause in ("auth", "tls") and len(servers) == 1:
-                fatal.set()
-        log.debug("nats client error", extra={"error": opts.redact(repr(exc), url)})
-
-    async def _disconnected() -> None:
-        if not (closing.is_set() or client.is_closed):
-            log.warning("disconnected from NATS; reconnecting", extra={"url": shown})
-
-    async def _reconnected() -> None:
-        now = client.connected_url.geturl() if client.connected_url else url
-        log.warning("reconnected to NATS", extra={"url": opts.redact(now, url)})
-
-    async def _closed() -> None:
-        log.info("NATS connection closed", extra={"url": shown})
-
-    attempt = asyncio.ensure_future(
-        client.connect(
-            servers=servers,
-            name=name,
-            error_cb=_error,
-            disconnected_cb=_disconnected,
-            reconnected_cb=_reconnected,
-            closed_cb=_closed,
-            connect_timeout=max(1, int(connect_timeout)),
-            reconnect_time_wait=0.5,
-            max_reconnect_attempts=-1,
-            allow_reconnect=True,
-            **kwargs,
-        )
-    )
-    stop = asyncio.ensure_future(fatal.wait())
-    try:
-        await asyncio.wait({attempt, stop}, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.cancel()
-    failure: BaseException | None = None
-    if attempt.done() and not attempt.cancelled():
-        failure = attempt.exception()
-    else:
-        attempt.cancel()
-        await asyncio.gather(attempt, return_exceptions=True)  # reap it; an outer cancel still propagates
-        failure = last_error[0] if last_error else TimeoutError()
-    if failure is not None:
-        with contextlib.suppress(Exception):
-            await client.close()
-        cause, detail = _classify(failure, shown)
-        if cause == "timeout":
-            detail = f"{detail} within {connect_timeout:g}s"
-        raise BusConnectError(shown, opts.redact(detail, url), cause) from None
+    link = await open_link(url, name=name, connect_timeout=connect_timeout, opts=opts)
     bus = NatsBus(
-        client,
+        link.client,
         metrics=metrics,
         stream=stream,
         publish_timeout=publish_timeout,
         publish_attempts=publish_attempts,
-        closing=closing,
-        denials=denials,
-        shown_url=shown,
+        closing=link.closing,
+        denials=link.denials,
+        shown_url=link.shown,
     )
     if ensure_stream:
         try:
             await bus.ensure_stream(history=history, duplicate_window=duplicate_window, replicas=opts.replicas)
         except BaseException:
-            await client.close()
+            await bus.close()
             raise
     return bus
 
@@ -267,7 +154,8 @@ class NatsBus:
         self.stream = stream
         self._publish_timeout = publish_timeout
         self._publish_attempts = max(1, publish_attempts)
-        self._subs: list[QueueSubscription] = []
+        self.subscriptions: list[NatsSubscription] = []
+        """The live subscriptions (each adds and removes itself), ended by ``close``."""
         self.direct = False
         """Whether last-message reads use JetStream's direct get (the stream allows it; set on connect)."""
 
@@ -292,9 +180,47 @@ class NatsBus:
             allowed = await self._denials.guard(Denials.api_or_inbox("$JS.API."), check)
             # With fast_mail_parser installed, nats-py 2.16 parses a direct get's headers into lists and fails
             # on Nats-Sequence; the stream-API read works with either header parser.
-            self.direct = allowed and getattr(nats.aio.client, "parse_email", None) is None
+            self.direct = allowed and _natspy.direct_get_supported()
         except nats.errors.TimeoutError:
             raise BusConnectError(url, "JetStream did not answer (is it enabled?)", "no_jetstream") from None
+
+    async def check_stream(self, req: StreamRequirements) -> tuple[str, list[str]]:
+        """Read the stream, changing nothing: its configuration in one line, and every way it fails ``req``.
+
+        Raises:
+            StreamNotFoundError: the stream does not exist.
+            PermissionDeniedError: this user may not read it.
+            BusConnectError: JetStream is not enabled (``cause`` ``no_jetstream``) or refused the read (``stream``).
+        """
+        url = self._url()
+        try:
+            check = _stream.check(self.js, self.stream, req, url=url)
+            info, problems = await self.guard(lambda action, subject: True, check)
+        except nats.errors.TimeoutError:
+            raise BusConnectError(url, "JetStream did not answer (is it enabled?)", "no_jetstream") from None
+        return _stream.describe(info), problems
+
+    async def create_or_upgrade_stream(
+        self, req: StreamRequirements, *, replicas: int, deny_delete: bool = True, deny_purge: bool = True
+    ) -> tuple[str, str]:
+        """The admin action: create the stream, or upgrade it to ``req`` (``weightbus.bus.stream.create_or_upgrade``).
+
+        Returns:
+            ``("created" | "upgraded" | "unchanged", the resulting configuration in one line)``.
+
+        Raises:
+            PermissionDeniedError: this user may not create or update the stream.
+            BusConnectError: the server refused the change (``cause`` ``stream``), or JetStream is not enabled.
+        """
+        url = self._url()
+        change = _stream.create_or_upgrade(
+            self.js, self.stream, req, replicas=replicas, deny_delete=deny_delete, deny_purge=deny_purge, url=url
+        )
+        try:
+            outcome, info = await self.guard(lambda action, subject: True, change)
+        except nats.errors.TimeoutError:
+            raise BusConnectError(url, "JetStream did not answer (is it enabled?)", "no_jetstream") from None
+        return outcome, _stream.describe(info)
 
     async def guard(self, match: Callable[[str, str], bool], op: Awaitable[T]) -> T:
         """Run ``op``, raising ``PermissionDeniedError`` as soon as the server refuses a matching action."""
@@ -377,27 +303,31 @@ class NatsBus:
     async def _landed(self, subject: str, msg_id: str) -> int | None:
         """The sequence of the last message on ``subject`` if it carries ``msg_id`` (a retry that did land)."""
         try:
-            raw = await self.js.get_last_msg(self.stream, subject, direct=self.direct)
-        except nats.js.errors.NotFoundError:
-            return None
-        if raw.headers and raw.headers.get("Nats-Msg-Id") == msg_id:
+            raw = await self._read_last(subject)
+        except nats.errors.Error as exc:
+            raise PublishError(subject, f"conflict reported, and the last message could not be read: {exc!r}") from None
+        if raw is not None and raw.headers and raw.headers.get("Nats-Msg-Id") == msg_id:
             return int(raw.seq) if raw.seq is not None else None
         return None
 
     def subscribe(
         self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False
-    ) -> _NatsSubscription:
+    ) -> NatsSubscription:
         """Subscribe to ``pattern`` with an ordered consumer; see ``Bus.subscribe``.
 
         The consumer is created lazily on the first ``__anext__`` (or ``await sub.start()``).
         """
-        return _NatsSubscription(self, pattern, deliver, include_invalid)
+        return NatsSubscription(self, pattern, deliver, include_invalid)
 
     async def last_seq(self, subject: str) -> int:
         """The last stored sequence on ``subject``, whatever its payload; see ``Bus.last_seq``.
 
         A read that times out is retried like a publish (``publish_attempts``), so a server restart or a
         leader election does not fail the fence's reads at once.
+
+        Raises:
+            StreamNotFoundError: the stream was deleted (seen on a bus that reads with direct gets).
+            BusError: JetStream did not answer, is not enabled, or refused the read.
         """
         delay = 0.1
         for attempt in range(1, self._publish_attempts + 1):
@@ -412,38 +342,94 @@ class NatsBus:
 
     async def _last_seq_once(self, subject: str) -> int:
         try:
-            raw = await self.js.get_last_msg(self.stream, subject, direct=self.direct)
-        except nats.js.errors.NotFoundError:
-            return 0
-        except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
-            raise BusError(f"JetStream is not enabled on {self._url()} (start the server with -js)") from None
+            raw = await self._read_last(subject)
+        except nats.errors.TimeoutError:
+            raise  # retried by last_seq
         except nats.js.errors.APIError as exc:
             raise BusError(f"cannot read the last sequence on {subject!r}: {exc.description or exc}") from None
-        return int(raw.seq or 0)
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read the last sequence on {subject!r}: {exc!r}") from None
+        return int(raw.seq or 0) if raw is not None else 0
 
     async def last(self, subject: str) -> Envelope | None:
         """The latest stored event on ``subject``; see ``Bus.last``."""
         try:
-            raw = await self.js.get_last_msg(self.stream, subject, direct=self.direct)
-        except nats.js.errors.NotFoundError:
-            return None
+            raw = await self._read_last(subject)
         except nats.errors.TimeoutError:
             raise BusError(f"JetStream did not answer a read of the last event on {subject!r}") from None
-        except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
-            raise BusError(f"JetStream is not enabled on {self._url()} (start the server with -js)") from None
         except nats.js.errors.APIError as exc:
             raise BusError(f"JetStream refused a read of {subject!r}: {exc.description or exc}") from None
         except nats.errors.Error as exc:
             raise BusError(f"cannot read the last event on {subject!r}: {exc!r}") from None
+        if raw is None:
+            return None
         data = raw.data or b""
         headers = dict(raw.headers or {})
         return Envelope(subject, decode(subject, data), data, headers, raw.seq, time.time())
 
+    async def _read_last(self, subject: str) -> RawStreamMsg | None:
+        """The last stored message on ``subject``, None when there is none (a timeout or refusal is the caller's).
+
+        Raises:
+            StreamNotFoundError: a direct get found no stream to answer it, and the stream API says it is gone.
+            BusError: JetStream is not enabled.
+        """
+        try:
+            return await self.js.get_last_msg(self.stream, subject, direct=self.direct)
+        except nats.js.errors.NotFoundError:
+            return None
+        except _NO_JETSTREAM_ANSWER:
+            if not self.direct:
+                raise BusError(f"JetStream is not enabled on {self._url()} (start the server with -js)") from None
+        # Nobody answers a direct get when the stream is gone as when JetStream is off: ask the stream API.
+        await self._explain_unanswered_direct_get()
+        return await self._read_last(subject)
+
+    async def _explain_unanswered_direct_get(self) -> None:
+        """Raise what an unanswered direct get means; return when the stream now refuses direct gets (read on).
+
+        Raises:
+            StreamNotFoundError: the stream does not exist (deleted).
+            BusError: JetStream is not enabled, or the stream allows direct gets and still none answered.
+        """
+        url = self._url()
+        try:
+            info = await self.js.stream_info(self.stream)
+        except nats.js.errors.NotFoundError:
+            raise StreamNotFoundError(url, self.stream) from None
+        except _NO_JETSTREAM_ANSWER:
+            raise BusError(f"JetStream is not enabled on {url} (start the server with -js)") from None
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == _STREAM_NOT_FOUND:
+                raise StreamNotFoundError(url, self.stream) from None
+            raise BusError(f"cannot read stream {self.stream} on {url}: {exc.description or exc}") from None
+        if info.config.allow_direct:
+            raise BusError(f"no server answered a direct get on stream {self.stream} at {url}")
+        log.warning("the stream no longer allows direct gets; reading through the stream API", extra={"url": url})
+        self.direct = False
+
     async def close(self) -> None:
-        """Close every subscription, then the connection; also while the server is unreachable (never raises)."""
+        """Close every subscription, then the connection; also while the server is unreachable (never raises).
+
+        When it returns, every task the client started has ended (or, past ``CLOSE_TASKS_BOUND`` seconds, is
+        logged as still running).
+        """
         self._closing.set()
-        for sub in list(self._subs):
+        for sub in list(self.subscriptions):
             await sub.close()
+        client = self.client
+        started = _natspy.client_tasks(client)  # nats-py's close() forgets its subscriptions: list them first
+        await self._close_client()
+        left = await _natspy.end_tasks([*started, *_natspy.client_tasks(client)], CLOSE_TASKS_BOUND)
+        if not client.is_closed:
+            # The reconnection task got past a swallowed cancel and set a reconnecting status: close again, now
+            # that no task of the client runs any more.
+            await self._close_client()
+            left = await _natspy.end_tasks([*left, *_natspy.client_tasks(client)], CLOSE_TASKS_BOUND)
+        if left:
+            log.warning("nats-py tasks still running after close", extra={"tasks": [t.get_name() for t in left]})
+
+    async def _close_client(self) -> None:
         client = self.client
         if client.is_closed:
             return
@@ -451,97 +437,19 @@ class NatsBus:
             # What nats-py buffered for a reconnection that will not happen now. Its close() would write it to the
             # lost socket, raise ConnectionResetError and skip the rest of its cleanup (subscription tasks, the
             # socket, the closed callback).
-            _drop_buffered_writes(client)
+            self._drop_buffered_writes()
         try:
             await client.close()
         except OSError as exc:  # the socket died between the check above and the write
             log.warning("NATS connection lost while closing; closed without flushing", extra={"error": repr(exc)})
-            _drop_buffered_writes(client)
-            client._status = NatsClient.CONNECTED  # so that a second close() runs nats-py's cleanup again
+            self._drop_buffered_writes()
+            _natspy.reopen_for_close(client)  # so that a second close() runs nats-py's cleanup again
             try:
                 await client.close()
             except OSError as again:
                 log.warning("NATS connection could not be closed cleanly", extra={"error": repr(again)})
 
-
-def _drop_buffered_writes(client: NatsClient) -> None:
-    """Forget the commands nats-py buffered while disconnected (nats-py 2.16 keeps no other handle on them).
-
-    A JetStream publish among them is not lost silently: it never reached the server, so its caller, waiting
-    for the acknowledgement, gets an error or its timeout, never a success.
-    """
-    if client._pending_data_size:
-        log.info("dropping commands buffered for a reconnection", extra={"bytes": client._pending_data_size})
-    client._pending = []
-    client._pending_data_size = 0
-
-
-class _NatsSubscription(QueueSubscription):
-    """A ``QueueSubscription`` fed by a JetStream ordered push consumer."""
-
-    def __init__(self, bus: NatsBus, pattern: str, deliver: Deliver, include_invalid: bool = False) -> None:
-        super().__init__(pattern, bus.metrics, on_close=self._unsubscribe, include_invalid=include_invalid)
-        self._bus = bus
-        self._deliver = deliver
-        self._js_sub: Any = None
-        self._inner: Any = None
-        self._start_lock = asyncio.Lock()
-
-    async def start(self) -> _NatsSubscription:
-        """Create the consumer now (otherwise on the first ``__anext__``)."""
-        async with self._start_lock:
-            if self._js_sub is not None:
-                return self
-
-            try:
-                # No callback: nats-py then queues each delivery (after its ordered-consumer checks) on the
-                # subscription's own pending queue, which this iterator reads directly. A callback would add
-                # a task switch per event (nats-py's callback task, then ours). Unbounded on nats-py's side,
-                # so it never drops a delivery the ordered consumer already counted; ``max_pending`` is
-                # enforced here instead (SlowConsumerError on the next read).
-                self._js_sub = await self._bus.guard(
-                    Denials.api_or_inbox("$JS.API."),
-                    self._bus.js.subscribe(
-                        self.pattern,
-                        stream=self._bus.stream,
-                        ordered_consumer=True,
-                        idle_heartbeat=1.0,
-                        deliver_policy=_DELIVER[self._deliver],
-                        pending_msgs_limit=0,
-                        pending_bytes_limit=0,
-                    ),
-                )
-            except (nats.errors.Error, nats.js.errors.Error) as exc:
-                raise BusError(f"cannot subscribe to {self.pattern!r}: {exc!r}") from None
-            inner = self._js_sub._sub
-            pending: asyncio.Queue[object] = inner._pending_queue
-            while not self._queue.empty():  # a close or failure that came before the subscription
-                pending.put_nowait(self._queue.get_nowait())
-            self._inner = inner
-            self._queue = pending
-            self._bus._subs.append(self)
-        return self
-
-    def _unpack(self, item: object) -> tuple[str, bytes, Mapping[str, str] | None, int | None, float]:
-        msg: Msg = item  # type: ignore[assignment]
-        data = msg.data
-        self._inner._pending_size -= len(data)  # nats-py's own accounting, as its callback task would do
-        return msg.subject, data, msg.headers, stream_seq(msg.reply), time.time()
-
-    async def __anext__(self) -> Envelope:
-        if self._js_sub is None:
-            await self.start()
-        return await super().__anext__()
-
-    async def __aenter__(self) -> _NatsSubscription:
-        return await self.start()
-
-    async def _unsubscribe(self) -> None:
-        sub, self._js_sub = self._js_sub, None
-        if self in self._bus._subs:
-            self._bus._subs.remove(self)
-        if sub is not None and not self._bus.client.is_closed:
-            try:
-                await sub.unsubscribe()
-            except nats.errors.Error as exc:
-                log.debug("unsubscribe failed", extra={"pattern": self.pattern, "error": repr(exc)})
+    def _drop_buffered_writes(self) -> None:
+        dropped = _natspy.drop_buffered_writes(self.client)
+        if dropped:
+            log.info("dropping commands buffered for a reconnection", extra={"bytes": dropped})

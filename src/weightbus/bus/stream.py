@@ -26,13 +26,15 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig, StreamInfo
 
 from weightbus.bus.subjects import PREFIX
-from weightbus.errors import BusConnectError, StreamConfigError
+from weightbus.errors import BusConnectError, StreamConfigError, StreamNotFoundError
 
 __all__ = [
     "DEFAULT_DUPLICATE_WINDOW",
     "DEFAULT_HISTORY",
     "StreamRequirements",
+    "check",
     "create_or_upgrade",
+    "describe",
     "ensure_stream",
     "mismatches",
     "stream_config",
@@ -117,6 +119,24 @@ def mismatches(config: StreamConfig, req: StreamRequirements) -> list[str]:
     return problems
 
 
+def describe(info: StreamInfo) -> str:
+    """The stream's configuration as weightbus sees it, in one line (and its cluster leader, if any)."""
+    config = info.config
+    leader = info.cluster.leader if info.cluster is not None else None
+    parts = [
+        f"stream {config.name}",
+        f"subjects {','.join(config.subjects or [])}",
+        f"replicas {config.num_replicas or 1}",
+        f"history {config.max_msgs_per_subject}",
+        f"duplicate_window {config.duplicate_window:g}s",
+        f"deny_delete {str(bool(config.deny_delete)).lower()}",
+        f"deny_purge {str(bool(config.deny_purge)).lower()}",
+    ]
+    if leader:
+        parts.append(f"leader {leader}")
+    return ", ".join(parts)
+
+
 async def _info(js: JetStreamContext, name: str, url: str) -> StreamInfo | None:
     try:
         return await js.stream_info(name)
@@ -160,6 +180,19 @@ async def ensure_stream(
     if problems:
         raise StreamConfigError(url, name, problems)
     return bool(info.config.allow_direct)
+
+
+async def check(js: JetStreamContext, name: str, req: StreamRequirements, *, url: str) -> tuple[StreamInfo, list[str]]:
+    """Read the stream without changing it: its info, and every way it fails ``req`` (empty when it fits).
+
+    Raises:
+        StreamNotFoundError: the stream does not exist.
+        BusConnectError: JetStream is not enabled, or the stream could not be read.
+    """
+    info = await _info(js, name, url)
+    if info is None:
+        raise StreamNotFoundError(url, name)
+    return info, mismatches(info.config, req)
 
 
 async def create_or_upgrade(

@@ -41,7 +41,13 @@ from weightbus.cli.options import (
 )
 from weightbus.engines._http import normalize_url
 from weightbus.engines.sglang import PauseMode
-from weightbus.errors import BusError, EngineError, FencedError, InvalidEventError
+from weightbus.errors import (
+    BusError,
+    EngineError,
+    FencedError,
+    InvalidEventError,
+    OwnerAliveError,
+)
 from weightbus.process.logs import setup_logging
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.producers.lora import push_lora_adapter
@@ -71,16 +77,6 @@ def default_cli_trainer_id() -> str:
     except (KeyError, OSError):
         user = "unknown"
     return f"cli:{user}@{socket.gethostname()}"
-
-
-class OwnerAliveError(Exception):
-    """The counter's owner published recently; ``--takeover`` is needed to fence it."""
-
-    def __init__(self, policy: str, owner: str, age: float, window: float) -> None:
-        super().__init__(
-            f"policy {policy!r} is owned by {owner!r}, alive ({age:.1f}s since its last event < --alive-window "
-            f"{window:g}s); pass --takeover to fence it, or wait; nothing was published"
-        )
 
 
 @dataclass(frozen=True, slots=True)

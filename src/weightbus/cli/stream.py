@@ -9,7 +9,7 @@ rely on (limits, placement) are kept. ``check`` only reads. Exit codes: 0 fine, 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
 import typer
 
@@ -17,7 +17,7 @@ from weightbus.bus.options import ConnectOptions
 from weightbus.cli.connection import with_connection
 from weightbus.cli.exits import fail, run_async
 from weightbus.cli.options import DEFAULT_NATS, ConnectTimeoutOption, NatsOption, VerboseOption
-from weightbus.errors import BusConnectError, BusError
+from weightbus.errors import BusConnectError, BusError, StreamNotFoundError
 from weightbus.process.logs import setup_logging
 
 __all__ = ["EXIT_BUS", "EXIT_MISMATCH", "register"]
@@ -40,24 +40,6 @@ stream_app = typer.Typer(
 )
 
 
-def _describe(info: Any) -> str:
-    config = info.config
-    cluster = getattr(info, "cluster", None)
-    leader = getattr(cluster, "leader", None) if cluster is not None else None
-    parts = [
-        f"stream {config.name}",
-        f"subjects {','.join(config.subjects or [])}",
-        f"replicas {config.num_replicas or 1}",
-        f"history {config.max_msgs_per_subject}",
-        f"duplicate_window {config.duplicate_window:g}s",
-        f"deny_delete {str(bool(config.deny_delete)).lower()}",
-        f"deny_purge {str(bool(config.deny_purge)).lower()}",
-    ]
-    if leader:
-        parts.append(f"leader {leader}")
-    return ", ".join(parts)
-
-
 def create_command(
     allow_delete: Annotated[bool, typer.Option("--allow-delete", help="Leave deny_delete off.")] = False,
     allow_purge: Annotated[bool, typer.Option("--allow-purge", help="Leave deny_purge off.")] = False,
@@ -76,27 +58,23 @@ def create_command(
     """
     setup_logging(verbose)
     from weightbus.bus.nats import connect
-    from weightbus.bus.stream import StreamRequirements, create_or_upgrade
+    from weightbus.bus.stream import StreamRequirements
 
     async def _run() -> str:
         bus = await connect(
-            nats, name="weightbus-stream", connect_timeout=connect_timeout, ensure_stream=False, options=connection
+            nats,
+            name="weightbus-stream",
+            connect_timeout=connect_timeout,
+            stream=stream,
+            ensure_stream=False,
+            options=connection,
         )
         try:
             req = StreamRequirements(history=history, duplicate_window=duplicate_window)
-            outcome, info = await bus.guard(
-                lambda action, subject: True,
-                create_or_upgrade(
-                    bus.js,
-                    stream,
-                    req,
-                    replicas=connection.replicas,
-                    deny_delete=not allow_delete,
-                    deny_purge=not allow_purge,
-                    url=bus._url(),
-                ),
+            outcome, described = await bus.create_or_upgrade_stream(
+                req, replicas=connection.replicas, deny_delete=not allow_delete, deny_purge=not allow_purge
             )
-            return f"{outcome}: {_describe(info)}"
+            return f"{outcome}: {described}"
         finally:
             await bus.close()
 
@@ -120,31 +98,33 @@ def check_command(
 ) -> None:
     """Check, without changing anything, that the stream exists and gives weightbus what it relies on."""
     setup_logging(verbose)
-    from nats.js import errors as js_errors
-
     from weightbus.bus.nats import connect
-    from weightbus.bus.stream import StreamRequirements, mismatches
+    from weightbus.bus.stream import StreamRequirements
 
     async def _run() -> tuple[str, list[str]]:
         bus = await connect(
-            nats, name="weightbus-stream", connect_timeout=connect_timeout, ensure_stream=False, options=connection
+            nats,
+            name="weightbus-stream",
+            connect_timeout=connect_timeout,
+            stream=stream,
+            ensure_stream=False,
+            options=connection,
         )
         try:
-            info = await bus.guard(lambda action, subject: True, bus.js.stream_info(stream))
-            return _describe(info), mismatches(info.config, StreamRequirements(history, duplicate_window))
+            return await bus.check_stream(StreamRequirements(history, duplicate_window))
         finally:
             await bus.close()
 
     try:
         described, problems = run_async(_run())
-    except BusError as exc:
-        raise fail(str(exc), EXIT_BUS) from None
-    except js_errors.NotFoundError:
+    except StreamNotFoundError:
         raise fail(
             f"stream {stream} does not exist (create it with `weightbus stream create`)", EXIT_MISMATCH
         ) from None
-    except js_errors.APIError as exc:
-        raise fail(f"cannot read stream {stream}: {exc.description}", EXIT_MISMATCH) from None
+    except BusConnectError as exc:
+        raise fail(str(exc), EXIT_MISMATCH if exc.cause == "stream" else EXIT_BUS) from None
+    except BusError as exc:
+        raise fail(str(exc), EXIT_BUS) from None
     typer.echo(described)
     if problems:
         raise fail("; ".join(problems), EXIT_MISMATCH)

@@ -14,8 +14,8 @@ Invariants of the supervisor itself: every process it starts is stopped on exit,
 
 from __future__ import annotations
 
-from weightbus.demo.children import DemoError
 from weightbus.demo.config import FAULTS, DemoConfig
 from weightbus.demo.supervisor import run_demo
+from weightbus.errors import DemoError
 
 __all__ = ["FAULTS", "DemoConfig", "DemoError", "run_demo"]

@@ -24,6 +24,7 @@ import httpx
 import msgspec
 
 from weightbus.demo.config import DemoConfig
+from weightbus.errors import DemoError
 from weightbus.refengine.config import EngineConfig
 from weightbus.rl.config import RolloutConfig, TrainerConfig, dump_config
 
@@ -31,10 +32,6 @@ __all__ = ["DemoError", "Layout", "Process", "router_argv", "wait_until"]
 
 _STOP_GRACE = 5.0
 _READY_TIMEOUT = 60.0
-
-
-class DemoError(RuntimeError):
-    """A process of the demo failed to start or died without being asked to."""
 
 
 class Process:

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Final
 
+from weightbus.errors import NatsServerNotFound, NatsServerStartError
+
 __all__ = ["EmbeddedNats", "NatsServerNotFound", "NatsServerStartError", "find_nats_server", "free_port"]
 
 _INSTALL_HINT = (
@@ -57,18 +59,6 @@ _WATCHDOG: Final = (
     "    except ProcessLookupError: pass\n"
     "    if sys.argv[2]: shutil.rmtree(sys.argv[2],ignore_errors=True)\n"
 )
-
-
-class NatsServerNotFound(FileNotFoundError):
-    """No ``nats-server`` binary was found; the message says how to get one."""
-
-
-class NatsServerStartError(RuntimeError):
-    """nats-server exited or did not become ready; ``reason`` holds what it logged (e.g. the port in use)."""
-
-    def __init__(self, message: str, reason: str = "") -> None:
-        self.reason = reason
-        super().__init__(f"{message}: {reason}" if reason else message)
 
 
 def find_nats_server() -> str:

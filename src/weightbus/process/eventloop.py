@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from weightbus.errors import WeightbusError
+from weightbus.errors import EventLoopError
 
 __all__ = ["EVENT_LOOP_ENV", "EventLoopError", "loop_factory", "loop_name", "run"]
 
@@ -33,10 +33,6 @@ T = TypeVar("T")
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
 log = logging.getLogger("weightbus.process.eventloop")
-
-
-class EventLoopError(WeightbusError, ValueError):
-    """``WEIGHTBUS_EVENT_LOOP`` names an unknown loop, or uvloop was asked for and does not import."""
 
 
 def _choice() -> str:

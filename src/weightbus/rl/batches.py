@@ -25,7 +25,7 @@ from typing import Any, Final
 import msgspec
 
 from weightbus.bus.subjects import validate_policy
-from weightbus.errors import PermissionDeniedError
+from weightbus.errors import NoRolloutError, PermissionDeniedError
 from weightbus.schemas.rollouts import Group
 
 __all__ = [
@@ -43,10 +43,6 @@ log = logging.getLogger("weightbus.rl")
 _HEADER: Final = "Weightbus-Chunk"
 # Room for the headers and protocol framing of each chunk.
 _MARGIN: Final = 512
-
-
-class NoRolloutError(ConnectionError):
-    """No rollout process is subscribed to the policy's batch subject."""
 
 
 def batch_subject(policy: str) -> str:

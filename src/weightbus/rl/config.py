@@ -17,16 +17,14 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 from msgspec import Meta
 
+from weightbus.errors import ConfigError
+
 __all__ = ["ConfigError", "RolloutConfig", "TrainerConfig", "dump_config", "load_config", "make_config"]
 
 _C = TypeVar("_C", bound=msgspec.Struct)
 
 #: The client default; weightbus never starts a server on 4222 itself.
 _DEFAULT_NATS = "nats://127.0.0.1:4222"
-
-
-class ConfigError(ValueError):
-    """A process config that does not decode: a missing or unknown field, a value out of range, bad JSON."""
 
 
 class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -16,6 +16,7 @@ import random
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from weightbus.errors import TaskLoadError
 from weightbus.refengine.model import decode, encode
 
 __all__ = ["DEFAULT_TASK", "ReverseDigits", "Task", "TaskLoadError", "load_task"]
@@ -51,10 +52,6 @@ class Task(Protocol):
     def reward(self, prompt: str, response: str) -> float:
         """The reward of ``response`` to ``prompt``, in ``[0, 1]``."""
         ...
-
-
-class TaskLoadError(ValueError):
-    """A ``--task`` import path that does not name a task factory."""
 
 
 class ReverseDigits:
