@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from weightbus.demo.children import (
-    DemoError,
     Layout,
     Process,
     http_ok,
@@ -30,6 +29,7 @@ from weightbus.demo.children import (
 from weightbus.demo.config import DemoConfig
 from weightbus.demo.faults import Injector, rogue_publish
 from weightbus.embedded.server import EmbeddedNats, free_port
+from weightbus.errors import DemoError
 from weightbus.rl.report import DemoResult, analyse
 from weightbus.rl.writers import write_report
 
