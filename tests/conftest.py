@@ -6,6 +6,7 @@ by pid; the machine's own NATS on 4222 is never used.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -59,3 +60,13 @@ async def bus(request: pytest.FixtureRequest, registry: CollectorRegistry) -> As
         nb = await connect(url, metrics=BusMetrics(registry), connect_timeout=5)
         yield nb
         await nb.close()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """CLI commands install their own root handler (``setup_logging``): keep it from leaking into other tests."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -5,7 +5,6 @@ environment when not given (``WEIGHTBUS_POLICY``; ``WEIGHTBUS_NATS``, else ``NAT
 
 from __future__ import annotations
 
-import logging
 import shutil
 import subprocess
 import sys
@@ -23,15 +22,6 @@ from weightbus.embedded.server import free_port
 runner = CliRunner()
 #: The commands whose --policy is an optional filter rather than the policy they act on.
 _POLICY_FILTERS = {"watch"}
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def _clean_env(**values: str | None) -> dict[str, str | None]:

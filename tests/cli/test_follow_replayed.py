@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
-from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -21,15 +19,6 @@ from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def _store(url: str, *events: WeightUpdated) -> None:

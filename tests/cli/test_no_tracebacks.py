@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import socket
 import subprocess
 import sys
@@ -29,15 +28,6 @@ from weightbus.embedded.server import find_nats_server, free_port
 from weightbus.schemas import WeightUpdated, encode
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def one_line_error(result: Any, code: int, *needles: str) -> None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,15 +20,6 @@ from weightbus.schemas import WeightUpdated
 pytestmark = pytest.mark.nats
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def updated(policy: str, version: int, trainer: str, epoch: int) -> WeightUpdated:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +16,6 @@ from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def _store(url: str, policy: str, *versions: int) -> None:

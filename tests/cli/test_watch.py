@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -25,16 +23,6 @@ from weightbus.consumers.monitor import MonitorState, reduce
 from weightbus.schemas import DrainReport, Event, VersionRegressed, WeightUpdated, encode
 
 pytestmark = pytest.mark.nats
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    # The commands install their own root handler (setup_logging); keep it from leaking into other tests.
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def publish(url: str, *items: tuple[str, Event, str]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,16 +17,6 @@ from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    # setup_logging replaces the root handlers with one bound to the runner's stderr.
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.fixture
