@@ -90,15 +90,16 @@ def test_a_replacement_trainer_resumes_weights_optimizer_and_step(tmp_path: Path
         loss.backward()
         first.optimizer.step()
         first.step += 1
-    first.save_checkpoint()
+    first.save_checkpoint(7)
     second = _Trainer(config)
     assert second.step == 3
+    assert second.version == 7  # the counter's floor when it starts its publisher
     for name, tensor in first.policy.module.state_dict().items():
         assert torch.equal(second.policy.module.state_dict()[name], tensor)
     assert second.optimizer.state_dict()["state"][0]["step"] == first.optimizer.state_dict()["state"][0]["step"]
     assert not (tmp_path / "checkpoint.tmp").exists()
     # A fresh run directory starts from the seed instead.
     fresh = _Trainer(TrainerConfig(nats_url="", router_url="", policy="p", run_dir=str(tmp_path / "other")))
-    assert fresh.step == 0
+    assert fresh.step == 0 and fresh.version is None
     resumed = second.policy.module.state_dict()["fc.weight"]
     assert not torch.equal(fresh.policy.module.state_dict()["fc.weight"], resumed)

@@ -127,6 +127,8 @@ class _Trainer:
         self.policy = Policy(seed=config.seed, lora_rank=config.lora_rank)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
         self.step = 0
+        self.version: int | None = None
+        """The last version this run announced, as checkpointed: the counter's floor on a resume."""
         self.checkpoint = config.run_path / "checkpoint.pt"
         self.weights_dir = config.run_path / "weights"
         self.weights_dir.mkdir(parents=True, exist_ok=True)
@@ -135,12 +137,15 @@ class _Trainer:
             self.policy.load_state(state["policy"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = int(state["step"])
+            self.version = state.get("version")
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, version: int) -> None:
         import torch
 
+        self.version = version
         tmp = self.checkpoint.with_suffix(".tmp")
-        torch.save({"policy": self.policy.state(), "optimizer": self.optimizer.state_dict(), "step": self.step}, tmp)
+        state = {"policy": self.policy.state(), "optimizer": self.optimizer.state_dict(), "step": self.step}
+        torch.save({**state, "version": version}, tmp)
         # A trainer killed mid-write leaves the previous checkpoint whole.
         os.replace(tmp, self.checkpoint)
 
@@ -170,7 +175,8 @@ class _Trainer:
             path = self.weights_dir / f"adapter-v{pub.next_version}.safetensors"
             lora = LoraAdapter(name=f"{config.lora_prefix}-v{pub.next_version}", path=str(path))
         with meter.weightbus():
-            async with pub.update(lora=lora) as version:
+            # A full push carries weight_version to every engine (load and label in one call): no pending relabel.
+            async with pub.update(lora=lora, labels=lora is None) as version:
                 with meter.excluded():  # the trainer's own work: write the weights, load them on the engines
                     if lora is None:
                         path = self.weights_dir / f"weights-v{version}.safetensors"
@@ -238,7 +244,10 @@ async def run_trainer(
     fleet: EngineFleet | None = None
     try:
         fleet = await EngineFleet.from_router(config.router_url, http=http)
-        pub = VersionPublisher(bus, config.policy, fleet=fleet, pause="retract", trainer_id=config.trainer_id)
+        # The checkpoint's version is a floor: a bus that lost its history never reissues a number this run used.
+        pub = VersionPublisher(
+            bus, config.policy, fleet=fleet, pause="retract", trainer_id=config.trainer_id, floor=trainer.version
+        )
         await pub.start()
         version = await trainer.push(pub, fleet)
         log.info("trainer ready", extra={"step": trainer.step, "version": version})
@@ -249,7 +258,7 @@ async def run_trainer(
             steps_log.flush()
             # Checkpoint last: a trainer killed before this line leaves a step that the next one redoes (a
             # repeated step number in steps.jsonl), never a trained step missing from the record.
-            trainer.save_checkpoint()
+            trainer.save_checkpoint(version)
             if progress is not None:
                 progress(
                     TrainerProgress(
