@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus.protocol import Bus
@@ -319,5 +320,22 @@ async def test_garbage_stored_on_the_counter_subject_hides_no_mark(policy: str) 
     restarted = await VersionPublisher(mem, policy, trainer_id="t2").start()
     async with restarted.update() as version:
         assert version == 5  # above the highest retained mark (4), read past the garbage
-    async with VersionTracker(mem, policy) as tracker:  # the tracker's one read fails: it follows without
+    async with VersionTracker(mem, policy) as tracker:
         assert tracker.current == 5
+
+
+async def test_a_tracker_reads_the_mark_past_garbage_and_reports_a_lost_history(policy: str) -> None:
+    mem = MemoryBus()
+    pub = await VersionPublisher(mem, policy, trainer_id="t").start()
+    for _ in range(3):
+        async with pub.update():
+            pass
+    await mem.publish_raw(subjects.counter(policy), b"hello", msg_id=f"{policy}:garbage")
+    mem.purge(subjects.weights(policy))
+    registry = CollectorRegistry()
+    async with VersionTracker(mem, policy, registry=registry) as tracker:
+        # The weights history is gone, the newest payload on the counter subject is garbage: the mark
+        # retained before it still says versions were announced, so holding none is a counter reset.
+        assert tracker.current is None
+        rejected = {"policy": policy, "reason": "counter_reset"}
+        assert registry.get_sample_value("weightbus_events_rejected_total", rejected) == 1

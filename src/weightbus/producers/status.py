@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from weightbus.bus import subjects
 from weightbus.bus.history import read_subject_history
+from weightbus.bus.marks import read_high_water
 from weightbus.bus.protocol import Bus
 from weightbus.errors import EngineError, InvalidEventError
-from weightbus.producers.highwater import read_high_water
 from weightbus.producers.stamping import EngineFleet
 from weightbus.rules.history import WeightsHistory, fold_history
 from weightbus.schemas import LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated, now

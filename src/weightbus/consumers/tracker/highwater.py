@@ -21,9 +21,10 @@ import logging
 
 from weightbus.bus import subjects
 from weightbus.bus.history import read_subject_history
+from weightbus.bus.marks import read_high_water
 from weightbus.bus.protocol import Bus
 from weightbus.consumers.tracker.metrics import PolicyTrackerMetrics
-from weightbus.errors import BusError, InvalidEventError
+from weightbus.errors import BusError
 from weightbus.schemas.alerts import VersionRejected
 from weightbus.schemas.common import now
 from weightbus.schemas.weights import CounterHighWater
@@ -41,7 +42,6 @@ class HighWaterWatch:
         self._policy = policy
         self._observer = observer
         self._m = metrics
-        self._subject = subjects.counter(policy)
         self._floor: int | None = None  # the mark's ``announced``: no ready tracker may hold less
         self._mark: CounterHighWater | None = None
         self._seq: int | None = None
@@ -62,17 +62,15 @@ class HighWaterWatch:
     async def load(self) -> None:
         """One last-message read of the counter subject; a failure is logged, never raised."""
         try:
-            last = await self._bus.last(self._subject)
-        except (BusError, InvalidEventError) as exc:
+            stored = await read_high_water(self._bus, self._policy)
+        except BusError as exc:
             log.warning(
                 "could not read the counter's high-water mark; following without it",
                 extra={"policy": self._policy, "error": repr(exc)},
             )
             return
-        event = last.event if last is not None else None
-        if isinstance(event, CounterHighWater) and event.policy == self._policy:
-            assert last is not None
-            self._mark, self._seq, self._floor = event, last.seq, event.announced
+        if stored.mark is not None:
+            self._mark, self._seq, self._floor = stored.mark, stored.seq, stored.mark.announced
 
     def below(self, version: int | None) -> bool:
         """Whether holding ``version`` contradicts the mark and was not reported yet (cheap; per event)."""
