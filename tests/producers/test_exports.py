@@ -17,6 +17,7 @@ def test_all_is_sorted_and_complete() -> None:
     public = {name for name in vars(producers) if not name.startswith("_")} - {
         "counter",
         "coverage",
+        "fleet",
         "highwater",
         "lora",
         "publisher",

@@ -18,7 +18,7 @@ import logging
 
 from weightbus.engines.sglang import SGLangClient
 from weightbus.errors import EngineError
-from weightbus.producers.stamping import EngineFleet
+from weightbus.producers.fleet import EngineFleet
 
 __all__ = ["push_lora_adapter"]
 

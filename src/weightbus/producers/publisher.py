@@ -31,7 +31,7 @@ from weightbus.engines.sglang import PauseMode
 from weightbus.errors import EngineError, FencedError
 from weightbus.producers.counter import FencedCounter
 from weightbus.producers.coverage import Push
-from weightbus.producers.stamping import EngineFleet
+from weightbus.producers.fleet import EngineFleet
 from weightbus.producers.update import UpdateSlot, VersionUpdate
 from weightbus.schemas import MAX_VERSION, LoraAdapter, WeightUpdated, parse_version
 

@@ -16,7 +16,7 @@ from weightbus.bus.history import read_subject_history
 from weightbus.bus.marks import read_high_water
 from weightbus.bus.protocol import Bus
 from weightbus.errors import EngineError, InvalidEventError
-from weightbus.producers.stamping import EngineFleet
+from weightbus.producers.fleet import EngineFleet
 from weightbus.rules.history import WeightsHistory, fold_history
 from weightbus.schemas import LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated, now
 

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode
 from weightbus.producers.coverage import Push
+from weightbus.producers.fleet import EngineFleet
 from weightbus.producers.publisher import VersionPublisher
-from weightbus.producers.stamping import EngineFleet
 from weightbus.schemas import LoraAdapter
 
 __all__ = ["SyncVersionPublisher"]

@@ -62,9 +62,8 @@ from weightbus.engines.sglang import PauseMode
 from weightbus.errors import BusError, EngineError, FencedError, PublishError, PushCoverageError
 from weightbus.producers.counter import FencedCounter
 from weightbus.producers.coverage import Push, cover, pending_label
+from weightbus.producers.fleet import EngineFleet, EngineStamp
 from weightbus.producers.stamping import (
-    EngineFleet,
-    EngineStamp,
     alert_uncovered,
     alert_unexpected_labels,
     publish_applied,
