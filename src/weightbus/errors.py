@@ -20,7 +20,8 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     ├── EngineError                           an SGLang engine answered with an error or not at all
     │   └── EngineOutOfSyncError              an engine does not serve the version it was stamped with
     ├── PushCoverageError                     no engine holds the weights a version would name after its push
-    └── VersionRegressionError                a tracker in ``raise`` mode saw a lower version
+    ├── VersionRegressionError                a tracker in ``raise`` mode saw a lower version
+    └── InstallError (RuntimeError)           a framework integration found a framework it was not written for
 
 Translation from nats-py and msgspec errors happens in ``weightbus.bus`` only; from httpx errors in
 ``weightbus.engines`` only.
@@ -36,6 +37,7 @@ __all__ = [
     "EngineError",
     "EngineOutOfSyncError",
     "FencedError",
+    "InstallError",
     "InvalidEventError",
     "InvalidPolicyError",
     "PermissionDeniedError",
@@ -292,4 +294,26 @@ class VersionRegressionError(WeightbusError):
         self.publisher = publisher
         super().__init__(
             f"policy {policy!r}: version went back from {current} to {incoming} (published by {publisher!r})"
+        )
+
+
+class InstallError(WeightbusError, RuntimeError):
+    """A framework integration cannot install: what it patches is missing or has another shape.
+
+    Nothing was patched when this is raised (installs are all or nothing).
+
+    Attributes:
+        framework: the framework (``miles``).
+        written_for: the framework version or commit the integration was written against.
+        problems: one line per missing or mismatched name, each saying what was expected.
+    """
+
+    def __init__(self, framework: str, written_for: str, problems: list[str]) -> None:
+        self.framework = framework
+        self.written_for = written_for
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(
+            f"weightbus cannot install into this {framework} (written against {written_for}); nothing was "
+            f"patched:\n{lines}"
         )
