@@ -89,7 +89,8 @@ class MilesSettings:
             try:
                 floor = int(raw_floor)
             except ValueError:
-                raise ValueError(f"WEIGHTBUS_FLOOR (args.weightbus_floor) must be a version, not {raw_floor!r}") from None
+                why = f"WEIGHTBUS_FLOOR (args.weightbus_floor) must be a version, not {raw_floor!r}"
+                raise ValueError(why) from None
         return cls(
             policy=policy,
             nats=setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS) or DEFAULT_NATS,

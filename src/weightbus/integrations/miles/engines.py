@@ -135,7 +135,9 @@ class MilesEngineFleet(EngineFleet):
         fleet.given = tuple(handles)
         return fleet
 
-    async def retarget(self, handles: Sequence[Any], ray_get: Callable[[Any], Any], *, timeout: float = _TIMEOUT) -> None:
+    async def retarget(
+        self, handles: Sequence[Any], ray_get: Callable[[Any], Any], *, timeout: float = _TIMEOUT
+    ) -> None:
         """Point the fleet at ``handles`` (miles reconnected its engines); between updates only.
 
         Raises:

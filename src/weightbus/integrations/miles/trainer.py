@@ -520,7 +520,7 @@ class MilesTrainer:
             try:
                 pub = self._ready(updater, runtime)
                 update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
-                pub.call(lambda _: update.__aenter__())
+                pub.call(lambda _, entering=update: entering.__aenter__())
                 return update
             except BusError as exc:
                 if isinstance(exc, _FINAL_BUS_ERRORS) or time.monotonic() + delay > deadline:
