@@ -430,24 +430,24 @@ class _ImportHook(importlib.abc.MetaPathFinder):
 
 
 class MilesTrainer:
-    """The integration in one training actor: the settings and, on rank 0, the cell's publisher.
+    """The integration in one training actor's process: its settings, and each updater's cell.
 
-    Made by ``install``; one per process.
+    Made by ``install``; one per process. Each weight updater miles builds gets its own ``_Cell``
+    on rank 0 (one ``SyncVersionPublisher``: one claim of the counter), made at its first update;
+    the connection rank 0 opened at install is handed to the first one.
 
     Attributes:
         settings: what was configured.
-        publisher: rank 0's ``SyncVersionPublisher`` (None on other ranks, and before rank 0 connects).
         labelling: the updater classes whose full push carries ``weight_version`` (miles' NCCL broadcast).
     """
 
     def __init__(self, args: Any, settings: MilesSettings) -> None:
         self.settings = settings
-        self._args = args
-        self.publisher: SyncVersionPublisher | None = None
+        self.args = args
         self.labelling: set[type] = set()
-        self._fleet: MilesEngineFleet | None = None
-        self._handles: list[Any] = []
-        self._ray_get: Callable[[Any], Any] | None = None
+        self._spare: _Cell | None = None  # rank 0's cell connected at install, for the first updater
+        self._cells: list[_Cell] = []
+        self._lock = threading.Lock()
 
     @property
     def policy(self) -> str:
@@ -455,86 +455,49 @@ class MilesTrainer:
         return self.settings.policy
 
     @property
+    def publisher(self) -> SyncVersionPublisher | None:
+        """The publisher of this process' newest cell on rank 0 (or the one connected at install); None elsewhere."""
+        with self._lock:
+            cell = self._cells[-1] if self._cells else self._spare
+            return cell.publisher if cell is not None else None
+
+    @property
     def version(self) -> int | None:
-        """The bus's current version as this cell's publisher knows it (None before its claim, or never announced)."""
+        """The bus's current version as this process' newest publisher knows it (None before a claim)."""
         pub = self.publisher
         return pub.version if pub is not None and pub.started else None
 
     def close(self) -> None:
-        """Close rank 0's publisher (its bus connection and private loop)."""
-        pub, self.publisher = self.publisher, None
-        if pub is not None:
+        """Close every publisher of this process (bus connections and private loops)."""
+        with self._lock:
+            pubs = [c.publisher for c in self._cells] + ([self._spare.publisher] if self._spare is not None else [])
+            self._cells.clear()
+            self._spare = None
+        for pub in pubs:
             pub.close()
-
-    # -- the bus -----------------------------------------------------------------------------------------
 
     def connect_if_rank0(self, runtime: _Runtime) -> None:
         """On rank 0, connect to the bus now (an unreachable bus is an error at init, not at the first update)."""
         if runtime.rank() != 0:
             return
-        self._publisher().connect()
+        with self._lock:
+            if self._spare is None and not self._cells:
+                self._spare = _Cell(self)
+            spare = self._spare
+        if spare is not None:
+            spare.publisher.connect()
 
-    def _publisher(self) -> SyncVersionPublisher:
-        if self.publisher is None:
-            s = self.settings
-            self.publisher = SyncVersionPublisher(
-                s.policy,
-                nats_url=s.nats,
-                trainer_id=s.trainer_id or f"miles:{default_trainer_id()}",
-                pause=getattr(self._args, "pause_generation_mode", None) or "retract",
-                connect_timeout=s.connect_timeout,
-                floor=s.floor,
-                options=s.options,
-                fleet_factory=self._build_fleet,
-            )
-        return self.publisher
-
-    async def _build_fleet(self) -> MilesEngineFleet:
-        assert self._ray_get is not None
-        self._fleet = await MilesEngineFleet.build(self._handles, self._ray_get)
-        return self._fleet
-
-    def _ready(self, updater: Any, runtime: _Runtime) -> SyncVersionPublisher:
-        """Rank 0's publisher, started (claimed) and pointed at the engines miles connected now."""
-        handles = getattr(updater, "rollout_engines", None)
-        if handles is None:
-            raise RuntimeError(
-                f"{type(updater).__name__}.rollout_engines is not set: miles connects its engines "
-                "(connect_rollout_engines) before update_weights"
-            )
-        self._handles = list(handles) + list(getattr(updater, "distributed_rollout_engines", None) or ())
-        self._ray_get = runtime.ray_get
-        pub = self._publisher()
-        if not pub.started:
-            pub.start()
-        elif self._fleet is not None:
-            fleet, ray_get = self._fleet, runtime.ray_get
-            pub.call(lambda _: fleet.retarget(self._handles, ray_get))
-        return pub
-
-    def _enter(self, updater: Any, runtime: _Runtime, plan: _Plan) -> VersionUpdate:
-        """Take the number, pause, read the labels, mark them pending: retried while the bus does not answer."""
-        deadline = time.monotonic() + self.settings.update_timeout
-        delay = 0.2
-        while True:
-            try:
-                pub = self._ready(updater, runtime)
-                update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
-                pub.call(lambda _, entering=update: entering.__aenter__())
-                return update
-            except BusError as exc:
-                if isinstance(exc, _FINAL_BUS_ERRORS) or time.monotonic() + delay > deadline:
-                    exc.add_note(
-                        f"weightbus gave up taking a version after {self.settings.update_timeout:g}s "
-                        "(WEIGHTBUS_UPDATE_TIMEOUT); nothing was pushed"
-                    )
-                    raise
-                log.warning(
-                    "the bus did not answer while taking a version; retrying (nothing is pushed meanwhile)",
-                    extra={"policy": self.policy, "error": str(exc), "retry_in": delay},
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+    def cell(self, updater: Any) -> _Cell:
+        """Rank 0's cell of ``updater`` (made at its first update)."""
+        cell = updater.__dict__.get("_weightbus_cell")
+        if cell is None:
+            with self._lock:
+                cell, self._spare = self._spare, None
+                if cell is None:
+                    cell = _Cell(self)
+                self._cells.append(cell)
+            updater.__dict__["_weightbus_cell"] = cell
+        return cell
 
     # -- the update --------------------------------------------------------------------------------------
 
@@ -546,7 +509,7 @@ class MilesTrainer:
         rank0 = runtime.rank() == 0
         session: _Session | None = None
         if rank0:
-            session = _Session(self, updater, runtime, self._plan(updater, kind))
+            session = _Session(self.cell(updater), updater, runtime, self._plan(updater, kind))
             try:
                 session.enter()
             except BaseException as exc:
@@ -558,49 +521,38 @@ class MilesTrainer:
         if not isinstance(shared, int):
             raise RuntimeError(f"rank 0 could not take a weight version from weightbus: {shared}")
         updater.weight_version = shared - 1  # miles' own `weight_version += 1` makes it the bus's number
-        self._run_original(updater, original, session)
+        _run_original(updater, original, session)
         updater.weight_version = shared
 
     def _update_delta(self, updater: Any, original: Callable[[Any], None], runtime: _Runtime) -> None:
         """The disk delta: miles' count names the files; the bus's number labels the engines, entered at the pause."""
         rank0 = runtime.rank() == 0
-        chain = getattr(updater, "_weightbus_chain", updater.weight_version)
+        chain = updater.__dict__.get("_weightbus_chain", updater.weight_version)
         updater.weight_version = chain
         baseline = not getattr(updater, "_baseline_captured", False)
         session: _Session | None = None
         if rank0:
-            plan = _Plan("delta", False, None)
-            session = _Session(self, updater, runtime, plan, lazy=True, baseline=baseline)
+            cell = self.cell(updater)
+            session = _Session(cell, updater, runtime, _Plan("delta", False, None), lazy=True, baseline=baseline)
             if baseline:
                 try:  # the claim, before any engine is touched; the first real update retries it
-                    session.version = self._ready(updater, runtime).version
+                    session.version = cell.ready(updater, runtime).version
                 except BusError as exc:
                     log.warning(
                         "could not claim the counter at miles' disk-delta baseline; the first update retries",
                         extra={"policy": self.policy, "error": str(exc)},
                     )
-        self._run_original(updater, original, session)
-        updater._weightbus_chain = updater.weight_version
+        _run_original(updater, original, session)
+        updater.__dict__["_weightbus_chain"] = updater.weight_version
         mine = None
         if session is not None:
             mine = session.version if session.version is not None else updater.weight_version
         shared = runtime.share(mine)
         updater.weight_version = shared if isinstance(shared, int) else updater.weight_version
 
-    def _run_original(self, updater: Any, original: Callable[[Any], None], session: _Session | None) -> None:
-        try:
-            with _proxied(updater, session):
-                original(updater)
-        except BaseException as exc:
-            if session is not None:
-                session.abort(exc)
-            raise
-        if session is not None:
-            session.commit()  # miles never resumed (no continue_generation): close the update now
-
     def _plan(self, updater: Any, kind: Kind) -> _Plan:
-        lora_name = _LORA_NAME
         if kind in ("mixin", "tensor") and getattr(updater, "is_lora", False):
+            lora_name = _LORA_NAME
             adapters = getattr(updater, "multi_lora_adapters", None) if kind == "mixin" else None
             if adapters:
                 lora_name = ",".join(sorted(str(name) for name in adapters))
@@ -608,12 +560,101 @@ class MilesTrainer:
         return _Plan("full", kind == "mixin" and isinstance(updater, tuple(self.labelling)), None)
 
 
+class _FleetSlot:
+    """A cell's fleet, built on the publisher's loop from the handles miles connected."""
+
+    def __init__(self) -> None:
+        self.fleet: MilesEngineFleet | None = None
+        self.handles: list[Any] = []
+        self.ray_get: Callable[[Any], Any] | None = None
+
+    async def build(self) -> MilesEngineFleet:
+        assert self.ray_get is not None
+        self.fleet = await MilesEngineFleet.build(self.handles, self.ray_get)
+        return self.fleet
+
+
+class _Cell:
+    """Rank 0's publisher for one weight updater: one claim of the counter, one fleet over miles' engines."""
+
+    def __init__(self, trainer: MilesTrainer) -> None:
+        self.trainer = trainer
+        s = trainer.settings
+        self._slot = _FleetSlot()
+        self.publisher = SyncVersionPublisher(
+            s.policy,
+            nats_url=s.nats,
+            trainer_id=s.trainer_id or f"miles:{default_trainer_id()}",
+            pause=getattr(trainer.args, "pause_generation_mode", None) or "retract",
+            connect_timeout=s.connect_timeout,
+            floor=s.floor,
+            options=s.options,
+            fleet_factory=self._slot.build,
+        )
+
+    def ready(self, updater: Any, runtime: _Runtime) -> SyncVersionPublisher:
+        """The publisher, started (claimed) and pointed at the engines miles connected now."""
+        handles = getattr(updater, "rollout_engines", None)
+        if handles is None:
+            raise RuntimeError(
+                f"{type(updater).__name__}.rollout_engines is not set: miles connects its engines "
+                "(connect_rollout_engines) before update_weights"
+            )
+        slot = self._slot
+        slot.handles = list(handles) + list(getattr(updater, "distributed_rollout_engines", None) or ())
+        slot.ray_get = runtime.ray_get
+        pub = self.publisher
+        if not pub.started:
+            pub.start()
+        elif slot.fleet is not None:
+            fleet, given, ray_get = slot.fleet, slot.handles, runtime.ray_get
+            pub.call(lambda _: fleet.retarget(given, ray_get))
+        return pub
+
+    def enter(self, updater: Any, runtime: _Runtime, plan: _Plan) -> VersionUpdate:
+        """Take the number, pause, read the labels, mark them pending: retried while the bus does not answer."""
+        timeout = self.trainer.settings.update_timeout
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while True:
+            try:
+                pub = self.ready(updater, runtime)
+                update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
+                pub.call(lambda _, entering=update: entering.__aenter__())
+                return update
+            except BusError as exc:
+                if isinstance(exc, _FINAL_BUS_ERRORS) or time.monotonic() + delay > deadline:
+                    exc.add_note(
+                        f"weightbus gave up taking a version after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); "
+                        "nothing was pushed"
+                    )
+                    raise
+                log.warning(
+                    "the bus did not answer while taking a version; retrying (nothing is pushed meanwhile)",
+                    extra={"policy": self.trainer.policy, "error": str(exc), "retry_in": delay},
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def _run_original(updater: Any, original: Callable[[Any], None], session: _Session | None) -> None:
+    try:
+        with _proxied(updater, session):
+            original(updater)
+    except BaseException as exc:
+        if session is not None:
+            session.abort(exc)
+        raise
+    if session is not None:
+        session.commit()  # miles never resumed (no continue_generation): close the update now
+
+
 class _Session:
     """Rank 0's side of one update: the ``VersionUpdate`` and what miles' engine calls turn into."""
 
     def __init__(
         self,
-        trainer: MilesTrainer,
+        cell: _Cell,
         updater: Any,
         runtime: _Runtime,
         plan: _Plan,
@@ -621,7 +662,7 @@ class _Session:
         lazy: bool = False,
         baseline: bool = False,
     ) -> None:
-        self.trainer = trainer
+        self.cell = cell
         self.updater = updater
         self.runtime = runtime
         self.plan = plan
@@ -632,7 +673,7 @@ class _Session:
         self.closed = False
 
     def enter(self) -> None:
-        self.update = self.trainer._enter(self.updater, self.runtime, self.plan)
+        self.update = self.cell.enter(self.updater, self.runtime, self.plan)
         self.version = self.update.version
 
     def _exit(self, exc: BaseException | None) -> None:
@@ -640,8 +681,7 @@ class _Session:
         if update is None or self.closed:
             return
         self.closed = True  # before the call: a failing exit quarantined already and must not run twice
-        pub = self.trainer.publisher
-        assert pub is not None
+        pub = self.cell.publisher
         tb = exc.__traceback__ if exc is not None else None
         pub.call(lambda _: update.__aexit__(type(exc) if exc is not None else None, exc, tb))
 
