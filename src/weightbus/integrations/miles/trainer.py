@@ -601,7 +601,9 @@ class _Cell:
                 "(connect_rollout_engines) before update_weights"
             )
         slot = self._slot
-        slot.handles = list(handles) + list(getattr(updater, "distributed_rollout_engines", None) or ())
+        more = getattr(updater, "distributed_rollout_engines", None) or ()
+        # Inside miles' update (the disk delta enters at its pause) the updater holds our proxies.
+        slot.handles = [_real(h) for h in (*handles, *more)]
         slot.ray_get = runtime.ray_get
         pub = self.publisher
         if not pub.started:
@@ -755,6 +757,10 @@ class _ProxyMethod:
 
 def _identity(value: Any) -> Any:
     return value
+
+
+def _real(handle: Any) -> Any:
+    return handle._handle if isinstance(handle, _EngineProxy) else handle
 
 
 @contextmanager
