@@ -249,6 +249,7 @@ class SGLangEngine:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.pulls: list[int] = []
         self.sessions = 0  # begin_weight_update without its end_weight_update
+        self.on_continue: Callable[[], None] | None = None  # runs before the engine resumes (assertions)
 
     def close(self) -> None:
         self._http.close()
@@ -284,6 +285,8 @@ class SGLangEngine:
 
     def continue_generation(self) -> Any:
         self._record("continue_generation")
+        if self.on_continue is not None:
+            self.on_continue()
         response = self._http.post("/continue_generation", json={})
         response.raise_for_status()
         return response.status_code

@@ -114,6 +114,28 @@ def run(fn: Any, *args: Any) -> Any:
     return asyncio.to_thread(fn, *args)
 
 
+def watch_resumes(engines: RefEngines, bus: NatsBus, policy: str) -> list[tuple[str, int | None]]:
+    """Record, at every resume of every engine, its label and the newest version on the bus then."""
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[str, int | None]] = []
+
+    def check(state: EngineState) -> None:
+        versions = asyncio.run_coroutine_threadsafe(announced(bus, policy), loop).result(10)
+        seen.append((state.weight_version, max(versions, default=None)))
+
+    for actor, state in zip(engines.actors, engines.states, strict=True):
+        actor.on_continue = lambda state=state: check(state)
+    return seen
+
+
+def assert_announced_before_resumed(seen: list[tuple[str, int | None]]) -> None:
+    """No engine resumed carrying a number the bus had not announced yet."""
+    assert seen
+    for label, newest in seen:
+        if label.isdigit():
+            assert newest is not None and int(label) <= newest, (label, newest)
+
+
 # -- failover, fencing --------------------------------------------------------------------------------------
 
 
@@ -121,12 +143,14 @@ def run(fn: Any, *args: Any) -> Any:
 async def test_a_failover_publishes_above_the_first_cell_and_nothing_is_admitted_on_negative_staleness(
     nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines, with_weightbus: bool
 ) -> None:
-    args = make_trainer_args(custom_megatron_init_path="weightbus.integrations.miles.install" if with_weightbus else None)
+    hook = "weightbus.integrations.miles.install" if with_weightbus else None
+    args = make_trainer_args(custom_megatron_init_path=hook)
     manager = RolloutManager(args)
     rm = ActorHandle(manager)
     cells = [Cell(args, rm, world_size=2), Cell(args, rm, world_size=2)]
     group = RayTrainGroup(cells)
     info = engines_info(ref_engines.handles, new=True)
+    resumes = watch_resumes(ref_engines, nats_bus, miles_env)
     for _ in range(3):
         await run(group.update_weights, info)
     cells[0].alive = False  # cell 0 dies; cell 1's updater, whose own counter is 0, runs the next update
@@ -136,6 +160,7 @@ async def test_a_failover_publishes_above_the_first_cell_and_nothing_is_admitted
         assert manager.versions == [1, 2, 3, 1] and manager.regressions == [(3, 1)]
         assert ref_engines.labels() == ["1", "1"]
         return
+    assert_announced_before_resumed(resumes)
     # Above the first cell's last number, and above the 4 its last announcement reserved ahead (which a
     # takeover skips: cell 0 may have pushed under it).
     assert manager.versions == [1, 2, 3, 5] and manager.regressions == []
@@ -246,8 +271,10 @@ async def test_lora_pushes_on_each_path_are_stamped(
     if mode == "multi-lora":
         cell.updater.multi_lora_adapters = {"math": object(), "code": object()}
     info = engines_info(ref_engines.handles, new=True)
+    resumes = watch_resumes(ref_engines, nats_bus, miles_env)
     for _ in range(2):
         await run(cell.update_weights, info)
+    assert_announced_before_resumed(resumes)
     assert ref_engines.labels() == ["2", "2"]  # miles' tensor path would leave "default"
     assert manager.versions == [1, 2]
     events = [e for e in await weight_events(nats_bus, miles_env) if isinstance(e, WeightUpdated)]
@@ -343,7 +370,8 @@ def test_install_against_another_signature_fails_clearly(miles_env: str) -> None
     def update_weights(self: Any, *, force: bool = False) -> None: ...
 
     with install_miles_trainer(replace={"tensor:UpdateWeightFromTensor.update_weights": update_weights}):
-        with pytest.raises(InstallError, match=r"UpdateWeightFromTensor.update_weights has the signature \(self, force\)"):
+        expected = r"UpdateWeightFromTensor.update_weights has the signature \(self, force\)"
+        with pytest.raises(InstallError, match=expected):
             install(make_trainer_args())
         uninstall()
 
