@@ -752,6 +752,70 @@ class UpdateWeightFromTensor(_Connects):
         dist.barrier(group=get_gloo_group())
 
 
+class FsdpUpdateWeight(_Connects):
+    """``miles/backends/fsdp_utils/update_weight_utils.py`` ``UpdateWeight``: pause, buckets, end, resume."""
+
+    def __init__(self, args: Namespace, model: Any) -> None:
+        self.args = args
+        self.model = model
+        self.weight_version = 0
+        self.rollout_engines: Any = None
+        self._connection_stale = False
+
+    def update_weights(self) -> None:
+        self.weight_version += 1
+        if dist.get_rank() == 0:
+            futures = [e.pause_generation.remote() for e in self.rollout_engines]
+            futures.extend([e.flush_cache.remote() for e in self.rollout_engines])
+            ray.get(futures)
+            ray.get([e.begin_weight_update.remote() for e in self.rollout_engines])
+        dist.barrier(group=get_gloo_group())
+        for bucket in self.model.hf_buckets():
+            self.update_bucket_weights(bucket, weight_version=self.weight_version)
+        dist.barrier(group=get_gloo_group())
+        if dist.get_rank() == 0:
+            ray.get([e.end_weight_update.remote() for e in self.rollout_engines])
+            ray.get([e.continue_generation.remote() for e in self.rollout_engines])
+        dist.barrier(group=get_gloo_group())
+
+    def update_bucket_weights(self, named_tensors: list[str], weight_version: int | None = None) -> None:
+        if dist.get_rank() == 0:
+            refs = [
+                e.update_weights_from_tensor.remote(
+                    serialized_named_tensors=named_tensors, weight_version=str(weight_version)
+                )
+                for e in self.rollout_engines
+            ]
+            _check_weight_sync_results(ray.get(refs))
+
+
+class FsdpUpdateWeightFromTensor(FsdpUpdateWeight):
+    """FSDP's ``UpdateWeightFromTensor``."""
+
+
+class FsdpUpdateWeightFromDistributed(FsdpUpdateWeight):
+    """FSDP's ``UpdateWeightFromDistributed``."""
+
+
+FSDP_MODULE = "miles.backends.fsdp_utils.update_weight_utils"
+
+
+def write_fsdp_package(root: Any) -> None:
+    """An importable ``miles.backends.fsdp_utils.update_weight_utils`` under ``root`` (for the import hook)."""
+    pkg = root / "miles" / "backends" / "fsdp_utils"
+    pkg.mkdir(parents=True)
+    for d in (root / "miles", root / "miles" / "backends", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "update_weight_utils.py").write_text(
+        "from tests.integrations.miles_trainer_standin import dist, ray, get_gloo_group\n"
+        "from tests.integrations import miles_trainer_standin as _s\n"
+        "class UpdateWeight(_s.FsdpUpdateWeight):\n"
+        "    update_weights = _s.FsdpUpdateWeight.update_weights\n"
+        "class UpdateWeightFromTensor(UpdateWeight):\n    pass\n"
+        "class UpdateWeightFromDistributed(UpdateWeight):\n    pass\n"
+    )
+
+
 # -- the rollout manager, the actor, the group ------------------------------------------------------------------
 
 

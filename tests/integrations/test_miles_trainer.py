@@ -10,6 +10,8 @@ install too, and checks that miles' own counter regresses there (the test can fa
 from __future__ import annotations
 
 import asyncio
+import importlib
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,20 +30,24 @@ from tests.integrations.miles_standin import (
     make_group,
 )
 from tests.integrations.miles_trainer_standin import (
+    FSDP_MODULE,
     ActorHandle,
     Cell,
+    FakeModel,
     RayTrainGroup,
     RolloutManager,
     SGLangEngine,
     engines_info,
     install_miles_trainer,
     make_trainer_args,
+    ray,
+    write_fsdp_package,
 )
 from weightbus.bus import NatsBus, subjects
 from weightbus.bus.history import read_subject_history
 from weightbus.embedded.server import EmbeddedNats, free_port
 from weightbus.errors import BusConnectError, BusError, FencedError, InstallError
-from weightbus.integrations.miles import MILES_COMMIT, WeightbusDataBuffer, install, uninstall
+from weightbus.integrations.miles import MILES_COMMIT, WeightbusDataBuffer, install, install_fsdp, uninstall
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
 from weightbus.schemas import FleetQuarantined, WeightUpdated
@@ -416,6 +422,29 @@ async def test_a_bus_that_goes_down_mid_run_fails_the_update_within_the_bound_an
         assert all(s.pause_mode is None for s in ref_engines.states)
     finally:
         server.stop()
+
+
+def test_install_fsdp_patches_miles_fsdp_updater_when_it_is_imported(
+    miles_env: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, ref_engines: RefEngines
+) -> None:
+    write_fsdp_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n == "miles" or n.startswith("miles.")]:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        install_fsdp()  # what a sitecustomize does: miles' FSDP module is not imported yet
+        module = importlib.import_module(FSDP_MODULE)
+        assert hasattr(vars(module.UpdateWeight)["update_weights"], "__weightbus_original__")
+        manager = RolloutManager(make_trainer_args())
+        rm = ActorHandle(manager)
+        updater = module.UpdateWeightFromTensor(make_trainer_args(), FakeModel())
+        updater.connect_rollout_engines(ref_engines.handles, None)
+        for _ in range(2):
+            updater.update_weights()
+            ray.get(rm.set_weight_version.remote(updater.weight_version))
+        assert manager.versions == [1, 2] and ref_engines.labels() == ["2", "2"]
+    finally:
+        uninstall()
 
 
 # -- both halves ----------------------------------------------------------------------------------------------
