@@ -48,9 +48,10 @@ from weightbus.bus.history import read_subject_history
 from weightbus.embedded.server import EmbeddedNats, free_port
 from weightbus.errors import BusConnectError, BusError, FencedError, InstallError
 from weightbus.integrations.miles import MILES_COMMIT, WeightbusDataBuffer, install, install_fsdp, uninstall
+from weightbus.integrations.miles.engines import engine_name
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
-from weightbus.schemas import FleetQuarantined, WeightUpdated
+from weightbus.schemas import EngineOutOfSync, FleetQuarantined, WeightUpdated
 
 pytestmark = pytest.mark.nats
 
@@ -66,6 +67,15 @@ class RefEngines:
 
     def labels(self) -> list[str]:
         return [s.weight_version for s in self.states]
+
+    def restart(self, i: int) -> None:
+        """Engine ``i`` comes back from a restart: boot weights, no adapter, ``"default"``, a new actor."""
+        self.states[i].weight_version = "default"
+        self.states[i].lora_adapters.clear()
+        self.handles[i].kill()
+        self.actors[i].close()
+        self.actors[i] = SGLangEngine(self.servers[i].url)
+        self.handles[i] = ActorHandle(self.actors[i])
 
     def close(self) -> None:
         for h in self.handles:
@@ -289,6 +299,30 @@ async def test_lora_pushes_on_each_path_are_stamped(
     assert all(e.lora is not None and e.lora.name == expected for e in events)
     loaded = set(ref_engines.states[0].lora_adapters)
     assert loaded == ({"math", "code"} if mode == "multi-lora" else {"miles_lora"})
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+async def test_an_engine_restarted_to_default_is_alerted_and_stamped_only_when_the_push_covers_it(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines, lora: bool
+) -> None:
+    args = make_trainer_args(lora_rank=8 if lora else 0)
+    manager = RolloutManager(args)
+    cell = Cell(args, ActorHandle(manager))
+    await run(cell.update_weights, engines_info(ref_engines.handles, new=True))
+    ref_engines.restart(1)  # miles reconnects it (has_new_engines) at the next update
+    info = engines_info(ref_engines.handles, new=True)
+    restarted = engine_name(ref_engines.handles[1], 1)
+    if lora:  # miles unloads the adapter it loaded before, and the restarted engine has none: the push fails
+        with pytest.raises(Exception, match="is not loaded"):
+            await run(cell.update_weights, info)
+        assert ref_engines.labels() == ["quarantine:2", "quarantine:2"]  # never "2" on an unknown base
+        assert manager.versions == [1] and await announced(nats_bus, miles_env) == [1]
+    else:  # the whole model reached it: stamped with the others
+        await run(cell.update_weights, info)
+        assert ref_engines.labels() == ["2", "2"] and manager.versions == [1, 2]
+    found = await alerts(nats_bus, miles_env)
+    reasons = {(a.engine, a.actual, a.reason) for a in found if isinstance(a, EngineOutOfSync)}
+    assert (restarted, "default", "unexpected_label") in reasons  # never silently re-stamped
 
 
 # -- disk delta ---------------------------------------------------------------------------------------------
