@@ -851,7 +851,7 @@ class EnginesAndLock:
 _UPDATERS = {
     "broadcast": "UpdateWeightFromDistributed",
     "p2p": "UpdateWeightP2P",
-    "disk_delta": "UpdateWeightFromDiskDelta",
+    "disk-delta": "UpdateWeightFromDiskDelta",
     "tensor": "UpdateWeightFromTensor",
 }
 _UPDATER_MODULES = {
@@ -1022,7 +1022,7 @@ def install_miles_trainer(
     names = [*parents, *(m.__name__ for m in modules.values())]
     saved = {n: sys.modules.get(n) for n in names}
     for n in parents:
-        sys.modules[n] = sys.modules.get(n) or _module(n)
+        sys.modules[n] = sys.modules.get(n) or _module(n, __path__=[])  # packages: finders are asked
     for m in modules.values():
         sys.modules[m.__name__] = m
     try:

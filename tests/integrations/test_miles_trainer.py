@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.abc
 import sys
 import time
 from collections.abc import Iterator
@@ -331,7 +332,7 @@ async def test_an_engine_restarted_to_default_is_alerted_and_stamped_only_when_t
 async def test_disk_delta_keeps_its_file_chain_and_labels_the_bus_number_across_a_failover(
     nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines
 ) -> None:
-    args = make_trainer_args(update_weight_transfer_mode="disk_delta")
+    args = make_trainer_args(update_weight_transfer_mode="disk-delta")
     manager = RolloutManager(args)
     rm = ActorHandle(manager)
     cells = [Cell(args, rm), Cell(args, rm)]
@@ -403,6 +404,38 @@ def test_install_against_a_miles_that_lacks_what_it_patches_fails_clearly_and_pa
         assert expected in str(caught.value)
         assert MILES_COMMIT[:9] in str(caught.value) and "nothing was patched" in str(caught.value)
         assert vars(mixin)["update_weights"] is before  # not half-installed
+        uninstall()
+
+
+class _DeltaNeedsZstandard(importlib.abc.MetaPathFinder):
+    """miles' disk-delta module in an image without its dependency (``zstandard``)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname.endswith("update_weight_from_distributed.delta"):
+            raise ModuleNotFoundError("No module named 'zstandard'", name="zstandard")
+        return None
+
+
+def test_an_updater_miles_cannot_import_either_is_skipped_but_a_missing_module_is_an_error(
+    miles_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with install_miles_trainer() as modules:
+        delta = modules["delta"].__name__
+        monkeypatch.delitem(sys.modules, delta)
+        finder = _DeltaNeedsZstandard()
+        sys.meta_path.insert(0, finder)
+        try:
+            install(make_trainer_args())  # miles imports the delta only for --update-weight-transfer-mode disk-delta
+            mixin = modules["mixin"].DistBucketedWeightUpdateMixin
+            assert hasattr(vars(mixin)["update_weights"], "__weightbus_original__")
+            uninstall()
+        finally:
+            sys.meta_path.remove(finder)
+        monkeypatch.setitem(sys.modules, modules["tensor"].__name__, None)  # the module itself is gone
+        with pytest.raises(
+            InstallError, match="update_weight_from_tensor .for UpdateWeightFromTensor. cannot be imported"
+        ):
+            install(make_trainer_args())
         uninstall()
 
 
