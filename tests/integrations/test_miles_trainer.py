@@ -222,17 +222,11 @@ async def test_the_first_cell_coming_back_is_fenced(
     pushes = [len(a.calls) for a in ref_engines.actors]
 
     # The zombie: cell 0 runs an update again (a network partition heals, a stale driver retries).
-    with pytest.raises(FencedError):
-        await run(cells[0].update_weights, info)
-    assert ref_engines.labels() == ["3", "3"]  # its number never reached an engine
-    assert all(s.pause_mode is None for s in ref_engines.states)  # the owner's engines are not left paused
-    for actor, before in zip(ref_engines.actors, pushes, strict=True):
-        touched = {name for name, _ in actor.calls[before:]}
-        assert touched <= {"pause_generation", "continue_generation", "get_weight_version"}, touched
-    calls = [len(a.calls) for a in ref_engines.actors]
-    with pytest.raises(FencedError):  # known now: raised before it touches the engines at all
-        await run(cells[0].update_weights, info)
-    assert [len(a.calls) for a in ref_engines.actors] == calls
+    for _ in range(2):
+        with pytest.raises(FencedError):
+            await run(cells[0].update_weights, info)
+        assert [len(a.calls) for a in ref_engines.actors] == pushes  # it never touched an engine
+    assert ref_engines.labels() == ["3", "3"]
     assert await announced(nats_bus, miles_env) == [1, 3]
     assert manager.versions == [1, 3]
     # and the owner goes on

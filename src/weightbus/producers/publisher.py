@@ -199,6 +199,22 @@ class VersionPublisher:
                 high = value
         return high
 
+    async def check_owner(self) -> None:
+        """One read of the weights subject: raise ``FencedError`` if another publisher owns the counter now.
+
+        ``update()`` finds out at its take, which runs beside the pause; a host that must not touch
+        the engines at all once it lost the counter (a zombie trainer after a failover) calls this
+        first.
+
+        Raises:
+            FencedError: another publisher claimed the counter.
+            BusError: the subject could not be read.
+            RuntimeError: before ``start()``.
+        """
+        if not self.started:
+            raise RuntimeError("call VersionPublisher.start() before check_owner()")
+        await self._counter.check_owner()
+
     async def __aenter__(self) -> VersionPublisher:
         return await self.start()
 

@@ -30,7 +30,7 @@ through weightbus' update protocol (``producers.update.VersionUpdate``, driven b
   fenced counter or an announcement that does not land relabels every engine ``quarantine:<v>``
   (``VersionPublisher.update()``'s cleanup) and resumes it; the number stays used up and the error
   is raised. A fenced cell (a zombie after failover) raises at its next update before it pauses,
-  pushes or stamps anything (``FencedError``).
+  pushes or stamps anything (``FencedError``): one read of the weights subject precedes the pause.
 * **A bus that does not answer** at init is a ``BusConnectError`` within ``WEIGHTBUS_CONNECT_TIMEOUT``;
   during a run, taking the number is retried (nothing is paused or pushed in between) for at most
   ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds, then the error is raised. Weights are never pushed under a
@@ -637,6 +637,9 @@ class _Cell:
         while True:
             try:
                 pub = self.ready(updater, runtime)
+                # A cell that lost the counter (a zombie after a failover) raises here, before it pauses
+                # the owner's engines; the take beside the pause checks again.
+                pub.call(lambda p: p.check_owner())
                 update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
                 pub.call(lambda _, entering=update: entering.__aenter__())
                 return update
