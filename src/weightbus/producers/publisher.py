@@ -6,8 +6,8 @@ through ``VersionUpdate`` (module ``update``: take, pause, push, stamp, verify, 
 quarantine on failure). Invariants:
 
 * **Nothing skips the protocol.** The publisher exposes ``start()``, ``update()``, ``publish_lora()``,
-  ``check_owner()`` (a read), the async context manager and read-only state; the counter's steps are not reachable from it, so
-  no caller can announce without the take, the stamp and the quarantine.
+  ``check_owner()`` (a read), the async context manager and read-only state; the counter's steps are
+  not reachable from it, so no caller can announce without the take, the stamp and the quarantine.
 * **A number names at most one set of weights.** ``start()`` resumes above the highest number ever
   issued that the retained history shows, above the counter's high-water mark (a subject of its own
   that no number of writes to the weights subject evicts), above the trainer's checkpoint version
