@@ -508,6 +508,29 @@ def test_install_fsdp_patches_miles_fsdp_updater_when_it_is_imported(
         uninstall()
 
 
+async def test_a_bus_that_goes_down_during_the_push_quarantines_the_engines_instead_of_announcing(
+    policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    server = EmbeddedNats(store_dir=str(tmp_path / "js")).start()
+    try:
+        monkeypatch.setenv("WEIGHTBUS_NATS", server.url)
+        monkeypatch.setenv("WEIGHTBUS_POLICY", policy)
+        args = make_trainer_args()
+        manager = RolloutManager(args)
+        cell = Cell(args, ActorHandle(manager))
+        info = engines_info(ref_engines.handles, new=True)
+        await run(cell.update_weights, info)
+        cell.actors[0].model.on_bucket = lambda i: server.stop() if i == 1 else None
+        with pytest.raises(BusError):
+            await run(cell.update_weights, info)
+        # The push labelled the engines "2"; the announcement could not land: they must not serve "2".
+        assert ref_engines.labels() == ["quarantine:2", "quarantine:2"]
+        assert all(s.pause_mode is None for s in ref_engines.states)
+        assert manager.versions == [1]
+    finally:
+        server.stop()
+
+
 # -- both halves ----------------------------------------------------------------------------------------------
 
 
