@@ -562,7 +562,11 @@ class MilesTrainer:
         updater.__dict__["_weightbus_chain"] = updater.weight_version
         mine = None
         if session is not None:
-            mine = session.version if session.version is not None else updater.weight_version
+            mine = session.version
+            if mine is None and session.cell.publisher.started:
+                mine = session.cell.publisher.version  # nothing was loaded: the bus's number still holds
+            if mine is None:
+                mine = updater.weight_version  # nothing was ever announced: miles' baseline 0
         shared = runtime.share(mine)
         updater.weight_version = shared if isinstance(shared, int) else updater.weight_version
 
@@ -723,9 +727,9 @@ class _Session:
             if name == "update_weights_from_disk" and kwargs.get("weight_version") is not None:
                 kwargs["weight_version"] = _BOOT_LABEL  # the boot checkpoint; miles' "0" is a number
             return method.remote(*args, **kwargs)
+        if self.update is None and self.lazy and name in _STARTS:
+            self.enter()  # the disk delta's pause, or a load that comes first: take, pause, mark pending
         if name == "pause_generation":
-            if self.update is None and self.lazy:
-                self.enter()
             return handle.get_weight_version.remote()  # weightbus paused the engines with the take
         if name == "update_weight_version":
             return handle.get_weight_version.remote()  # weightbus stamps, and reads back
@@ -741,9 +745,18 @@ class _Session:
         return method.remote(*args, **kwargs)
 
 
-_INTERCEPTED: Final = frozenset(
-    {"pause_generation", "update_weight_version", "continue_generation", "update_weights_from_disk"}
+#: The calls that change what an engine serves; the first one of a lazily entered update enters it.
+_LOADS: Final = frozenset(
+    {
+        "update_weights_from_disk",
+        "update_weights_from_distributed",
+        "update_weights_from_tensor",
+        "load_lora_adapter_from_distributed",
+        "load_lora_adapter_from_tensors",
+    }
 )
+_STARTS: Final = _LOADS | {"pause_generation"}
+_INTERCEPTED: Final = _STARTS | {"update_weight_version", "continue_generation"}
 
 
 class _EngineProxy:
