@@ -727,6 +727,8 @@ class _Session:
             if name == "update_weights_from_disk" and kwargs.get("weight_version") is not None:
                 kwargs["weight_version"] = _BOOT_LABEL  # the boot checkpoint; miles' "0" is a number
             return method.remote(*args, **kwargs)
+        if self.closed and name in _LOADS:
+            raise RuntimeError(f"miles called {name} after the update was announced; it was not sent")
         if self.update is None and self.lazy and name in _STARTS:
             self.enter()  # the disk delta's pause, or a load that comes first: take, pause, mark pending
         if name == "pause_generation":
