@@ -501,7 +501,16 @@ class MilesTrainer:
                 self._spare = _Cell(self)
             spare = self._spare
         if spare is not None:
-            spare.publisher.connect()
+            try:
+                spare.publisher.connect()
+            except BusError as exc:
+                exc.add_note(
+                    f"weightbus' miles install connects rank 0 to {self.settings.nats} at init "
+                    "(WEIGHTBUS_NATS, WEIGHTBUS_CONNECT_TIMEOUT); nothing was patched"
+                )
+                with self._lock:
+                    self._spare = None
+                raise
 
     def cell(self, updater: Any) -> _Cell:
         """Rank 0's cell of ``updater`` (made at its first update)."""
