@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Final, Literal
 
+from weightbus.bus.options import redact_url
 from weightbus.errors import (
     BusConfigError,
     BusError,
@@ -505,7 +506,7 @@ class MilesTrainer:
                 spare.publisher.connect()
             except BusError as exc:
                 exc.add_note(
-                    f"weightbus' miles install connects rank 0 to {self.settings.nats} at init "
+                    f"weightbus' miles install connects rank 0 to {redact_url(self.settings.nats)} at init "
                     "(WEIGHTBUS_NATS, WEIGHTBUS_CONNECT_TIMEOUT); nothing was patched"
                 )
                 with self._lock:
