@@ -44,7 +44,7 @@ def test_the_sdist_carries_the_suite_the_license_and_the_metadata(tmp_path: Path
         "docs/benchmarks.md",
     ):
         assert path in members, path
-    assert "src/weightbus/integrations/miles.py" in members and "src/weightbus/__main__.py" in members
+    assert "src/weightbus/integrations/miles/__init__.py" in members and "src/weightbus/__main__.py" in members
     assert "License-Expression: Apache-2.0" in pkg_info and "License-File: LICENSE" in pkg_info
     assert "Classifier: Typing :: Typed" in pkg_info
     assert "Keywords: " in pkg_info

@@ -29,7 +29,8 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     ├── TaskLoadError (ValueError)            a ``--task`` import path names no task factory
     ├── ConfigError (ValueError)              a process's config file or flags do not decode into its config
     ├── NoRolloutError (ConnectionError)      no rollout process serves the policy's batch subject
-    └── DemoError (RuntimeError)              a demo process failed to start or died unasked
+    ├── DemoError (RuntimeError)              a demo process failed to start or died unasked
+    └── InstallError (RuntimeError)           a framework integration found a framework it was not written for
 
 Each error is defined here and nowhere else; the modules that raise one also re-export it under its old
 import path (``weightbus.embedded.server.NatsServerNotFound``, ``weightbus.demo.DemoError``, ...).
@@ -51,6 +52,7 @@ __all__ = [
     "EngineOutOfSyncError",
     "EventLoopError",
     "FencedError",
+    "InstallError",
     "InvalidEventError",
     "InvalidPolicyError",
     "NatsServerNotFound",
@@ -383,3 +385,25 @@ class NoRolloutError(WeightbusError, ConnectionError):
 
 class DemoError(WeightbusError, RuntimeError):
     """A process of the demo failed to start or died without being asked to."""
+
+
+class InstallError(WeightbusError, RuntimeError):
+    """A framework integration cannot install: what it patches is missing or has another shape.
+
+    Nothing was patched when this is raised (installs are all or nothing).
+
+    Attributes:
+        framework: the framework (``miles``).
+        written_for: the framework version or commit the integration was written against.
+        problems: one line per missing or mismatched name, each saying what was expected.
+    """
+
+    def __init__(self, framework: str, written_for: str, problems: list[str]) -> None:
+        self.framework = framework
+        self.written_for = written_for
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(
+            f"weightbus cannot install into this {framework} (written against {written_for}); nothing was "
+            f"patched:\n{lines}"
+        )

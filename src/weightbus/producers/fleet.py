@@ -68,8 +68,8 @@ class EngineFleet:
     """The SGLang workers of one policy, addressed together.
 
     Args:
-        engines: ``SGLangClient`` objects (borrowed, not closed by ``aclose``) or worker URLs (a client
-            is created for each and closed by ``aclose``).
+        engines: ``SGLangClient`` objects, or objects with the same methods (borrowed, not closed by
+            ``aclose``), or worker URLs (a client is created for each and closed by ``aclose``).
         http: a shared ``httpx.AsyncClient`` for the clients created from URLs (borrowed).
         api_key: bearer token for the clients created from URLs.
         timeout: per-request seconds for the clients created from URLs.
@@ -91,12 +91,13 @@ class EngineFleet:
         self._owned: list[SGLangClient] = []
         clients: list[SGLangClient] = []
         for engine in engines:
-            if isinstance(engine, SGLangClient):
-                clients.append(engine)
-            else:
+            if isinstance(engine, str):
                 client = SGLangClient(engine, http=http, api_key=api_key, timeout=timeout)
                 self._owned.append(client)
                 clients.append(client)
+            else:
+                # An SGLangClient, or an object with its engine surface (an RL framework's engine handles).
+                clients.append(engine)
         urls = [c.url for c in clients]
         if len(set(urls)) != len(urls):
             raise ValueError(f"an engine appears twice in the fleet: {urls}")

@@ -6,8 +6,8 @@ through ``VersionUpdate`` (module ``update``: take, pause, push, stamp, verify, 
 quarantine on failure). Invariants:
 
 * **Nothing skips the protocol.** The publisher exposes ``start()``, ``update()``, ``publish_lora()``,
-  the async context manager and read-only state; the counter's steps are not reachable from it, so
-  no caller can announce without the take, the stamp and the quarantine.
+  ``check_owner()`` (a read), the async context manager and read-only state; the counter's steps are
+  not reachable from it, so no caller can announce without the take, the stamp and the quarantine.
 * **A number names at most one set of weights.** ``start()`` resumes above the highest number ever
   issued that the retained history shows, above the counter's high-water mark (a subject of its own
   that no number of writes to the weights subject evicts), above the trainer's checkpoint version
@@ -198,6 +198,22 @@ class VersionPublisher:
             if value is not None and (high is None or value > high):
                 high = value
         return high
+
+    async def check_owner(self) -> None:
+        """One read of the weights subject: raise ``FencedError`` if another publisher owns the counter now.
+
+        ``update()`` finds out at its take, which runs beside the pause; a host that must not touch
+        the engines at all once it lost the counter (a zombie trainer after a failover) calls this
+        first.
+
+        Raises:
+            FencedError: another publisher claimed the counter.
+            BusError: the subject could not be read.
+            RuntimeError: before ``start()``.
+        """
+        if not self.started:
+            raise RuntimeError("call VersionPublisher.start() before check_owner()")
+        await self._counter.check_owner()
 
     async def __aenter__(self) -> VersionPublisher:
         return await self.start()

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from weightbus.bus.options import ConnectOptions
 from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode
 from weightbus.producers.coverage import Push
@@ -42,9 +43,13 @@ class SyncVersionPublisher:
         api_key: bearer token for the engines.
         connect_timeout: seconds for the NATS connect.
         floor: the version of the trainer's own checkpoint; see ``VersionPublisher``.
+        options: credentials and TLS for the NATS connect (``ConnectOptions.from_env()`` when None).
+        fleet_factory: an async callable returning the ``EngineFleet``, called on the private loop by
+            ``start()`` (engines a framework addresses its own way); closed by ``close()``.
 
     Raises:
-        ValueError: neither ``nats_url`` nor ``bus_factory``; both ``engines`` and ``router``.
+        ValueError: neither ``nats_url`` nor ``bus_factory``; more than one of ``engines``, ``router``
+            and ``fleet_factory``.
     """
 
     def __init__(
@@ -60,11 +65,13 @@ class SyncVersionPublisher:
         api_key: str | None = None,
         connect_timeout: float = 5.0,
         floor: int | None = None,
+        options: ConnectOptions | None = None,
+        fleet_factory: Callable[[], Awaitable[EngineFleet]] | None = None,
     ) -> None:
         if bus_factory is None and nats_url is None:
             raise ValueError("pass nats_url or bus_factory")
-        if engines and router:
-            raise ValueError("pass engines or router, not both")
+        if sum(1 for given in (engines, router, fleet_factory) if given) > 1:
+            raise ValueError("pass one of engines, router and fleet_factory")
         self._policy = policy
         self._nats_url = nats_url
         self._bus_factory = bus_factory
@@ -75,6 +82,8 @@ class SyncVersionPublisher:
         self._api_key = api_key
         self._connect_timeout = connect_timeout
         self._floor = floor
+        self._options = options
+        self._fleet_factory = fleet_factory
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._bus: Bus | None = None
@@ -119,19 +128,59 @@ class SyncVersionPublisher:
         """The engine fleet (its methods are coroutines: call them through ``call``)."""
         return self._fleet
 
+    @property
+    def connected(self) -> bool:
+        """Whether ``connect()`` (or ``start()``) connected the bus."""
+        return self._bus is not None
+
+    @property
+    def started(self) -> bool:
+        """Whether ``start()`` claimed the counter."""
+        return self._pub is not None
+
+    def connect(self) -> SyncVersionPublisher:
+        """Start the private loop and connect the bus, without building the fleet or claiming.
+
+        For a trainer whose engines are known only later: connecting at init makes an unreachable
+        bus an error there, within ``connect_timeout``; ``start()`` then claims.
+
+        Raises:
+            BusConnectError: NATS did not answer.
+        """
+        if self._bus is not None:
+            return self
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="weightbus-publisher", daemon=True)
+            self._thread.start()
+        try:
+            self._bus = self._run(self._aconnect())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    async def _aconnect(self) -> Bus:
+        if self._bus_factory is not None:
+            return await self._bus_factory()
+        from weightbus.bus.nats import connect
+
+        assert self._nats_url is not None
+        return await connect(
+            self._nats_url, name="weightbus-trainer", connect_timeout=self._connect_timeout, options=self._options
+        )
+
     def start(self) -> SyncVersionPublisher:
-        """Start the private loop, connect, build the fleet, and claim the counter.
+        """Start the private loop, connect (unless ``connect()`` did), build the fleet, and claim the counter.
 
         Raises:
             BusConnectError: NATS did not answer.
             EngineError: the router could not list its workers.
             PublishError: the claim failed.
         """
-        if self._loop is not None:
+        if self._pub is not None:
             return self
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="weightbus-publisher", daemon=True)
-        self._thread.start()
+        self.connect()
         try:
             self._pub = self._run(self._astart())
         except BaseException:
@@ -140,14 +189,10 @@ class SyncVersionPublisher:
         return self
 
     async def _astart(self) -> VersionPublisher:
-        if self._bus_factory is not None:
-            self._bus = await self._bus_factory()
-        else:
-            from weightbus.bus.nats import connect
-
-            assert self._nats_url is not None
-            self._bus = await connect(self._nats_url, name="weightbus-trainer", connect_timeout=self._connect_timeout)
-        if self._router:
+        assert self._bus is not None
+        if self._fleet_factory is not None:
+            self._fleet = await self._fleet_factory()
+        elif self._router:
             self._fleet = await EngineFleet.from_router(self._router, api_key=self._api_key)
         elif self._engines:
             self._fleet = EngineFleet(self._engines, api_key=self._api_key)
@@ -200,6 +245,7 @@ class SyncVersionPublisher:
                 thread.join(timeout=10)
             loop.close()
             self._loop = self._thread = None
+            self._pub = None
 
     async def _aclose(self) -> None:
         fleet, bus = self._fleet, self._bus

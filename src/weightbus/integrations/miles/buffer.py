@@ -1,4 +1,4 @@
-"""A drop-in fully-async data buffer for miles, loaded with one flag:
+"""The rollout half of the miles integration: a drop-in fully-async data buffer, loaded with one flag:
 ``--custom-async-data-buffer-path weightbus.integrations.miles.WeightbusDataBuffer``.
 
 miles (``miles/rollout/fully_async_data_buffer.py``) constructs the class with a
@@ -57,6 +57,8 @@ from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
 from weightbus.errors import TrackerNotReadyError
+from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings
+from weightbus.integrations.miles.config import setting as _setting
 from weightbus.rules.staleness import UNKNOWN_POLICIES, group_versions
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
@@ -112,13 +114,6 @@ def miles_group_versions(group: list[Any]) -> Any:
     return group_versions(to_weightbus_group(group))
 
 
-def _setting(args: Any, name: str, env: str, default: str | None = None) -> str | None:
-    value = getattr(args, name, None)
-    if value is None or value == "":
-        value = os.environ.get(env) or default
-    return value
-
-
 class WeightbusDataBuffer:
     """miles' ``DataBuffer`` contract backed by weightbus' version tracker and drain engine; see the module.
 
@@ -157,7 +152,8 @@ class WeightbusDataBuffer:
                 "set the policy to follow: args.weightbus_policy or the WEIGHTBUS_POLICY environment variable"
             )
         self.policy = policy
-        self._nats = _setting(args, "weightbus_nats", "WEIGHTBUS_NATS", "nats://127.0.0.1:4222")
+        self._nats = _setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS)
+        self._settings_args = args  # credentials and TLS are read when the bus connects
         unknown = _setting(args, "weightbus_unknown", "WEIGHTBUS_UNKNOWN", "stale")
         if unknown not in UNKNOWN_POLICIES:
             raise ValueError(f"WEIGHTBUS_UNKNOWN must be 'stale' or 'ignore', not {unknown!r}")
@@ -212,7 +208,13 @@ class WeightbusDataBuffer:
             if self._bus is None:
                 from weightbus.bus.nats import connect
 
-                self._bus = await connect(self._nats or "nats://127.0.0.1:4222", name=f"weightbus-miles-{self.policy}")
+                settings = MilesSettings.from_args(self._settings_args)
+                self._bus = await connect(
+                    self._nats or DEFAULT_NATS,
+                    name=f"weightbus-miles-{self.policy}",
+                    connect_timeout=settings.connect_timeout,
+                    options=settings.options,
+                )
             tracker = VersionTracker(self._bus, self.policy, observer=self.consumer)
             await tracker.start()
             try:

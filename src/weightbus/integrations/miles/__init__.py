@@ -1,0 +1,36 @@
+"""weightbus for miles: both halves of a drop-in, each loaded with one miles flag.
+
+* The trainer half, ``--custom-megatron-init-path weightbus.integrations.miles.install``
+  (``install_fsdp()`` for FSDP actors): every weight update takes its number from weightbus' fenced,
+  durable counter, stamps and reads back the engines, announces the version on the bus before the
+  engines resume, and quarantines them on any failure (module ``trainer``).
+* The rollout half, ``--custom-async-data-buffer-path weightbus.integrations.miles.WeightbusDataBuffer``:
+  miles' fully-async data buffer, judging staleness against the bus's version (module ``buffer``).
+
+Both read the same settings (module ``config``): ``args.weightbus_*`` or ``WEIGHTBUS_*``. Importing
+this package never imports miles, torch or ray.
+"""
+
+from weightbus.integrations.miles.buffer import WeightbusDataBuffer, miles_group_versions, to_weightbus_group
+from weightbus.integrations.miles.config import MilesSettings
+from weightbus.integrations.miles.trainer import (
+    MILES_COMMIT,
+    MilesTrainer,
+    install,
+    install_fsdp,
+    installed,
+    uninstall,
+)
+
+__all__ = [
+    "MILES_COMMIT",
+    "MilesSettings",
+    "MilesTrainer",
+    "WeightbusDataBuffer",
+    "install",
+    "install_fsdp",
+    "installed",
+    "miles_group_versions",
+    "to_weightbus_group",
+    "uninstall",
+]

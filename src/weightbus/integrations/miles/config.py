@@ -1,0 +1,102 @@
+"""The settings both halves of the miles integration read: one name per setting, from ``args`` or the environment.
+
+Each setting is read from miles' ``args`` first (an attribute ``weightbus_<name>``, which a launcher can
+add to the argument namespace), then from the environment variable ``WEIGHTBUS_<NAME>``; the trainer
+half (``install``) and the rollout half (``WeightbusDataBuffer``) read the same names, so one
+environment configures both. Pure: no I/O beyond reading ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Final
+
+from weightbus.bus.options import ENV as CONNECT_ENV
+from weightbus.bus.options import ConnectOptions
+
+__all__ = ["DEFAULT_NATS", "MilesSettings", "setting"]
+
+DEFAULT_NATS: Final = "nats://127.0.0.1:4222"
+
+
+def setting(args: Any, name: str, env: str, default: str | None = None) -> str | None:
+    """``args.<name>`` when set and not empty, else ``$<env>``, else ``default``."""
+    value = getattr(args, name, None)
+    if value is None or value == "":
+        value = os.environ.get(env) or default
+    return None if value is None else str(value)
+
+
+def _seconds(args: Any, name: str, env: str, default: str) -> float:
+    raw = setting(args, name, env, default)
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{env} (args.{name}) must be a number of seconds, not {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{env} (args.{name}) must be >= 0 seconds, not {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class MilesSettings:
+    """What both halves need to reach the bus, and what the trainer half needs to publish.
+
+    Attributes:
+        policy: the policy id (``weightbus_policy`` / ``WEIGHTBUS_POLICY``; required).
+        nats: the NATS URL (``weightbus_nats`` / ``WEIGHTBUS_NATS``).
+        options: credentials and TLS (``weightbus_creds``, ``weightbus_token``, ``weightbus_user``,
+            ``weightbus_password``, ``weightbus_nkey_seed``, ``weightbus_tls_ca``, ``weightbus_tls_cert``,
+            ``weightbus_tls_key``, else the ``WEIGHTBUS_*`` variables of ``weightbus.bus.options``).
+        connect_timeout: seconds the first connect may take (``WEIGHTBUS_CONNECT_TIMEOUT``, 5).
+        update_timeout: seconds ``update_weights`` keeps retrying to take a number while the bus
+            does not answer, before it raises (``WEIGHTBUS_UPDATE_TIMEOUT``, 30).
+        floor: the version of the checkpoint the trainer resumed from (``WEIGHTBUS_FLOOR``): the
+            counter resumes above it even when the bus lost its history; None to rely on the bus.
+        trainer_id: the trainer's readable name on the bus (``WEIGHTBUS_TRAINER_ID``; default
+            ``miles:<host>:<pid>``).
+    """
+
+    policy: str
+    nats: str
+    options: ConnectOptions
+    connect_timeout: float = 5.0
+    update_timeout: float = 30.0
+    floor: int | None = None
+    trainer_id: str | None = None
+
+    @classmethod
+    def from_args(cls, args: Any) -> MilesSettings:
+        """The settings for ``args`` (miles' namespace; None for the environment alone).
+
+        Raises:
+            ValueError: no policy, or a timeout or floor that is not a number.
+            BusConfigError: credentials or TLS settings that cannot work together.
+        """
+        policy = setting(args, "weightbus_policy", "WEIGHTBUS_POLICY")
+        if not policy:
+            raise ValueError(
+                "set the policy to publish and follow: args.weightbus_policy or the WEIGHTBUS_POLICY "
+                "environment variable"
+            )
+        overrides = {field: getattr(args, f"weightbus_{field}", None) or None for field in CONNECT_ENV}
+        overrides.pop("replicas", None)
+        options = ConnectOptions.from_env(**overrides)
+        raw_floor = setting(args, "weightbus_floor", "WEIGHTBUS_FLOOR")
+        floor: int | None = None
+        if raw_floor is not None:
+            try:
+                floor = int(raw_floor)
+            except ValueError:
+                why = f"WEIGHTBUS_FLOOR (args.weightbus_floor) must be a version, not {raw_floor!r}"
+                raise ValueError(why) from None
+        return cls(
+            policy=policy,
+            nats=setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS) or DEFAULT_NATS,
+            options=options,
+            connect_timeout=_seconds(args, "weightbus_connect_timeout", "WEIGHTBUS_CONNECT_TIMEOUT", "5"),
+            update_timeout=_seconds(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT", "30"),
+            floor=floor,
+            trainer_id=setting(args, "weightbus_trainer_id", "WEIGHTBUS_TRAINER_ID"),
+        )

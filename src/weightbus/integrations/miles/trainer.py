@@ -1,0 +1,824 @@
+"""The trainer half of the miles integration: ``install(args)`` puts weightbus in charge of miles' weight updates.
+
+Loaded with ``--custom-megatron-init-path weightbus.integrations.miles.install`` (miles calls it once per
+Megatron training actor, at the end of Megatron's initialisation, before the actor builds its weight
+updater); FSDP actors, which have no such hook, get the same from ``install_fsdp()`` (one line in a
+``sitecustomize`` or launcher: it patches miles' FSDP updater when that module is imported).
+
+It wraps the ``update_weights`` method of every updater miles has (written against miles main at
+``MILES_COMMIT``): the distributed mixin (``DistBucketedWeightUpdateMixin``: NCCL broadcast and p2p,
+full weights, single- and multi-LoRA), the disk delta (``UpdateWeightFromDiskDelta``), the colocated
+tensor path (``UpdateWeightFromTensor``, base and LoRA) and FSDP's ``UpdateWeight``. Each update runs
+through weightbus' update protocol (``producers.update.VersionUpdate``, driven by one
+``SyncVersionPublisher`` per cell, on rank 0); nothing here re-implements it. Invariants:
+
+* **The number is the bus's.** Rank 0 takes it from the policy's fenced, durable counter (reserved on
+  the bus before any engine carries it) instead of ``weight_version += 1``, and hands it to every rank
+  of the cell (one ``broadcast_object_list`` on miles' gloo group, ``_Runtime.share``) before any rank
+  pushes; miles' own code then sees it as ``self.weight_version``. After the update the updater holds
+  the bus's number, so what the actor passes to ``RolloutManager.set_weight_version`` never goes back,
+  whichever cell ran the update. The disk delta keeps miles' own count for its file chain (the
+  engines' ``pull_weights`` walks it) and carries the bus's number only as the label.
+* **Stamped, read back, announced, then resumed.** Rank 0's engine handles are replaced, for the
+  length of miles' ``update_weights``, by proxies: miles' ``pause_generation`` becomes weightbus'
+  pause (taken together with the number), miles' own ``update_weight_version`` is dropped (weightbus
+  stamps and reads back), and miles' first ``continue_generation`` becomes the protocol's exit:
+  stamp, verify, announce ``WeightUpdated`` on the bus, then resume. So no sample labelled ``v``
+  is produced before ``v`` is on the bus. LoRA pushes (broadcast, p2p, multi-LoRA and the colocated
+  tensor path, which miles never labels) are delta pushes on the same counter, stamped the same way.
+* **A failure quarantines.** Any exception out of miles' push, a stamp that does not read back, a
+  fenced counter or an announcement that does not land relabels every engine ``quarantine:<v>``
+  (``VersionPublisher.update()``'s cleanup) and resumes it; the number stays used up and the error
+  is raised. A fenced cell (a zombie after failover) raises at its next update before it pauses,
+  pushes or stamps anything (``FencedError``): one read of the weights subject precedes the pause.
+* **A bus that does not answer** at init is a ``BusConnectError`` within ``WEIGHTBUS_CONNECT_TIMEOUT``;
+  during a run, taking the number is retried (nothing is paused or pushed in between) for at most
+  ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds, then the error is raised. Weights are never pushed under a
+  number the bus did not reserve, nor left labelled with one it did not announce.
+* **All or nothing, never silent.** ``install`` checks every class, method, signature and module
+  global it relies on first; anything missing raises ``InstallError`` naming what it expected, and
+  nothing is patched.
+
+miles, torch and ray are never imported here: ``torch.distributed`` (``dist``), ``get_gloo_group`` and
+``ray`` are taken from the module globals of the miles modules being patched, so the integration
+uses exactly the objects miles uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import inspect
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Final, Literal
+
+from weightbus.bus.options import redact_url
+from weightbus.errors import (
+    BusConfigError,
+    BusError,
+    CounterExhaustedError,
+    InstallError,
+    PermissionDeniedError,
+    StreamConfigError,
+)
+from weightbus.integrations.miles.config import MilesSettings
+from weightbus.integrations.miles.engines import MilesEngineFleet
+from weightbus.producers.coverage import Push
+from weightbus.producers.publisher import default_trainer_id
+from weightbus.producers.sync import SyncVersionPublisher
+from weightbus.producers.update import VersionUpdate
+from weightbus.schemas import LoraAdapter
+
+__all__ = ["MILES_COMMIT", "MilesTrainer", "install", "install_fsdp", "installed", "uninstall"]
+
+log = logging.getLogger("weightbus.integrations.miles")
+
+#: The miles commit the patches were written against (main, 2026-08-21).
+MILES_COMMIT: Final = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
+
+_UW: Final = "miles.backends.megatron_utils.update_weight"
+_MIXIN: Final = f"{_UW}.update_weight_from_distributed.mixin"
+_BROADCAST: Final = f"{_UW}.update_weight_from_distributed.broadcast"
+_P2P: Final = f"{_UW}.update_weight_from_distributed.p2p"
+_DELTA: Final = f"{_UW}.update_weight_from_distributed.delta"
+_TENSOR: Final = f"{_UW}.update_weight_from_tensor"
+_FSDP: Final = "miles.backends.fsdp_utils.update_weight_utils"
+
+#: miles' adapter name when the mixin module does not say (``miles.utils.lora.LORA_ADAPTER_NAME``).
+_LORA_NAME: Final = "miles_lora"
+#: What a baseline reload of the boot checkpoint is labelled instead of miles' ``"0"`` (a number).
+_BOOT_LABEL: Final = "default"
+
+Kind = Literal["mixin", "delta", "tensor", "fsdp"]
+
+_CONNECT: Final = ("rollout_engines", "rollout_engine_lock", "engine_gpu_counts", "engine_gpu_offsets")
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One miles class the install relies on: what must exist, and whether its ``update_weights`` is wrapped."""
+
+    module: str
+    name: str
+    kind: Kind
+    wrap: bool
+    methods: tuple[tuple[str, tuple[str, ...]], ...]
+    inherits: str | None = None  # a class of the same install whose update_weights this one must inherit
+    lazy: bool = False  # miles imports the module only when the updater is selected
+
+
+_SELF: Final = ("self",)
+
+MEGATRON_TARGETS: Final = (
+    _Target(
+        _MIXIN,
+        "DistBucketedWeightUpdateMixin",
+        "mixin",
+        True,
+        (
+            ("update_weights", _SELF),
+            ("_pause_and_prepare_engines", _SELF),
+            ("_finalize_and_resume_engines", _SELF),
+            ("_update_lora_weights", _SELF),
+            ("_update_multi_lora_weights", _SELF),
+        ),
+    ),
+    _Target(
+        _BROADCAST,
+        "UpdateWeightFromDistributed",
+        "mixin",
+        False,
+        (("connect_rollout_engines", ("self", *_CONNECT)),),
+        inherits="DistBucketedWeightUpdateMixin",
+    ),
+    _Target(
+        _P2P,
+        "UpdateWeightP2P",
+        "mixin",
+        False,
+        (("connect_rollout_engines", ("self", *_CONNECT)),),
+        inherits="DistBucketedWeightUpdateMixin",
+    ),
+    _Target(
+        _DELTA,
+        "UpdateWeightFromDiskDelta",
+        "delta",
+        True,
+        (
+            ("update_weights", _SELF),
+            ("_capture_baseline", _SELF),
+            ("_reload_engines", _SELF),
+            ("connect_rollout_engines", ("self", *_CONNECT)),
+        ),
+        lazy=True,
+    ),
+    _Target(
+        _TENSOR,
+        "UpdateWeightFromTensor",
+        "tensor",
+        True,
+        (("update_weights", _SELF), ("connect_rollout_engines", ("self", *_CONNECT))),
+    ),
+)
+
+FSDP_TARGETS: Final = (
+    _Target(
+        _FSDP,
+        "UpdateWeight",
+        "fsdp",
+        True,
+        (("update_weights", _SELF), ("connect_rollout_engines", ("self", *_CONNECT))),
+    ),
+    _Target(_FSDP, "UpdateWeightFromTensor", "fsdp", False, (), inherits="UpdateWeight"),
+    _Target(_FSDP, "UpdateWeightFromDistributed", "fsdp", False, (), inherits="UpdateWeight"),
+)
+
+# A bus that does not answer is retried; a bus that answers "no" is not.
+_FINAL_BUS_ERRORS: Final = (CounterExhaustedError, PermissionDeniedError, BusConfigError, StreamConfigError)
+
+
+@dataclass(frozen=True, slots=True)
+class _Runtime:
+    """miles' own ``torch.distributed``, gloo group and ``ray.get``, from the globals of a patched module."""
+
+    dist: Any
+    gloo: Callable[[], Any]
+    ray_get: Callable[[Any], Any]
+    lora_name: str
+
+    def rank(self) -> int:
+        is_initialized = getattr(self.dist, "is_initialized", None)
+        if callable(is_initialized) and not is_initialized():
+            return 0
+        return int(self.dist.get_rank())
+
+    def share(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank of the cell: the one collective the integration adds."""
+        box = [value]
+        self.dist.broadcast_object_list(box, src=0, group=self.gloo())
+        return box[0]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How one update maps onto ``VersionUpdate``."""
+
+    push: Push
+    labels: bool
+    lora: LoraAdapter | None
+
+
+@dataclass(slots=True)
+class _Found:
+    target: _Target
+    cls: type
+    runtime: _Runtime | None  # for the classes whose update_weights is wrapped
+
+
+# -- the install -------------------------------------------------------------------------------------------
+
+
+_LOCK = threading.Lock()
+_STATE: MilesTrainer | None = None
+_PATCHED: list[tuple[type, Callable[..., Any]]] = []
+_HOOK: _ImportHook | None = None
+
+
+def installed() -> MilesTrainer | None:
+    """The process' installed integration, or None."""
+    return _STATE
+
+
+def install(args: Any) -> MilesTrainer:
+    """miles' ``--custom-megatron-init-path`` entry point: put weightbus in charge of every Megatron updater.
+
+    Call once per training actor (miles does); a second call in the same process returns the first
+    install. Rank 0 connects to the bus here, so an unreachable bus fails the actor's init.
+
+    Args:
+        args: miles' argument namespace (settings: ``weightbus.integrations.miles.config``).
+
+    Returns:
+        The installed integration.
+
+    Raises:
+        InstallError: a class, method, signature or module global the patches rely on is missing or
+            different (nothing was patched).
+        ValueError: no policy, or a setting that is not valid.
+        BusConnectError: rank 0 could not reach NATS within the connect timeout (nothing was patched).
+    """
+    return _install(args, MEGATRON_TARGETS)
+
+
+def install_fsdp(args: Any = None) -> None:
+    """The FSDP equivalent of ``install``, for a ``sitecustomize`` or launcher (FSDP actors have no init hook).
+
+    ``import weightbus.integrations.miles as wb; wb.install_fsdp()`` patches miles' FSDP updater now
+    if its module is imported, else right after it is (an import hook; the import raises
+    ``InstallError`` if it does not fit). Settings come from the environment (``args`` None) or
+    ``args``; the bus is connected by rank 0's first update, not at import.
+
+    Raises:
+        InstallError, ValueError: as ``install``, when the module is already imported.
+    """
+    global _HOOK
+    MilesSettings.from_args(args)  # a missing policy fails here, in the launcher, not in the actor
+    if _FSDP in sys.modules:
+        _install(args, FSDP_TARGETS, connect=False)
+        return
+    with _LOCK:
+        if _HOOK is None:
+            _HOOK = _ImportHook(_FSDP, lambda: _install(args, FSDP_TARGETS, connect=False))
+            sys.meta_path.insert(0, _HOOK)
+
+
+def uninstall() -> None:
+    """Restore every patched method, remove the FSDP import hook, and close the bus (tests, notebooks)."""
+    global _STATE, _HOOK
+    with _LOCK:
+        for cls, original in reversed(_PATCHED):
+            cls.update_weights = original  # type: ignore[attr-defined]
+        _PATCHED.clear()
+        if _HOOK is not None and _HOOK in sys.meta_path:
+            sys.meta_path.remove(_HOOK)
+        _HOOK = None
+        state, _STATE = _STATE, None
+    if state is not None:
+        state.close()
+
+
+def _install(args: Any, targets: Sequence[_Target], *, connect: bool = True) -> MilesTrainer:
+    global _STATE
+    with _LOCK:
+        settings = MilesSettings.from_args(args)
+        found, problems = _inspect(targets)
+        if problems:
+            raise InstallError("miles", f"miles main@{MILES_COMMIT[:9]}", problems)
+        state = _STATE
+        if state is None:
+            state = MilesTrainer(args, settings)
+        elif state.settings.policy != settings.policy:
+            raise ValueError(
+                f"weightbus is already installed for policy {state.settings.policy!r}, not {settings.policy!r}"
+            )
+        runtimes = [f.runtime for f in found if f.runtime is not None]
+        if connect and runtimes:
+            state.connect_if_rank0(runtimes[0])  # before patching: a dead bus patches nothing
+        for item in found:
+            if item.runtime is not None and not hasattr(vars(item.cls)["update_weights"], "__weightbus_original__"):
+                original = vars(item.cls)["update_weights"]
+                item.cls.update_weights = _wrap(original, item.target.kind, item.runtime)  # type: ignore[attr-defined]
+                _PATCHED.append((item.cls, original))
+            if item.target.name == "UpdateWeightFromDistributed":
+                state.labelling.add(item.cls)
+        _STATE = state
+        log.info(
+            "weightbus is in charge of miles' weight updates",
+            extra={"policy": settings.policy, "classes": [f"{f.cls.__module__}.{f.cls.__name__}" for f in found]},
+        )
+        return state
+
+
+def _inspect(targets: Sequence[_Target]) -> tuple[list[_Found], list[str]]:
+    """Every target resolved, or one line per thing that is missing or different."""
+    problems: list[str] = []
+    found: list[_Found] = []
+    classes: dict[str, type] = {}
+    for target in targets:
+        where = f"{target.module}.{target.name}"
+        try:
+            module = importlib.import_module(target.module)
+        except ImportError as exc:
+            missing_module = (
+                isinstance(exc, ModuleNotFoundError)
+                and exc.name is not None
+                and (target.module == exc.name or target.module.startswith(f"{exc.name}."))
+            )
+            if target.lazy and not missing_module:
+                # miles imports this updater only when it is selected; a dependency it lacks (the disk
+                # delta's zstandard) makes that updater unusable for miles too: nothing to patch.
+                log.warning(
+                    "miles' %s cannot be imported here (%s); that updater is not patched and miles cannot build it",
+                    target.name,
+                    exc,
+                )
+                continue
+            problems.append(f"module {target.module} (for {target.name}) cannot be imported: {exc}")
+            continue
+        cls = getattr(module, target.name, None)
+        if not isinstance(cls, type):
+            problems.append(f"class {where} is missing")
+            continue
+        classes[target.name] = cls
+        for method, params in target.methods:
+            fn = inspect.getattr_static(cls, method, None)
+            fn = getattr(fn, "__weightbus_original__", fn)
+            if not callable(fn):
+                problems.append(f"method {where}.{method}{_show(params)} is missing")
+                continue
+            have = tuple(inspect.signature(fn).parameters)
+            if have != params:
+                problems.append(f"method {where}.{method} has the signature {_show(have)}, expected {_show(params)}")
+        if target.inherits is not None:
+            base = classes.get(target.inherits)
+            if base is not None and not issubclass(cls, base):
+                problems.append(f"class {where} no longer derives from {target.inherits}")
+            elif "update_weights" in vars(cls):
+                problems.append(f"class {where} defines its own update_weights (expected {target.inherits}'s)")
+        runtime: _Runtime | None = None
+        if target.wrap:
+            runtime, missing = _runtime(module)
+            problems.extend(f"module {target.module}: {m}" for m in missing)
+        found.append(_Found(target, cls, runtime))
+    return found, problems
+
+
+def _show(params: Sequence[str]) -> str:
+    return f"({', '.join(params)})"
+
+
+def _runtime(module: ModuleType) -> tuple[_Runtime | None, list[str]]:
+    names = vars(module)
+    missing: list[str] = []
+    dist, gloo, ray = names.get("dist"), names.get("get_gloo_group"), names.get("ray")
+    for attr in ("get_rank", "broadcast_object_list"):
+        if not callable(getattr(dist, attr, None)):
+            missing.append(f"the global dist (torch.distributed) has no {attr}()")
+    if not callable(gloo):
+        missing.append("the global get_gloo_group() is missing")
+    if not callable(getattr(ray, "get", None)):
+        missing.append("the global ray has no get()")
+    if missing:
+        return None, missing
+    lora = names.get("LORA_ADAPTER_NAME")
+    return _Runtime(dist, gloo, ray.get, lora if isinstance(lora, str) else _LORA_NAME), []  # type: ignore[union-attr, arg-type]
+
+
+def _wrap(original: Callable[..., Any], kind: Kind, runtime: _Runtime) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def update_weights(self: Any) -> None:
+        state = _STATE
+        if state is None:
+            raise RuntimeError("weightbus' miles integration was uninstalled; its patch should be gone too")
+        state.update(self, original, kind, runtime)
+
+    update_weights.__weightbus_original__ = original  # type: ignore[attr-defined]
+    return update_weights
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Runs ``then()`` right after module ``name`` has executed (its import raises what ``then`` raises)."""
+
+    def __init__(self, name: str, then: Callable[[], Any]) -> None:
+        self._name = name
+        self._then = then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self._name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        loader, then = spec.loader, self._then
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: ModuleType) -> None:
+                loader.exec_module(module)  # type: ignore[union-attr]
+                sys.modules[fullname] = module  # the install imports it by name
+                then()
+
+        spec.loader = _Loader()
+        return spec
+
+
+# -- one cell's updates ------------------------------------------------------------------------------------
+
+
+class MilesTrainer:
+    """The integration in one training actor's process: its settings, and each updater's cell.
+
+    Made by ``install``; one per process. Each weight updater miles builds gets its own ``_Cell``
+    on rank 0 (one ``SyncVersionPublisher``: one claim of the counter), made at its first update;
+    the connection rank 0 opened at install is handed to the first one.
+
+    Attributes:
+        settings: what was configured.
+        labelling: the updater classes whose full push carries ``weight_version`` (miles' NCCL broadcast).
+    """
+
+    def __init__(self, args: Any, settings: MilesSettings) -> None:
+        self.settings = settings
+        self.args = args
+        self.labelling: set[type] = set()
+        self._spare: _Cell | None = None  # rank 0's cell connected at install, for the first updater
+        self._cells: list[_Cell] = []
+        self._lock = threading.Lock()
+
+    @property
+    def policy(self) -> str:
+        """The policy id."""
+        return self.settings.policy
+
+    @property
+    def publisher(self) -> SyncVersionPublisher | None:
+        """The publisher of this process' newest cell on rank 0 (or the one connected at install); None elsewhere."""
+        with self._lock:
+            cell = self._cells[-1] if self._cells else self._spare
+            return cell.publisher if cell is not None else None
+
+    @property
+    def version(self) -> int | None:
+        """The bus's current version as this process' newest publisher knows it (None before a claim)."""
+        pub = self.publisher
+        return pub.version if pub is not None and pub.started else None
+
+    def close(self) -> None:
+        """Close every publisher of this process (bus connections and private loops)."""
+        with self._lock:
+            pubs = [c.publisher for c in self._cells] + ([self._spare.publisher] if self._spare is not None else [])
+            self._cells.clear()
+            self._spare = None
+        for pub in pubs:
+            pub.close()
+
+    def connect_if_rank0(self, runtime: _Runtime) -> None:
+        """On rank 0, connect to the bus now (an unreachable bus is an error at init, not at the first update)."""
+        if runtime.rank() != 0:
+            return
+        with self._lock:
+            if self._spare is None and not self._cells:
+                self._spare = _Cell(self)
+            spare = self._spare
+        if spare is not None:
+            try:
+                spare.publisher.connect()
+            except BusError as exc:
+                exc.add_note(
+                    f"weightbus' miles install connects rank 0 to {redact_url(self.settings.nats)} at init "
+                    "(WEIGHTBUS_NATS, WEIGHTBUS_CONNECT_TIMEOUT); nothing was patched"
+                )
+                with self._lock:
+                    self._spare = None
+                raise
+
+    def cell(self, updater: Any) -> _Cell:
+        """Rank 0's cell of ``updater`` (made at its first update)."""
+        cell = updater.__dict__.get("_weightbus_cell")
+        if cell is None:
+            with self._lock:
+                cell, self._spare = self._spare, None
+                if cell is None:
+                    cell = _Cell(self)
+                self._cells.append(cell)
+            updater.__dict__["_weightbus_cell"] = cell
+        return cell
+
+    # -- the update --------------------------------------------------------------------------------------
+
+    def update(self, updater: Any, original: Callable[[Any], None], kind: Kind, runtime: _Runtime) -> None:
+        """One miles ``update_weights`` call on this rank, under weightbus' protocol (see the module)."""
+        if kind == "delta":
+            self._update_delta(updater, original, runtime)
+            return
+        rank0 = runtime.rank() == 0
+        session: _Session | None = None
+        if rank0:
+            session = _Session(self.cell(updater), updater, runtime, self._plan(updater, kind))
+            try:
+                session.enter()
+            except BaseException as exc:
+                runtime.share(f"{type(exc).__name__}: {exc}")  # the other ranks raise instead of waiting
+                raise
+            shared = runtime.share(session.version)
+        else:
+            shared = runtime.share(None)
+        if not isinstance(shared, int):
+            raise RuntimeError(f"rank 0 could not take a weight version from weightbus: {shared}")
+        updater.weight_version = shared - 1  # miles' own `weight_version += 1` makes it the bus's number
+        _run_original(updater, original, session)
+        updater.weight_version = shared
+
+    def _update_delta(self, updater: Any, original: Callable[[Any], None], runtime: _Runtime) -> None:
+        """The disk delta: miles' count names the files; the bus's number labels the engines, entered at the pause."""
+        rank0 = runtime.rank() == 0
+        chain = updater.__dict__.get("_weightbus_chain", updater.weight_version)
+        updater.weight_version = chain
+        baseline = not getattr(updater, "_baseline_captured", False)
+        session: _Session | None = None
+        if rank0:
+            cell = self.cell(updater)
+            session = _Session(cell, updater, runtime, _Plan("delta", False, None), lazy=True, baseline=baseline)
+            if baseline:
+                try:  # the claim, before any engine is touched; the first real update retries it
+                    session.version = cell.ready(updater, runtime).version
+                except BusError as exc:
+                    log.warning(
+                        "could not claim the counter at miles' disk-delta baseline; the first update retries",
+                        extra={"policy": self.policy, "error": str(exc)},
+                    )
+        _run_original(updater, original, session)
+        updater.__dict__["_weightbus_chain"] = updater.weight_version
+        mine = None
+        if session is not None:
+            mine = session.version
+            if mine is None and session.cell.publisher.started:
+                mine = session.cell.publisher.version  # nothing was loaded: the bus's number still holds
+            if mine is None:
+                mine = updater.weight_version  # nothing was ever announced: miles' baseline 0
+        shared = runtime.share(mine)
+        updater.weight_version = shared if isinstance(shared, int) else updater.weight_version
+
+    def _plan(self, updater: Any, kind: Kind) -> _Plan:
+        if kind in ("mixin", "tensor") and getattr(updater, "is_lora", False):
+            lora_name = _LORA_NAME
+            adapters = getattr(updater, "multi_lora_adapters", None) if kind == "mixin" else None
+            if adapters:
+                lora_name = ",".join(sorted(str(name) for name in adapters))
+            return _Plan("delta", False, LoraAdapter(name=lora_name))
+        return _Plan("full", kind == "mixin" and isinstance(updater, tuple(self.labelling)), None)
+
+
+class _FleetSlot:
+    """A cell's fleet, built on the publisher's loop from the handles miles connected."""
+
+    def __init__(self) -> None:
+        self.fleet: MilesEngineFleet | None = None
+        self.handles: list[Any] = []
+        self.ray_get: Callable[[Any], Any] | None = None
+
+    async def build(self) -> MilesEngineFleet:
+        assert self.ray_get is not None
+        self.fleet = await MilesEngineFleet.build(self.handles, self.ray_get)
+        return self.fleet
+
+
+class _Cell:
+    """Rank 0's publisher for one weight updater: one claim of the counter, one fleet over miles' engines."""
+
+    def __init__(self, trainer: MilesTrainer) -> None:
+        self.trainer = trainer
+        s = trainer.settings
+        self._slot = _FleetSlot()
+        self.publisher = SyncVersionPublisher(
+            s.policy,
+            nats_url=s.nats,
+            trainer_id=s.trainer_id or f"miles:{default_trainer_id()}",
+            pause=getattr(trainer.args, "pause_generation_mode", None) or "retract",
+            connect_timeout=s.connect_timeout,
+            floor=s.floor,
+            options=s.options,
+            fleet_factory=self._slot.build,
+        )
+
+    def ready(self, updater: Any, runtime: _Runtime) -> SyncVersionPublisher:
+        """The publisher, started (claimed) and pointed at the engines miles connected now."""
+        handles = getattr(updater, "rollout_engines", None)
+        if handles is None:
+            raise RuntimeError(
+                f"{type(updater).__name__}.rollout_engines is not set: miles connects its engines "
+                "(connect_rollout_engines) before update_weights"
+            )
+        slot = self._slot
+        more = getattr(updater, "distributed_rollout_engines", None) or ()
+        # Inside miles' update (the disk delta enters at its pause) the updater holds our proxies.
+        slot.handles = [_real(h) for h in (*handles, *more)]
+        slot.ray_get = runtime.ray_get
+        pub = self.publisher
+        if not pub.started:
+            pub.start()
+        elif slot.fleet is not None:
+            fleet, given, ray_get = slot.fleet, slot.handles, runtime.ray_get
+            pub.call(lambda _: fleet.retarget(given, ray_get))
+        return pub
+
+    def enter(self, updater: Any, runtime: _Runtime, plan: _Plan) -> VersionUpdate:
+        """Take the number, pause, read the labels, mark them pending: retried while the bus does not answer."""
+        timeout = self.trainer.settings.update_timeout
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while True:
+            try:
+                pub = self.ready(updater, runtime)
+                # A cell that lost the counter (a zombie after a failover) raises here, before it pauses
+                # the owner's engines; the take beside the pause checks again.
+                pub.call(lambda p: p.check_owner())
+                update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
+                pub.call(lambda _, entering=update: entering.__aenter__())
+                return update
+            except BusError as exc:
+                if isinstance(exc, _FINAL_BUS_ERRORS) or time.monotonic() + delay > deadline:
+                    exc.add_note(
+                        f"weightbus gave up taking a version after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); "
+                        "nothing was pushed"
+                    )
+                    raise
+                log.warning(
+                    "the bus did not answer while taking a version; retrying (nothing is pushed meanwhile)",
+                    extra={"policy": self.trainer.policy, "error": str(exc), "retry_in": delay},
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def _run_original(updater: Any, original: Callable[[Any], None], session: _Session | None) -> None:
+    try:
+        with _proxied(updater, session):
+            original(updater)
+    except BaseException as exc:
+        if session is not None:
+            session.abort(exc)
+        raise
+    if session is not None:
+        session.commit()  # miles never resumed (no continue_generation): close the update now
+
+
+class _Session:
+    """Rank 0's side of one update: the ``VersionUpdate`` and what miles' engine calls turn into."""
+
+    def __init__(
+        self,
+        cell: _Cell,
+        updater: Any,
+        runtime: _Runtime,
+        plan: _Plan,
+        *,
+        lazy: bool = False,
+        baseline: bool = False,
+    ) -> None:
+        self.cell = cell
+        self.updater = updater
+        self.runtime = runtime
+        self.plan = plan
+        self.lazy = lazy
+        self.baseline = baseline
+        self.update: VersionUpdate | None = None
+        self.version: int | None = None
+        self.closed = False
+
+    def enter(self) -> None:
+        self.update = self.cell.enter(self.updater, self.runtime, self.plan)
+        self.version = self.update.version
+
+    def _exit(self, exc: BaseException | None) -> None:
+        update = self.update
+        if update is None or self.closed:
+            return
+        self.closed = True  # before the call: a failing exit quarantined already and must not run twice
+        pub = self.cell.publisher
+        tb = exc.__traceback__ if exc is not None else None
+        pub.call(lambda _: update.__aexit__(type(exc) if exc is not None else None, exc, tb))
+
+    def commit(self) -> None:
+        """Stamp, read back, announce, resume (``VersionUpdate``'s exit)."""
+        self._exit(None)
+
+    def abort(self, exc: BaseException) -> None:
+        """Quarantine and resume after ``exc`` (``VersionUpdate``'s failed exit); never raises over ``exc``."""
+        try:
+            self._exit(exc)
+        except Exception as cleanup:  # the cleanup's own failure is a note on the error that caused it
+            exc.add_note(f"weightbus' quarantine after the failed update failed too: {cleanup!r}")
+
+    def intercept(self, name: str, handle: Any, method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """What miles' call ``handle.<name>.remote(*args, **kwargs)`` does during this update."""
+        if self.baseline:
+            if name == "update_weights_from_disk" and kwargs.get("weight_version") is not None:
+                kwargs["weight_version"] = _BOOT_LABEL  # the boot checkpoint; miles' "0" is a number
+            return method.remote(*args, **kwargs)
+        if self.closed and name in _LOADS:
+            raise RuntimeError(f"miles called {name} after the update was announced; it was not sent")
+        if self.update is None and self.lazy and name in _STARTS:
+            self.enter()  # the disk delta's pause, or a load that comes first: take, pause, mark pending
+        if name == "pause_generation":
+            return handle.get_weight_version.remote()  # weightbus paused the engines with the take
+        if name == "update_weight_version":
+            return handle.get_weight_version.remote()  # weightbus stamps, and reads back
+        if name == "continue_generation":
+            if self.update is None:
+                raise RuntimeError("miles resumed its engines in an update weightbus never entered")
+            self.commit()  # once: stamp, announce, then the resume; the later calls find it done
+            return handle.get_weight_version.remote()
+        if name == "update_weights_from_disk":
+            kwargs.pop("weight_version", None)  # the engines carry pending:<v> until the stamp
+            if len(args) > 2:
+                args = (*args[:2], None, *args[3:])
+        return method.remote(*args, **kwargs)
+
+
+#: The calls that change what an engine serves; the first one of a lazily entered update enters it.
+_LOADS: Final = frozenset(
+    {
+        "update_weights_from_disk",
+        "update_weights_from_distributed",
+        "update_weights_from_tensor",
+        "load_lora_adapter_from_distributed",
+        "load_lora_adapter_from_tensors",
+    }
+)
+_STARTS: Final = _LOADS | {"pause_generation"}
+_INTERCEPTED: Final = _STARTS | {"update_weight_version", "continue_generation"}
+
+
+class _EngineProxy:
+    """An engine handle whose calls go through the update's ``_Session``; pickles as the real handle."""
+
+    def __init__(self, handle: Any, session: _Session) -> None:
+        self._handle = handle
+        self._session = session
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._handle, name)
+        if name in _INTERCEPTED:
+            return _ProxyMethod(self._handle, name, attr, self._session)
+        return attr
+
+    def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
+        return (_identity, (self._handle,))
+
+
+class _ProxyMethod:
+    def __init__(self, handle: Any, name: str, method: Any, session: _Session) -> None:
+        self._handle, self._name, self._method, self._session = handle, name, method, session
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._session.intercept(self._name, self._handle, self._method, args, kwargs)
+
+    def options(self, **options: Any) -> _ProxyMethod:
+        return _ProxyMethod(self._handle, self._name, self._method.options(**options), self._session)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _real(handle: Any) -> Any:
+    return handle._handle if isinstance(handle, _EngineProxy) else handle
+
+
+@contextmanager
+def _proxied(updater: Any, session: _Session | None) -> Iterator[None]:
+    """Rank 0's engine handles as proxies for the length of miles' update (other ranks: unchanged)."""
+    if session is None:
+        yield
+        return
+    attrs = [a for a in ("rollout_engines", "distributed_rollout_engines") if getattr(updater, a, None) is not None]
+    saved = {a: getattr(updater, a) for a in attrs}
+    for a in attrs:
+        setattr(updater, a, [_EngineProxy(h, session) for h in saved[a]])
+    try:
+        yield
+    finally:
+        for a in attrs:
+            setattr(updater, a, saved[a])

@@ -1,0 +1,1043 @@
+"""A stand-in for miles' trainer side, written from ``shared/reference/miles-fully-async.md`` §11 (miles main@31f1ca9).
+
+No miles code: miles' module paths, class and method names, signatures and call order, so that
+``weightbus.integrations.miles.install`` finds what it patches where miles has it and is driven the
+way miles drives it:
+
+* **Ray-like handles.** ``ActorHandle`` wraps an object; ``handle.method.remote(...)`` runs the call on
+  the actor's own thread (one call at a time, as a Ray actor) and returns an ``ObjectRef``;
+  ``ray.get`` waits and raises ``RayTaskError`` for a failed call.
+* **Engines.** ``SGLangEngine`` is miles' engine actor: each method is one HTTP call to a reference
+  engine (``weightbus.refengine``, served over real HTTP), with miles' payloads; the fork-only routes
+  (``begin/end_weight_update``, ``pull_weights``, ``load_lora_adapter_from_{distributed,tensors}``)
+  are recorded here or mapped onto the reference engine's path load. A handle of a node other than
+  0 answers None, as miles' does.
+* **Ranks.** ``World`` runs one cell's ranks as threads in this process; the stand-in
+  ``torch.distributed`` (``dist``) answers ``get_rank`` per thread and implements ``barrier`` and
+  ``broadcast_object_list`` over the world.
+* **The updaters**, under their miles module paths (``install_miles_trainer``):
+  ``DistBucketedWeightUpdateMixin`` with ``UpdateWeightFromDistributed`` (NCCL broadcast; buckets
+  carry ``weight_version``) and ``UpdateWeightP2P`` (no label on the push), single- and multi-LoRA;
+  ``UpdateWeightFromDiskDelta`` (baseline first, a file chain numbered by its own count); the
+  colocated ``UpdateWeightFromTensor`` (base buckets labelled, LoRA not); each with
+  ``weight_version = 0`` at construction and ``+= 1`` per update.
+* **The actor and the group.** ``MegatronTrainRayActor.init`` calls ``args.custom_megatron_init_path``
+  then builds its updater; ``update_weights(info)`` connects engines when needed, runs the updater,
+  then rank 0 calls ``rollout_manager.set_weight_version.remote(updater.weight_version)``.
+  ``RayTrainGroup`` runs ``_execute_first_alive("update_weights")`` over its cells.
+  ``RolloutManager.set_weight_version`` warns on a regression under ``--indep-dp`` and asserts
+  otherwise, and records every version it was given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import sys
+import threading
+import types
+import uuid
+from argparse import Namespace
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "ActorHandle",
+    "EnginesAndLock",
+    "FakeModel",
+    "MegatronTrainRayActor",
+    "RayTrainGroup",
+    "RolloutManager",
+    "SGLangEngine",
+    "World",
+    "dist",
+    "install_miles_trainer",
+    "make_trainer_args",
+    "ray",
+]
+
+log = logging.getLogger("tests.miles_trainer_standin")
+
+LORA_ADAPTER_NAME = "miles_lora"
+
+# -- ray --------------------------------------------------------------------------------------------------
+
+
+class RayTaskError(RuntimeError):
+    """What ``ray.get`` raises for a task that failed (the cause is chained)."""
+
+
+class ObjectRef:
+    def __init__(self, future: Future[Any]) -> None:
+        self.future = future
+
+
+class _ActorId:
+    def __init__(self) -> None:
+        self._hex = uuid.uuid4().hex[:16]
+
+    def hex(self) -> str:
+        return self._hex
+
+
+class _ActorMethod:
+    def __init__(self, actor: ActorHandle, name: str) -> None:
+        self._actor, self._name = actor, name
+
+    def remote(self, *args: Any, **kwargs: Any) -> ObjectRef:
+        fn = getattr(self._actor._obj, self._name)
+        return ObjectRef(self._actor._executor.submit(fn, *args, **kwargs))
+
+    def options(self, **_: Any) -> _ActorMethod:
+        return self
+
+
+class ActorHandle:
+    """A Ray actor handle: ``handle.method.remote(...)`` runs on the actor's thread, one call at a time."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+        self._actor_id = _ActorId()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"actor-{type(obj).__name__}")
+
+    def __getattr__(self, name: str) -> _ActorMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _ActorMethod(self, name)
+
+    def kill(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _get(refs: Any, timeout: float | None = 30.0) -> Any:
+    if isinstance(refs, list):
+        return [_get(r, timeout) for r in refs]
+    try:
+        return refs.future.result(timeout)
+    except Exception as exc:
+        raise RayTaskError(f"the task failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _put(value: Any) -> ObjectRef:
+    future: Future[Any] = Future()
+    future.set_result(value)
+    return ObjectRef(future)
+
+
+ray = types.ModuleType("ray")
+ray.get = _get  # type: ignore[attr-defined]
+ray.put = _put  # type: ignore[attr-defined]
+
+
+# -- torch.distributed, one world of thread ranks per cell -------------------------------------------------
+
+_local = threading.local()
+
+
+class World:
+    """One cell's ranks as threads of this process (``dist`` answers per thread)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._barrier = threading.Barrier(size, timeout=20)
+        self._slot: list[Any] = []
+        self.broadcasts = 0
+
+    @contextmanager
+    def as_rank(self, rank: int) -> Iterator[None]:
+        saved = getattr(_local, "world", None), getattr(_local, "rank", None)
+        _local.world, _local.rank = self, rank
+        try:
+            yield
+        finally:
+            _local.world, _local.rank = saved
+
+    def run(self, fn: Callable[[int], Any]) -> list[Any]:
+        """``fn(rank)`` on every rank at once; the results by rank; the first failure (by rank) is raised."""
+        results: list[Any] = [None] * self.size
+        errors: list[BaseException | None] = [None] * self.size
+
+        def one(rank: int) -> None:
+            with self.as_rank(rank):
+                try:
+                    results[rank] = fn(rank)
+                except BaseException as exc:
+                    errors[rank] = exc
+                    self._barrier.abort()  # the others fail instead of waiting for this rank
+
+        threads = [threading.Thread(target=one, args=(r,), name=f"rank-{r}") for r in range(self.size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self._barrier.reset()
+        for exc in errors:
+            if exc is not None and not isinstance(exc, threading.BrokenBarrierError):
+                raise exc
+        for exc in errors:
+            if exc is not None:
+                raise exc
+        return results
+
+    def barrier(self) -> None:
+        self._barrier.wait()
+
+    def broadcast(self, box: list[Any], src: int, rank: int) -> None:
+        if rank == src:
+            self._slot = list(box)
+            self.broadcasts += 1
+        self._barrier.wait()
+        if rank != src:
+            box[:] = self._slot
+        self._barrier.wait()
+
+
+def _world() -> World | None:
+    return getattr(_local, "world", None)
+
+
+def _get_rank() -> int:
+    return getattr(_local, "rank", 0) or 0
+
+
+def _barrier(group: Any = None) -> None:
+    world = _world()
+    if world is not None and world.size > 1:
+        world.barrier()
+
+
+def _broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = None) -> None:
+    world = _world()
+    if world is not None and world.size > 1:
+        world.broadcast(object_list, src, _get_rank())
+
+
+dist = types.ModuleType("torch.distributed")
+dist.get_rank = _get_rank  # type: ignore[attr-defined]
+dist.get_world_size = lambda: _world().size if _world() else 1  # type: ignore[attr-defined, union-attr]
+dist.is_initialized = lambda: True  # type: ignore[attr-defined]
+dist.barrier = _barrier  # type: ignore[attr-defined]
+dist.broadcast_object_list = _broadcast_object_list  # type: ignore[attr-defined]
+
+
+def get_gloo_group() -> str:
+    """``miles.utils.distributed_utils.get_gloo_group``."""
+    return "gloo"
+
+
+# -- the engine actor ---------------------------------------------------------------------------------------
+
+
+class SGLangEngine:
+    """miles' engine actor (``miles/backends/sglang_utils/sglang_engine.py``) in front of one reference engine.
+
+    Attributes:
+        calls: every method called, in order, with its keyword arguments.
+        pulls: the ``target_version`` of every ``pull_weights`` (the disk-delta file chain).
+    """
+
+    def __init__(self, url: str, *, node_rank: int = 0) -> None:
+        self.url = url
+        self.node_rank = node_rank
+        self._http = httpx.Client(base_url=url, timeout=10.0)
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.pulls: list[int] = []
+        self.sessions = 0  # begin_weight_update without its end_weight_update
+        self.on_continue: Callable[[], None] | None = None  # runs before the engine resumes (assertions)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _record(self, name: str, **kwargs: Any) -> None:
+        self.calls.append((name, kwargs))
+
+    def _make_request(self, endpoint: str, payload: dict[str, Any] | None = None) -> Any:
+        if self.node_rank != 0:
+            return None
+        response = self._http.post(f"/{endpoint}", json=payload or {})
+        if response.status_code >= 400:
+            raise RuntimeError(f"{endpoint} failed with {response.status_code}: {response.text}")
+        return response.json()
+
+    def get_weight_version(self) -> str | None:
+        self._record("get_weight_version")
+        if self.node_rank != 0:
+            return None
+        response = self._http.get("/model_info")
+        response.raise_for_status()
+        return response.json()["weight_version"]
+
+    def update_weight_version(self, weight_version: str) -> Any:
+        self._record("update_weight_version", weight_version=weight_version)
+        return self._make_request("update_weight_version", {"new_version": weight_version, "abort_all_requests": False})
+
+    def pause_generation(self, mode: str = "retract") -> Any:
+        self._record("pause_generation", mode=mode)
+        response = self._http.post("/pause_generation", json={"mode": mode})
+        response.raise_for_status()
+        return response.status_code
+
+    def continue_generation(self) -> Any:
+        self._record("continue_generation")
+        if self.on_continue is not None:
+            self.on_continue()
+        response = self._http.post("/continue_generation", json={})
+        response.raise_for_status()
+        return response.status_code
+
+    def flush_cache(self) -> Any:
+        self._record("flush_cache")
+        if self.node_rank != 0:
+            return None
+        for _ in range(60):
+            if self._http.get("/flush_cache").status_code == 200:
+                return None
+        raise TimeoutError("flush_cache did not succeed")
+
+    def begin_weight_update(self, selector: str = "all") -> Any:
+        self._record("begin_weight_update", selector=selector)
+        self.sessions += 1
+
+    def end_weight_update(self) -> Any:
+        self._record("end_weight_update")
+        self.sessions -= 1
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        flush_cache: bool = False,
+        weight_version: str | None = None,
+        selector: str = "all",
+    ) -> Any:
+        self._record("update_weights_from_distributed", names=names, weight_version=weight_version)
+        payload: dict[str, Any] = {
+            "names": names,
+            "dtypes": [str(d) for d in dtypes],
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "selector": selector,
+        }
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return self._make_request("update_weights_from_distributed", payload)
+
+    def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str],
+        load_format: str | None = None,
+        flush_cache: bool = False,
+        weight_version: str | None = None,
+        selector: str = "all",
+    ) -> Any:
+        self._record("update_weights_from_tensor", weight_version=weight_version)
+        payload: dict[str, Any] = {"serialized_named_tensors": serialized_named_tensors, "flush_cache": flush_cache}
+        if load_format is not None:
+            payload["load_format"] = load_format
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return self._make_request("update_weights_from_tensor", payload)
+
+    def _load_adapter(self, lora_name: str, digest: str, upsert: bool) -> Any:
+        if upsert:
+            self._http.post("/unload_lora_adapter", json={"lora_name": lora_name})
+        return self._make_request("load_lora_adapter", {"lora_name": lora_name, "lora_path": f"adapter:{digest}"})
+
+    def load_lora_adapter_from_distributed(
+        self,
+        lora_name: str,
+        config_dict: dict[str, Any],
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        pinned: bool = False,
+        added_tokens_config: Any = None,
+        upsert: bool = False,
+    ) -> Any:
+        self._record("load_lora_adapter_from_distributed", lora_name=lora_name, upsert=upsert)
+        return self._load_adapter(lora_name, _digest(names), upsert)
+
+    def load_lora_adapter_from_tensors(
+        self,
+        lora_name: str,
+        config_dict: dict[str, Any],
+        serialized_tensors: Any = None,
+        serialized_named_tensors: Any = None,
+        load_format: str | None = None,
+        pinned: bool = False,
+        added_tokens_config: Any = None,
+        upsert: bool = False,
+        expected_checksums: Any = None,
+    ) -> Any:
+        self._record("load_lora_adapter_from_tensors", lora_name=lora_name)
+        return self._load_adapter(lora_name, _digest(serialized_named_tensors or serialized_tensors or []), upsert)
+
+    def unload_lora_adapter(self, lora_name: str) -> Any:
+        self._record("unload_lora_adapter", lora_name=lora_name)
+        return self._make_request("unload_lora_adapter", {"lora_name": lora_name})
+
+    def pull_weights(self, target_version: int) -> Any:
+        """The fork's delta pull: the file chain must be walked in order (0 resets it to the base)."""
+        self._record("pull_weights", target_version=target_version)
+        if target_version != 0 and (not self.pulls or target_version != self.pulls[-1] + 1):
+            raise RuntimeError(f"pull_weights({target_version}): the local checkpoint is at {self.pulls[-1:]}")
+        self.pulls.append(target_version)
+        return {"success": True, "message": f"pulled {target_version}"}
+
+    def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None, weight_version: str | None = None
+    ) -> Any:
+        self._record("update_weights_from_disk", model_path=model_path, weight_version=weight_version)
+        payload: dict[str, Any] = {"model_path": model_path}
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return self._make_request("update_weights_from_disk", payload)
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+
+def _digest(parts: Any) -> str:
+    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+
+
+def _check_weight_sync_results(results: list[Any]) -> None:
+    for result in results:
+        if isinstance(result, dict) and result.get("success") is False:
+            raise RuntimeError(f"weight sync failed: {result}")
+
+
+# -- the model and the updaters ------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeModel:
+    """What the updaters read from a Megatron model: bucket names per update, and the adapter's."""
+
+    buckets: int = 2
+    step: int = 0
+    on_bucket: Callable[[int], None] | None = None  # fault injection between buckets
+    lora_names: list[str] = field(default_factory=lambda: ["layers.0.q.lora_A", "layers.0.q.lora_B"])
+
+    def hf_buckets(self) -> Iterator[list[str]]:
+        for i in range(self.buckets):
+            if self.on_bucket is not None:
+                self.on_bucket(i)
+            yield [f"layers.{i}.weight@{self.step}"]
+
+
+class DistBucketedWeightUpdateMixin:
+    """``.../update_weight_from_distributed/mixin.py``: pause → buckets (or the adapter) → stamp → resume."""
+
+    def _init_lora(
+        self, *, args: Namespace, model: Any, model_name: str, quantization_config: Any, is_lora: bool
+    ) -> None:
+        self.is_lora = is_lora
+        self._lora_loaded = False
+        self._lora_config = {"r": 8}
+
+    def _update_lora_weights(self) -> None:
+        names = list(self.model.lora_names)
+        if dist.get_rank() != 0:
+            return
+        if self._lora_loaded:
+            ray.get([e.unload_lora_adapter.remote(lora_name=LORA_ADAPTER_NAME) for e in self.rollout_engines])
+        self._update_lora_weight_implementation([(n, self.model.step) for n in names])
+        self._lora_loaded = True
+
+    def _update_multi_lora_weights(self) -> None:
+        adapters = self.multi_lora_adapters
+        assert adapters is not None
+        for name in sorted(adapters):
+            if dist.get_rank() == 0:
+                tensors = [(f"{name}.{n}", self.model.step) for n in self.model.lora_names]
+                self._update_multi_lora_weight_implementation(tensors, lora_name=name, lora_config={"r": 4})
+
+    def _pause_and_prepare_engines(self) -> None:
+        self._weight_update_selector = "all"
+        if dist.get_rank() == 0:
+            mode = self.args.pause_generation_mode
+            ray.get([e.pause_generation.remote(mode=mode) for e in self.rollout_engines])
+            if mode != "in_place":
+                ray.get([e.flush_cache.remote() for e in self.rollout_engines])
+            ray.get([e.begin_weight_update.remote(selector=self._weight_update_selector) for e in self.rollout_engines])
+
+    def _finalize_and_resume_engines(self) -> None:
+        if dist.get_rank() == 0:
+            ray.get(
+                [e.update_weight_version.remote(weight_version=str(self.weight_version)) for e in self.rollout_engines]
+            )
+            ray.get([e.end_weight_update.remote() for e in self.rollout_engines])
+            ray.get([e.continue_generation.remote() for e in self.rollout_engines])
+
+    def update_weights(self) -> None:
+        self.weight_version += 1
+        self.pushed_versions.append(self.weight_version)
+        self._pause_and_prepare_engines()
+        dist.barrier(group=get_gloo_group())
+        if not self.is_lora:
+            for bucket in self.model.hf_buckets():
+                if self._is_source:
+                    self._update_weight_implementation(bucket)
+            dist.barrier(group=get_gloo_group())
+        else:
+            if getattr(self, "multi_lora_adapters", None):
+                self._update_multi_lora_weights()
+            else:
+                self._update_lora_weights()
+            dist.barrier(group=get_gloo_group())
+        self._finalize_and_resume_engines()
+        dist.barrier(group=get_gloo_group())
+
+
+class _Connects:
+    """``connect_rollout_engines`` / ``is_rollout_engines_fresh`` as every updater has them."""
+
+    def is_rollout_engines_fresh(self) -> bool:
+        return self.rollout_engines is not None and not self._connection_stale
+
+    def connect_rollout_engines(
+        self,
+        rollout_engines: Any,
+        rollout_engine_lock: Any,
+        engine_gpu_counts: Any = None,
+        engine_gpu_offsets: Any = None,
+    ) -> None:
+        self.rollout_engines = rollout_engines
+        self.rollout_engine_lock = rollout_engine_lock
+        self._connection_stale = False
+
+
+class UpdateWeightFromDistributed(_Connects, DistBucketedWeightUpdateMixin):
+    """``broadcast.py``: NCCL broadcast; each bucket's load carries ``weight_version=str(self.weight_version)``."""
+
+    def __init__(
+        self,
+        args: Namespace,
+        model: Any,
+        weights_getter: Callable[[], Any],
+        *,
+        model_name: str,
+        quantization_config: Any,
+        is_lora: bool = False,
+    ) -> None:
+        self.args = args
+        self.model = model
+        self.weight_version = 0
+        self.rollout_engines: Any = None
+        self._connection_stale = False
+        self._group_name = "miles-pp_0"
+        self.pushed_versions: list[int] = []
+        self._init_lora(
+            args=args, model=model, model_name=model_name, quantization_config=quantization_config, is_lora=is_lora
+        )
+
+    @property
+    def _is_source(self) -> bool:
+        return dist.get_rank() == 0
+
+    def _update_weight_implementation(self, bucket: list[str]) -> None:
+        refs = [
+            e.update_weights_from_distributed.remote(
+                names=bucket,
+                dtypes=["bfloat16"] * len(bucket),
+                shapes=[[4, 4]] * len(bucket),
+                selector=self._weight_update_selector,
+                group_name=self._group_name,
+                weight_version=str(self.weight_version),
+            )
+            for e in self.rollout_engines
+        ]
+        ray.get(refs)
+
+    def _update_lora_weight_implementation(self, named_tensors: list[Any]) -> None:
+        names = [n for n, _ in named_tensors]
+        refs = [
+            e.load_lora_adapter_from_distributed.remote(
+                lora_name=LORA_ADAPTER_NAME,
+                config_dict=self._lora_config,
+                names=names,
+                dtypes=["bfloat16"] * len(names),
+                shapes=[[8, 4]] * len(names),
+                group_name=self._group_name,
+            )
+            for e in self.rollout_engines
+        ]
+        _check_weight_sync_results(ray.get(refs))
+
+    def _update_multi_lora_weight_implementation(
+        self, named_tensors: list[Any], *, lora_name: str, lora_config: dict[str, Any]
+    ) -> None:
+        names = [n for n, _ in named_tensors]
+        refs = [
+            e.load_lora_adapter_from_distributed.remote(
+                lora_name=lora_name,
+                config_dict=lora_config,
+                names=names,
+                dtypes=["bfloat16"] * len(names),
+                shapes=[[4, 4]] * len(names),
+                group_name=self._group_name,
+                upsert=True,
+            )
+            for e in self.rollout_engines
+        ]
+        _check_weight_sync_results(ray.get(refs))
+
+
+class UpdateWeightP2P(UpdateWeightFromDistributed):
+    """``p2p.py``: RDMA writes; the push carries no label (the stamp in finalize is the only one)."""
+
+    def _update_weight_implementation(self, bucket: list[str]) -> None:
+        ray.get([e.update_weights_from_tensor.remote(serialized_named_tensors=bucket) for e in self.rollout_engines])
+
+
+class UpdateWeightFromDiskDelta(_Connects, DistBucketedWeightUpdateMixin):
+    """``delta.py``: baseline first (no version), then a delta file per update numbered by its own count."""
+
+    def __init__(
+        self,
+        args: Namespace,
+        model: Any,
+        weights_getter: Callable[[], Any],
+        *,
+        model_name: str,
+        quantization_config: Any,
+        is_lora: bool = False,
+    ) -> None:
+        assert not is_lora, "LoRA weight sync is not supported for disk-delta weight transfer."
+        self.args = args
+        self.model = model
+        self.weight_version = 0
+        self.rollout_engines: Any = None
+        self._connection_stale = False
+        self._baseline_captured = False
+        self.published: dict[int, int] = {}  # file chain number -> model step
+        self.pushed_versions: list[int] = []
+        self._init_lora(
+            args=args, model=model, model_name=model_name, quantization_config=quantization_config, is_lora=False
+        )
+
+    def update_weights(self) -> None:
+        if not self._baseline_captured:
+            self._capture_baseline()
+            self._baseline_captured = True
+            return
+        self.weight_version += 1
+        self.pushed_versions.append(self.weight_version)
+        self._publish()
+        self._reload_engines()
+
+    def _capture_baseline(self) -> None:
+        pulls = []
+        if dist.get_rank() == 0:
+            self.published.clear()
+            pulls = [e.pull_weights.remote(target_version=0) for e in self.rollout_engines]
+        dist.barrier(group=get_gloo_group())
+        if dist.get_rank() == 0:
+            _check_weight_sync_results(ray.get(pulls))
+            if self.args.check_weight_update_equal:
+                results = ray.get(
+                    [
+                        e.update_weights_from_disk.remote(
+                            model_path=self.args.update_weight_local_checkpoint_dir,
+                            weight_version=str(self.weight_version),
+                        )
+                        for e in self.rollout_engines
+                    ]
+                )
+                _check_weight_sync_results(results)
+
+    def _publish(self) -> None:
+        if dist.get_rank() == 0:
+            self.published[self.weight_version] = self.model.step
+        dist.barrier(group=get_gloo_group())
+
+    def _reload_engines(self) -> None:
+        dist.barrier(group=get_gloo_group())
+        if dist.get_rank() == 0:
+            _check_weight_sync_results(
+                ray.get([e.pull_weights.remote(self.weight_version) for e in self.rollout_engines])
+            )
+            mode = self.args.pause_generation_mode
+            ray.get([e.pause_generation.remote(mode=mode) for e in self.rollout_engines])
+            if mode != "in_place":
+                ray.get([e.flush_cache.remote() for e in self.rollout_engines])
+            results = ray.get(
+                [
+                    e.update_weights_from_disk.remote(
+                        model_path=f"{self.args.update_weight_local_checkpoint_dir}@{self.model.step}",
+                        weight_version=str(self.weight_version),
+                    )
+                    for e in self.rollout_engines
+                ]
+            )
+            _check_weight_sync_results(results)
+            ray.get([e.continue_generation.remote() for e in self.rollout_engines])
+        dist.barrier(group=get_gloo_group())
+
+
+class UpdateWeightFromTensor(_Connects):
+    """``update_weight_from_tensor.py`` (colocated): base buckets carry the label; the LoRA load carries none."""
+
+    def __init__(
+        self,
+        args: Namespace,
+        model: Any,
+        weights_getter: Callable[[], Any],
+        *,
+        model_name: str,
+        quantization_config: Any,
+        is_lora: bool = False,
+    ) -> None:
+        self.args = args
+        self.model = model
+        self.weight_version = 0
+        self.is_lora = is_lora
+        self.rollout_engines: Any = None
+        self._connection_stale = False
+        self.pushed_versions: list[int] = []
+
+    def update_weights(self) -> None:
+        self.weight_version += 1
+        self.pushed_versions.append(self.weight_version)
+        rank = dist.get_rank()
+        skip_base_sync = self.is_lora
+        if rank == 0:
+            mode = self.args.pause_generation_mode
+            ray.get([e.pause_generation.remote(mode=mode) for e in self.rollout_engines])
+            ray.get([e.flush_cache.remote() for e in self.rollout_engines])
+            if not skip_base_sync:
+                ray.get([e.begin_weight_update.remote(selector="all") for e in self.rollout_engines])
+        dist.barrier(group=get_gloo_group())
+        if rank == 0 and not skip_base_sync:
+            for bucket in self.model.hf_buckets():
+                results = ray.get(
+                    [
+                        e.update_weights_from_tensor.remote(
+                            serialized_named_tensors=bucket,
+                            load_format="flattened_bucket",
+                            flush_cache=False,
+                            weight_version=str(self.weight_version),
+                        )
+                        for e in self.rollout_engines
+                    ]
+                )
+                _check_weight_sync_results(results)
+        if rank == 0 and self.is_lora:
+            tensors = [f"{n}@{self.model.step}" for n in self.model.lora_names]
+            results = ray.get(
+                [
+                    e.load_lora_adapter_from_tensors.remote(
+                        lora_name=LORA_ADAPTER_NAME, config_dict={"r": 8}, serialized_named_tensors=tensors, upsert=True
+                    )
+                    for e in self.rollout_engines
+                ]
+            )
+            _check_weight_sync_results(results)
+        dist.barrier(group=get_gloo_group())
+        if rank == 0:
+            if not skip_base_sync:
+                ray.get([e.end_weight_update.remote() for e in self.rollout_engines])
+            ray.get([e.continue_generation.remote() for e in self.rollout_engines])
+        dist.barrier(group=get_gloo_group())
+
+
+class FsdpUpdateWeight(_Connects):
+    """``miles/backends/fsdp_utils/update_weight_utils.py`` ``UpdateWeight``: pause, buckets, end, resume."""
+
+    def __init__(self, args: Namespace, model: Any) -> None:
+        self.args = args
+        self.model = model
+        self.weight_version = 0
+        self.rollout_engines: Any = None
+        self._connection_stale = False
+
+    def update_weights(self) -> None:
+        self.weight_version += 1
+        if dist.get_rank() == 0:
+            futures = [e.pause_generation.remote() for e in self.rollout_engines]
+            futures.extend([e.flush_cache.remote() for e in self.rollout_engines])
+            ray.get(futures)
+            ray.get([e.begin_weight_update.remote() for e in self.rollout_engines])
+        dist.barrier(group=get_gloo_group())
+        for bucket in self.model.hf_buckets():
+            self.update_bucket_weights(bucket, weight_version=self.weight_version)
+        dist.barrier(group=get_gloo_group())
+        if dist.get_rank() == 0:
+            ray.get([e.end_weight_update.remote() for e in self.rollout_engines])
+            ray.get([e.continue_generation.remote() for e in self.rollout_engines])
+        dist.barrier(group=get_gloo_group())
+
+    def update_bucket_weights(self, named_tensors: list[str], weight_version: int | None = None) -> None:
+        if dist.get_rank() == 0:
+            refs = [
+                e.update_weights_from_tensor.remote(
+                    serialized_named_tensors=named_tensors, weight_version=str(weight_version)
+                )
+                for e in self.rollout_engines
+            ]
+            _check_weight_sync_results(ray.get(refs))
+
+
+class FsdpUpdateWeightFromTensor(FsdpUpdateWeight):
+    """FSDP's ``UpdateWeightFromTensor``."""
+
+
+class FsdpUpdateWeightFromDistributed(FsdpUpdateWeight):
+    """FSDP's ``UpdateWeightFromDistributed``."""
+
+
+FSDP_MODULE = "miles.backends.fsdp_utils.update_weight_utils"
+
+
+def write_fsdp_package(root: Any) -> None:
+    """An importable ``miles.backends.fsdp_utils.update_weight_utils`` under ``root`` (for the import hook)."""
+    pkg = root / "miles" / "backends" / "fsdp_utils"
+    pkg.mkdir(parents=True)
+    for d in (root / "miles", root / "miles" / "backends", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "update_weight_utils.py").write_text(
+        "from tests.integrations.miles_trainer_standin import dist, ray, get_gloo_group\n"
+        "from tests.integrations import miles_trainer_standin as _s\n"
+        "class UpdateWeight(_s.FsdpUpdateWeight):\n"
+        "    update_weights = _s.FsdpUpdateWeight.update_weights\n"
+        "class UpdateWeightFromTensor(UpdateWeight):\n    pass\n"
+        "class UpdateWeightFromDistributed(UpdateWeight):\n    pass\n"
+    )
+
+
+# -- the rollout manager, the actor, the group ------------------------------------------------------------------
+
+
+class RolloutManager:
+    """``miles/ray/rollout/rollout_manager.py``: holds the version the trainer pushes (None until the first)."""
+
+    def __init__(self, args: Namespace, rollout_fn: Any = None) -> None:
+        self.args = args
+        self.weight_version: int | None = None
+        self.versions: list[int] = []
+        self.regressions: list[tuple[int, int]] = []
+        self.rollout_fn = rollout_fn
+
+    def set_weight_version(self, weight_version: int) -> None:
+        if self.weight_version is not None and weight_version < self.weight_version:
+            self.regressions.append((self.weight_version, weight_version))
+            if not self.args.indep_dp:
+                raise AssertionError(f"weight version went back: {self.weight_version} -> {weight_version}")
+            log.warning("weight version went back %s -> %s (indep_dp)", self.weight_version, weight_version)
+        self.weight_version = weight_version
+        self.versions.append(weight_version)
+
+
+@dataclass(frozen=True)
+class EnginesAndLock:
+    rollout_engines: list[Any]
+    rollout_engine_lock: Any = None
+    has_new_engines: bool = False
+    engine_gpu_counts: list[int] | None = None
+    engine_gpu_offsets: list[int] | None = None
+
+
+_UPDATERS = {
+    "broadcast": "UpdateWeightFromDistributed",
+    "p2p": "UpdateWeightP2P",
+    "disk-delta": "UpdateWeightFromDiskDelta",
+    "tensor": "UpdateWeightFromTensor",
+}
+_UPDATER_MODULES = {
+    "UpdateWeightFromDistributed": "broadcast",
+    "UpdateWeightP2P": "p2p",
+    "UpdateWeightFromDiskDelta": "delta",
+}
+
+
+def load_function(path: str) -> Any:
+    """``miles.utils.misc.load_function``."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+class MegatronTrainRayActor:
+    """``miles/backends/megatron_utils/actor.py``: one rank of one cell."""
+
+    def __init__(self, world: World, rank: int, rollout_manager: ActorHandle) -> None:
+        self.world = world
+        self.rank = rank
+        self.rollout_manager = rollout_manager
+        self.model = FakeModel()
+        self.weight_updater: Any = None
+
+    def init(self, args: Namespace) -> None:
+        self.args = args
+        if getattr(args, "custom_megatron_init_path", None):  # end of Megatron's initialisation
+            load_function(args.custom_megatron_init_path)(args)
+        name = _UPDATERS[args.update_weight_transfer_mode]
+        module = _UPDATER_MODULES.get(name)
+        path = f"{_DIST}.{module}" if module else _TENSOR
+        cls = getattr(importlib.import_module(path), name)
+        self.weight_updater = cls(
+            args, self.model, lambda: {}, model_name="qwen", quantization_config=None, is_lora=bool(args.lora_rank)
+        )
+
+    def update_weights(self, info: EnginesAndLock) -> None:
+        if info.has_new_engines or not self.weight_updater.is_rollout_engines_fresh():
+            self.weight_updater.connect_rollout_engines(
+                info.rollout_engines,
+                info.rollout_engine_lock,
+                engine_gpu_counts=info.engine_gpu_counts,
+                engine_gpu_offsets=info.engine_gpu_offsets,
+            )
+            dist.barrier(group=get_gloo_group())
+        self.model.step += 1
+        self.weight_updater.update_weights()
+        if dist.get_rank() == 0:
+            ray.get(self.rollout_manager.set_weight_version.remote(self.weight_updater.weight_version))
+
+
+class Cell:
+    """The actors of one training cell (``--indep-dp``: each cell updates the engines on its own)."""
+
+    def __init__(self, args: Namespace, rollout_manager: ActorHandle, *, world_size: int = 1) -> None:
+        self.world = World(world_size)
+        self.actors = [MegatronTrainRayActor(self.world, r, rollout_manager) for r in range(world_size)]
+        self.alive = True
+        self.world.run(lambda r: self.actors[r].init(args))
+
+    @property
+    def updater(self) -> Any:
+        return self.actors[0].weight_updater
+
+    def update_weights(self, info: EnginesAndLock) -> None:
+        self.world.run(lambda r: self.actors[r].update_weights(info))
+
+
+class RayTrainGroup:
+    """``miles/ray/train/group.py``: ``update_weights`` runs on the first cell still alive."""
+
+    def __init__(self, cells: list[Cell]) -> None:
+        self.cells = cells
+
+    def _execute_first_alive(self, method: str, *args: Any) -> Any:
+        for cell in self.cells:
+            if cell.alive:
+                return getattr(cell, method)(*args)
+        raise RuntimeError("no cell is alive")
+
+    def update_weights(self, info: EnginesAndLock) -> None:
+        self._execute_first_alive("update_weights", info)
+
+
+def make_trainer_args(**overrides: Any) -> Namespace:
+    """miles' trainer arguments the weight update reads."""
+    base: dict[str, Any] = dict(
+        custom_megatron_init_path="weightbus.integrations.miles.install",
+        update_weight_transfer_mode="broadcast",
+        pause_generation_mode="retract",
+        lora_rank=0,
+        indep_dp=True,
+        check_weight_update_equal=False,
+        update_weight_local_checkpoint_dir="/ckpt/local",
+        ci_test=False,
+    )
+    base.update(overrides)
+    return Namespace(**base)
+
+
+_MIXIN_METHODS = (
+    "update_weights",
+    "_pause_and_prepare_engines",
+    "_finalize_and_resume_engines",
+    "_update_lora_weights",
+    "_update_multi_lora_weights",
+)
+
+# -- the modules, under miles' paths --------------------------------------------------------------------------
+
+_UW = "miles.backends.megatron_utils.update_weight"
+_DIST = f"{_UW}.update_weight_from_distributed"
+_TENSOR = f"{_UW}.update_weight_from_tensor"
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    return module
+
+
+@contextmanager
+def install_miles_trainer(
+    *, drop: dict[str, str] | None = None, replace: dict[str, Any] | None = None
+) -> Iterator[dict[str, types.ModuleType]]:
+    """Register the stand-in updater modules under miles' import paths; removed again on exit.
+
+    Args:
+        drop: ``{"module suffix": "Class.method" or "Class" or "global"}`` to delete (a miles without it).
+        replace: ``{"module suffix:Class.method": fn}`` to replace (a miles with another signature).
+    """
+    runtime = {"dist": dist, "ray": ray, "get_gloo_group": get_gloo_group}
+    # Fresh subclasses per install, whose methods are their own attributes: a patch or a drop never
+    # outlives the context, and the install patches this context's classes only.
+    mixin = type("DistBucketedWeightUpdateMixin", (DistBucketedWeightUpdateMixin,), {})
+    for name in _MIXIN_METHODS:
+        setattr(mixin, name, getattr(DistBucketedWeightUpdateMixin, name))
+    broadcast = type("UpdateWeightFromDistributed", (UpdateWeightFromDistributed, mixin), {})
+    p2p = type("UpdateWeightP2P", (UpdateWeightP2P, mixin), {})
+    delta = type("UpdateWeightFromDiskDelta", (UpdateWeightFromDiskDelta, mixin), {})
+    for name in ("update_weights", "_capture_baseline", "_reload_engines"):
+        setattr(delta, name, getattr(UpdateWeightFromDiskDelta, name))
+    tensor = type(
+        "UpdateWeightFromTensor", (UpdateWeightFromTensor,), {"update_weights": UpdateWeightFromTensor.update_weights}
+    )
+    modules = {
+        "mixin": _module(
+            f"{_DIST}.mixin", DistBucketedWeightUpdateMixin=mixin, LORA_ADAPTER_NAME=LORA_ADAPTER_NAME, **runtime
+        ),
+        "broadcast": _module(f"{_DIST}.broadcast", UpdateWeightFromDistributed=broadcast, **runtime),
+        "p2p": _module(f"{_DIST}.p2p", UpdateWeightP2P=p2p, **runtime),
+        "delta": _module(f"{_DIST}.delta", UpdateWeightFromDiskDelta=delta, **runtime),
+        "tensor": _module(_TENSOR, UpdateWeightFromTensor=tensor, **runtime),
+    }
+    for suffix, what in (drop or {}).items():
+        module = modules[suffix]
+        cls_name, _, method = what.partition(".")
+        if method:
+            setattr(getattr(module, cls_name), method, _Missing())  # how a removed method looks
+        else:
+            delattr(module, cls_name)
+    for key, fn in (replace or {}).items():
+        suffix, _, what = key.partition(":")
+        cls_name, _, method = what.partition(".")
+        setattr(getattr(modules[suffix], cls_name), method, fn)
+    parents = ["miles", "miles.backends", "miles.backends.megatron_utils", _UW, _DIST]
+    names = [*parents, *(m.__name__ for m in modules.values())]
+    saved = {n: sys.modules.get(n) for n in names}
+    for n in parents:
+        sys.modules[n] = sys.modules.get(n) or _module(n, __path__=[])  # packages: finders are asked
+    for m in modules.values():
+        sys.modules[m.__name__] = m
+    try:
+        yield modules
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+
+
+class _Missing:
+    """A class attribute that is not a method (how a removed method looks to ``install``)."""
+
+
+def engines_info(handles: list[ActorHandle], *, new: bool = False) -> EnginesAndLock:
+    return EnginesAndLock(rollout_engines=handles, has_new_engines=new)

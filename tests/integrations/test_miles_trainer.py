@@ -1,0 +1,582 @@
+"""The trainer half of the miles drop-in (``install``), driven by a stand-in of miles' trainer side on a real
+nats-server, with reference engines served over HTTP behind Ray-like handles (``miles_trainer_standin``).
+
+Each test asserts from what was recorded: the ``WeightUpdated``/``FleetQuarantined`` events stored on the
+bus, what the ``RolloutManager`` was given, the engines' labels and the calls they received, and what
+the rollout half (``WeightbusDataBuffer``) kept or refused. The failover test runs once without the
+install too, and checks that miles' own counter regresses there (the test can fail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.abc
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integrations.miles_standin import (
+    DataBufferConstructorInput,
+    DataBufferInput,
+    FullyAsyncRolloutFn,
+    RolloutFnTrainInput,
+    Sample,
+    ScriptedDataSource,
+    make_args,
+    make_group,
+)
+from tests.integrations.miles_trainer_standin import (
+    FSDP_MODULE,
+    ActorHandle,
+    Cell,
+    FakeModel,
+    RayTrainGroup,
+    RolloutManager,
+    SGLangEngine,
+    engines_info,
+    install_miles_trainer,
+    make_trainer_args,
+    ray,
+    write_fsdp_package,
+)
+from weightbus.bus import NatsBus, subjects
+from weightbus.bus.history import read_subject_history
+from weightbus.embedded.server import EmbeddedNats, free_port
+from weightbus.errors import BusConnectError, BusError, FencedError, InstallError
+from weightbus.integrations.miles import MILES_COMMIT, WeightbusDataBuffer, install, install_fsdp, uninstall
+from weightbus.integrations.miles.engines import engine_name
+from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
+from weightbus.schemas import EngineOutOfSync, FleetQuarantined, WeightUpdated
+
+pytestmark = pytest.mark.nats
+
+
+class RefEngines:
+    """Reference engines over real HTTP, each behind a stand-in ``SGLangEngine`` actor handle."""
+
+    def __init__(self, n: int) -> None:
+        self.states = [EngineState() for _ in range(n)]
+        self.servers = [ServedEngine(create_app(s)).start() for s in self.states]
+        self.actors = [SGLangEngine(s.url) for s in self.servers]
+        self.handles = [ActorHandle(a) for a in self.actors]
+
+    def labels(self) -> list[str]:
+        return [s.weight_version for s in self.states]
+
+    def restart(self, i: int) -> None:
+        """Engine ``i`` comes back from a restart: boot weights, no adapter, ``"default"``, a new actor."""
+        self.states[i].weight_version = "default"
+        self.states[i].lora_adapters.clear()
+        self.handles[i].kill()
+        self.actors[i].close()
+        self.actors[i] = SGLangEngine(self.servers[i].url)
+        self.handles[i] = ActorHandle(self.actors[i])
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.kill()
+        for a in self.actors:
+            a.close()
+        for s in self.servers:
+            s.stop()
+
+
+@pytest.fixture
+def ref_engines() -> Iterator[RefEngines]:
+    engines = RefEngines(2)
+    yield engines
+    engines.close()
+
+
+@pytest.fixture
+def miles_env(nats_url: str, policy: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The two variables a miles user sets for both halves."""
+    monkeypatch.setenv("WEIGHTBUS_NATS", nats_url)
+    monkeypatch.setenv("WEIGHTBUS_POLICY", policy)
+    monkeypatch.setenv("WEIGHTBUS_READY_TIMEOUT", "2")
+    monkeypatch.setenv("WEIGHTBUS_UPDATE_TIMEOUT", "3")
+    return policy
+
+
+@pytest.fixture
+def standin() -> Iterator[dict[str, Any]]:
+    with install_miles_trainer() as modules:
+        try:
+            yield modules
+        finally:
+            uninstall()
+
+
+async def weight_events(bus: NatsBus, policy: str) -> list[Any]:
+    history = await read_subject_history(bus, subjects.weights(policy))
+    return [e.event for e in history.events]
+
+
+async def announced(bus: NatsBus, policy: str) -> list[int]:
+    return [e.version for e in await weight_events(bus, policy) if isinstance(e, WeightUpdated)]
+
+
+async def alerts(bus: NatsBus, policy: str) -> list[Any]:
+    history = await read_subject_history(bus, subjects.alerts(policy))
+    return [e.event for e in history.events]
+
+
+def run(fn: Any, *args: Any) -> Any:
+    return asyncio.to_thread(fn, *args)
+
+
+def watch_resumes(engines: RefEngines, bus: NatsBus, policy: str) -> list[tuple[str, int | None]]:
+    """Record, at every resume of every engine, its label and the newest version on the bus then."""
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[str, int | None]] = []
+
+    def check(state: EngineState) -> None:
+        versions = asyncio.run_coroutine_threadsafe(announced(bus, policy), loop).result(10)
+        seen.append((state.weight_version, max(versions, default=None)))
+
+    for actor, state in zip(engines.actors, engines.states, strict=True):
+        actor.on_continue = lambda state=state: check(state)
+    return seen
+
+
+def assert_announced_before_resumed(seen: list[tuple[str, int | None]]) -> None:
+    """No engine resumed carrying a number the bus had not announced yet."""
+    assert seen
+    for label, newest in seen:
+        if label.isdigit():
+            assert newest is not None and int(label) <= newest, (label, newest)
+
+
+# -- failover, fencing --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_weightbus", [True, False], ids=["installed", "miles-alone"])
+async def test_a_failover_publishes_above_the_first_cell_and_nothing_is_admitted_on_negative_staleness(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines, with_weightbus: bool
+) -> None:
+    hook = "weightbus.integrations.miles.install" if with_weightbus else None
+    args = make_trainer_args(custom_megatron_init_path=hook)
+    manager = RolloutManager(args)
+    rm = ActorHandle(manager)
+    cells = [Cell(args, rm, world_size=2), Cell(args, rm, world_size=2)]
+    group = RayTrainGroup(cells)
+    info = engines_info(ref_engines.handles, new=True)
+    resumes = watch_resumes(ref_engines, nats_bus, miles_env)
+    for _ in range(3):
+        await run(group.update_weights, info)
+    cells[0].alive = False  # cell 0 dies; cell 1's updater, whose own counter is 0, runs the next update
+    await run(group.update_weights, info)
+
+    if not with_weightbus:  # what the change request found: 3 -> 1, and the engines say "1" again
+        assert manager.versions == [1, 2, 3, 1] and manager.regressions == [(3, 1)]
+        assert ref_engines.labels() == ["1", "1"]
+        return
+    assert_announced_before_resumed(resumes)
+    # Above the first cell's last number, and above the 4 its last announcement reserved ahead (which a
+    # takeover skips: cell 0 may have pushed under it).
+    assert manager.versions == [1, 2, 3, 5] and manager.regressions == []
+    assert [a.weight_updater.weight_version for a in cells[1].actors] == [5, 5]  # every rank of the cell
+    assert cells[1].world.broadcasts == 1  # rank 0 handed the number to the cell once
+    assert ref_engines.labels() == ["5", "5"]
+    assert await announced(nats_bus, miles_env) == [1, 2, 3, 5]
+    events = [e for e in await weight_events(nats_bus, miles_env) if isinstance(e, WeightUpdated)]
+    assert len({e.incarnation for e in events[:3]}) == 1 and events[3].incarnation != events[0].incarnation
+
+    # The rollout side: a group cell 0 produced at 3 and one cell 1 produced at 4, judged with bound 0.
+    unused: list[Any] = []
+    buffer = WeightbusDataBuffer(
+        DataBufferConstructorInput(args=make_args(max_weight_staleness=0), unused_handler_fn=unused.append),
+        bus=nats_bus,
+    )
+    try:
+        old, new = make_group(1, ["3"]), make_group(2, ["5"])
+        await buffer.put(DataBufferInput(prompt_group=old, group=old))
+        await buffer.put(DataBufferInput(prompt_group=new, group=new))
+        taken = await buffer.get(current_version=manager.weight_version)
+        metrics = buffer.get_metrics()
+    finally:
+        await buffer.aclose()
+    assert taken.group is new and unused == [old]
+    assert metrics["rollout/fully_async/max_staleness"] == 2 and metrics["rollout/fully_async/avg_staleness"] >= 0
+
+
+async def test_the_first_cell_coming_back_is_fenced(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    args = make_trainer_args()
+    manager = RolloutManager(args)
+    rm = ActorHandle(manager)
+    cells = [Cell(args, rm), Cell(args, rm)]
+    group = RayTrainGroup(cells)
+    info = engines_info(ref_engines.handles, new=True)
+    await run(group.update_weights, info)
+    cells[0].alive = False
+    await run(group.update_weights, info)
+    assert ref_engines.labels() == ["3", "3"]  # 2 was reserved by cell 0's announcement: skipped
+    pushes = [len(a.calls) for a in ref_engines.actors]
+
+    # The zombie: cell 0 runs an update again (a network partition heals, a stale driver retries).
+    for _ in range(2):
+        with pytest.raises(FencedError):
+            await run(cells[0].update_weights, info)
+        assert [len(a.calls) for a in ref_engines.actors] == pushes  # it never touched an engine
+    assert ref_engines.labels() == ["3", "3"]
+    assert await announced(nats_bus, miles_env) == [1, 3]
+    assert manager.versions == [1, 3]
+    # and the owner goes on
+    await run(group.update_weights, info)
+    assert manager.versions == [1, 3, 4] and ref_engines.labels() == ["4", "4"]
+
+
+# -- a failed push ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["broadcast", "p2p", "tensor"])
+async def test_a_push_that_fails_halfway_leaves_the_engines_quarantined(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines, mode: str
+) -> None:
+    args = make_trainer_args(update_weight_transfer_mode=mode)
+    manager = RolloutManager(args)
+    cell = Cell(args, ActorHandle(manager), world_size=2)
+    info = engines_info(ref_engines.handles, new=True)
+    await run(cell.update_weights, info)
+    assert ref_engines.labels() == ["1", "1"]
+
+    def fail_second_bucket(i: int) -> None:
+        ref_engines.states[1].fail_weight_updates = "CUDA error: an illegal memory access" if i == 1 else None
+
+    cell.actors[0].model.on_bucket = fail_second_bucket
+    with pytest.raises(Exception, match="illegal memory access"):
+        await run(cell.update_weights, info)
+    assert ref_engines.labels() == ["quarantine:2", "quarantine:2"]  # not on a number, not even engine 0
+    assert all(s.pause_mode is None for s in ref_engines.states)  # resumed: their samples are refused, not lost
+    assert await announced(nats_bus, miles_env) == [1]
+    quarantined = [a for a in await alerts(nats_bus, miles_env) if isinstance(a, FleetQuarantined)]
+    assert [(q.version, q.label, q.reason) for q in quarantined] == [(2, "quarantine:2", "update_failed")]
+    assert manager.versions == [1]
+
+    ref_engines.states[1].fail_weight_updates = None
+    cell.actors[0].model.on_bucket = None
+    await run(cell.update_weights, info)
+    assert manager.versions == [1, 3] and ref_engines.labels() == ["3", "3"]  # 2 stays used up
+    assert await announced(nats_bus, miles_env) == [1, 3]
+
+
+# -- LoRA on every path ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["broadcast", "p2p", "tensor", "multi-lora"])
+async def test_lora_pushes_on_each_path_are_stamped(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines, mode: str
+) -> None:
+    transfer = "broadcast" if mode == "multi-lora" else mode
+    args = make_trainer_args(update_weight_transfer_mode=transfer, lora_rank=8)
+    manager = RolloutManager(args)
+    cell = Cell(args, ActorHandle(manager))
+    if mode == "multi-lora":
+        cell.updater.multi_lora_adapters = {"math": object(), "code": object()}
+    info = engines_info(ref_engines.handles, new=True)
+    resumes = watch_resumes(ref_engines, nats_bus, miles_env)
+    for _ in range(2):
+        await run(cell.update_weights, info)
+    assert_announced_before_resumed(resumes)
+    assert ref_engines.labels() == ["2", "2"]  # miles' tensor path would leave "default"
+    assert manager.versions == [1, 2]
+    events = [e for e in await weight_events(nats_bus, miles_env) if isinstance(e, WeightUpdated)]
+    assert [e.version for e in events] == [1, 2]
+    expected = "code,math" if mode == "multi-lora" else "miles_lora"
+    assert all(e.lora is not None and e.lora.name == expected for e in events)
+    loaded = set(ref_engines.states[0].lora_adapters)
+    assert loaded == ({"math", "code"} if mode == "multi-lora" else {"miles_lora"})
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+async def test_an_engine_restarted_to_default_is_alerted_and_stamped_only_when_the_push_covers_it(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines, lora: bool
+) -> None:
+    args = make_trainer_args(lora_rank=8 if lora else 0)
+    manager = RolloutManager(args)
+    cell = Cell(args, ActorHandle(manager))
+    await run(cell.update_weights, engines_info(ref_engines.handles, new=True))
+    ref_engines.restart(1)  # miles reconnects it (has_new_engines) at the next update
+    info = engines_info(ref_engines.handles, new=True)
+    restarted = engine_name(ref_engines.handles[1], 1)
+    if lora:  # miles unloads the adapter it loaded before, and the restarted engine has none: the push fails
+        with pytest.raises(Exception, match="is not loaded"):
+            await run(cell.update_weights, info)
+        assert ref_engines.labels() == ["quarantine:2", "quarantine:2"]  # never "2" on an unknown base
+        assert manager.versions == [1] and await announced(nats_bus, miles_env) == [1]
+    else:  # the whole model reached it: stamped with the others
+        await run(cell.update_weights, info)
+        assert ref_engines.labels() == ["2", "2"] and manager.versions == [1, 2]
+    found = await alerts(nats_bus, miles_env)
+    reasons = {(a.engine, a.actual, a.reason) for a in found if isinstance(a, EngineOutOfSync)}
+    assert (restarted, "default", "unexpected_label") in reasons  # never silently re-stamped
+
+
+# -- disk delta ---------------------------------------------------------------------------------------------
+
+
+async def test_disk_delta_keeps_its_file_chain_and_labels_the_bus_number_across_a_failover(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    args = make_trainer_args(update_weight_transfer_mode="disk-delta")
+    manager = RolloutManager(args)
+    rm = ActorHandle(manager)
+    cells = [Cell(args, rm), Cell(args, rm)]
+    group = RayTrainGroup(cells)
+    info = engines_info(ref_engines.handles, new=True)
+    for _ in range(3):  # the baseline, then two deltas
+        await run(group.update_weights, info)
+    cells[0].alive = False
+    for _ in range(2):  # cell 1's baseline, then its first delta
+        await run(group.update_weights, info)
+    assert manager.versions == [0, 1, 2, 2, 4] and manager.regressions == []  # 3: reserved ahead by cell 0
+    assert ref_engines.labels() == ["4", "4"]
+    assert await announced(nats_bus, miles_env) == [1, 2, 4]
+    # miles' own count still numbers the chain the engines pull (a bus number there would break it)
+    assert ref_engines.actors[0].pulls == [0, 1, 2, 0, 1]
+    loads = [kw for name, kw in ref_engines.actors[0].calls if name == "update_weights_from_disk"]
+    assert all(kw["weight_version"] is None for kw in loads)  # weightbus stamps the bus's number
+
+
+# -- the rollout side restarted ---------------------------------------------------------------------------------
+
+
+async def test_a_restarted_rollout_manager_buffer_judges_against_the_bus_version_at_once(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    args = make_trainer_args()
+    cell = Cell(args, ActorHandle(RolloutManager(args)))
+    info = engines_info(ref_engines.handles, new=True)
+    for _ in range(3):
+        await run(cell.update_weights, info)
+    # A new RolloutManager: miles' version starts at None; its buffer is new, its first group labelled 1.
+    restarted = RolloutManager(args)
+    unused: list[Any] = []
+    buffer = WeightbusDataBuffer(
+        DataBufferConstructorInput(args=make_args(max_weight_staleness=1), unused_handler_fn=unused.append)
+    )
+    try:
+        stale, fresh = make_group(1, ["1"]), make_group(2, ["3"])
+        await buffer.put(DataBufferInput(prompt_group=stale, group=stale))
+        await buffer.put(DataBufferInput(prompt_group=fresh, group=fresh))
+        taken = await buffer.get(current_version=restarted.weight_version)
+        metrics = buffer.get_metrics()
+    finally:
+        await buffer.aclose()
+    assert taken.group is fresh and unused == [stale]
+    assert metrics["weightbus/current_version"] == 3
+
+
+# -- installing -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("drop", "expected"),
+    [
+        ({"mixin": "DistBucketedWeightUpdateMixin._finalize_and_resume_engines"}, "_finalize_and_resume_engines(self)"),
+        ({"delta": "UpdateWeightFromDiskDelta"}, "class miles.backends.megatron_utils.update_weight."),
+        ({"tensor": "dist"}, "the global dist (torch.distributed) has no get_rank()"),
+    ],
+    ids=["method", "class", "global"],
+)
+def test_install_against_a_miles_that_lacks_what_it_patches_fails_clearly_and_patches_nothing(
+    miles_env: str, drop: dict[str, str], expected: str
+) -> None:
+    with install_miles_trainer(drop=drop) as modules:
+        mixin = modules["mixin"].DistBucketedWeightUpdateMixin
+        before = vars(mixin)["update_weights"]
+        with pytest.raises(InstallError) as caught:
+            install(make_trainer_args())
+        assert expected in str(caught.value)
+        assert MILES_COMMIT[:9] in str(caught.value) and "nothing was patched" in str(caught.value)
+        assert vars(mixin)["update_weights"] is before  # not half-installed
+        uninstall()
+
+
+class _DeltaNeedsZstandard(importlib.abc.MetaPathFinder):
+    """miles' disk-delta module in an image without its dependency (``zstandard``)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname.endswith("update_weight_from_distributed.delta"):
+            raise ModuleNotFoundError("No module named 'zstandard'", name="zstandard")
+        return None
+
+
+def test_an_updater_miles_cannot_import_either_is_skipped_but_a_missing_module_is_an_error(
+    miles_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with install_miles_trainer() as modules:
+        delta = modules["delta"].__name__
+        monkeypatch.delitem(sys.modules, delta)
+        finder = _DeltaNeedsZstandard()
+        sys.meta_path.insert(0, finder)
+        try:
+            install(make_trainer_args())  # miles imports the delta only for --update-weight-transfer-mode disk-delta
+            mixin = modules["mixin"].DistBucketedWeightUpdateMixin
+            assert hasattr(vars(mixin)["update_weights"], "__weightbus_original__")
+            uninstall()
+        finally:
+            sys.meta_path.remove(finder)
+        monkeypatch.setitem(sys.modules, modules["tensor"].__name__, None)  # the module itself is gone
+        with pytest.raises(
+            InstallError, match="update_weight_from_tensor .for UpdateWeightFromTensor. cannot be imported"
+        ):
+            install(make_trainer_args())
+        uninstall()
+
+
+def test_install_against_another_signature_fails_clearly(miles_env: str) -> None:
+    def update_weights(self: Any, *, force: bool = False) -> None: ...
+
+    with install_miles_trainer(replace={"tensor:UpdateWeightFromTensor.update_weights": update_weights}):
+        expected = r"UpdateWeightFromTensor.update_weights has the signature \(self, force\)"
+        with pytest.raises(InstallError, match=expected):
+            install(make_trainer_args())
+        uninstall()
+
+
+def test_a_bus_that_is_down_at_init_is_a_clear_error_within_the_connect_timeout(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WEIGHTBUS_NATS", f"nats://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("WEIGHTBUS_POLICY", policy)
+    monkeypatch.setenv("WEIGHTBUS_CONNECT_TIMEOUT", "1")
+    with install_miles_trainer() as modules:
+        before = vars(modules["mixin"].DistBucketedWeightUpdateMixin)["update_weights"]
+        started = time.monotonic()
+        with pytest.raises(BusConnectError):
+            install(make_trainer_args())
+        assert time.monotonic() - started < 5
+        assert vars(modules["mixin"].DistBucketedWeightUpdateMixin)["update_weights"] is before
+        uninstall()
+
+
+async def test_a_bus_that_goes_down_mid_run_fails_the_update_within_the_bound_and_pushes_nothing(
+    policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    server = EmbeddedNats(store_dir=str(tmp_path / "js")).start()
+    try:
+        monkeypatch.setenv("WEIGHTBUS_NATS", server.url)
+        monkeypatch.setenv("WEIGHTBUS_POLICY", policy)
+        monkeypatch.setenv("WEIGHTBUS_UPDATE_TIMEOUT", "2")
+        args = make_trainer_args()
+        manager = RolloutManager(args)
+        cell = Cell(args, ActorHandle(manager))
+        info = engines_info(ref_engines.handles, new=True)
+        await run(cell.update_weights, info)
+        server.stop()
+        pushes = [sum(n == "update_weights_from_distributed" for n in a.names()) for a in ref_engines.actors]
+        started = time.monotonic()
+        with pytest.raises(BusError):
+            await run(cell.update_weights, info)
+        assert time.monotonic() - started < 2 + 30  # the bound, plus one publish's own timeouts
+        assert [sum(n == "update_weights_from_distributed" for n in a.names()) for a in ref_engines.actors] == pushes
+        assert ref_engines.labels() == ["1", "1"] and manager.versions == [1]
+        assert all(s.pause_mode is None for s in ref_engines.states)
+    finally:
+        server.stop()
+
+
+def test_install_fsdp_patches_miles_fsdp_updater_when_it_is_imported(
+    miles_env: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, ref_engines: RefEngines
+) -> None:
+    write_fsdp_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n == "miles" or n.startswith("miles.")]:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        install_fsdp()  # what a sitecustomize does: miles' FSDP module is not imported yet
+        module = importlib.import_module(FSDP_MODULE)
+        assert hasattr(vars(module.UpdateWeight)["update_weights"], "__weightbus_original__")
+        manager = RolloutManager(make_trainer_args())
+        rm = ActorHandle(manager)
+        updater = module.UpdateWeightFromTensor(make_trainer_args(), FakeModel())
+        updater.connect_rollout_engines(ref_engines.handles, None)
+        for _ in range(2):
+            updater.update_weights()
+            ray.get(rm.set_weight_version.remote(updater.weight_version))
+        assert manager.versions == [1, 2] and ref_engines.labels() == ["2", "2"]
+    finally:
+        uninstall()
+
+
+async def test_a_bus_that_goes_down_during_the_push_quarantines_the_engines_instead_of_announcing(
+    policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    server = EmbeddedNats(store_dir=str(tmp_path / "js")).start()
+    try:
+        monkeypatch.setenv("WEIGHTBUS_NATS", server.url)
+        monkeypatch.setenv("WEIGHTBUS_POLICY", policy)
+        args = make_trainer_args()
+        manager = RolloutManager(args)
+        cell = Cell(args, ActorHandle(manager))
+        info = engines_info(ref_engines.handles, new=True)
+        await run(cell.update_weights, info)
+        cell.actors[0].model.on_bucket = lambda i: server.stop() if i == 1 else None
+        with pytest.raises(BusError):
+            await run(cell.update_weights, info)
+        # The push labelled the engines "2"; the announcement could not land: they must not serve "2".
+        assert ref_engines.labels() == ["quarantine:2", "quarantine:2"]
+        assert all(s.pause_mode is None for s in ref_engines.states)
+        assert manager.versions == [1]
+    finally:
+        server.stop()
+
+
+# -- both halves ----------------------------------------------------------------------------------------------
+
+
+async def test_both_halves_versions_only_move_forward_and_every_trained_group_is_within_the_bound(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    bound = 1
+    args = make_trainer_args(pause_generation_mode="in_place")  # miles' fully-async e2e mode (no flush)
+    manager = RolloutManager(args)
+    rm = ActorHandle(manager)
+    cells = [Cell(args, rm, world_size=2), Cell(args, rm, world_size=2)]
+    group = RayTrainGroup(cells)
+    info = engines_info(ref_engines.handles, new=True)
+    await run(group.update_weights, info)  # the first push before the first rollout, as train_async does
+    urls = [s.url for s in ref_engines.servers]
+    http = httpx.AsyncClient(timeout=30)
+    turn = iter(range(10**9))
+
+    async def generate(_: Any, prompt_group: list[Sample]) -> list[Sample]:
+        for sample in prompt_group:  # one generate call per sample, on engines in turn
+            url = urls[next(turn) % len(urls)]
+            body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3}}
+            meta = (await http.post(f"{url}/generate", json=body)).json()["meta_info"]
+            sample.update_from_meta_info(meta)
+            sample.status = Sample.Status.COMPLETED
+        return prompt_group
+
+    fn = FullyAsyncRolloutFn(
+        make_args(max_weight_staleness=bound, async_unused_samples_handler="retry"),
+        ScriptedDataSource([], fresh=lambda i: make_group(i, [])),
+        generate,
+    )
+    trained: list[tuple[int, list[str]]] = []
+    try:
+        for step in range(6):
+            if step == 3:
+                cells[0].alive = False  # failover mid-run
+            out = await fn(RolloutFnTrainInput(rollout_id=step, weight_version=manager.weight_version))
+            current = out.metrics["weightbus/current_version"]
+            trained.extend((int(current), s.weight_versions) for g in out.samples for s in g)
+            await run(group.update_weights, info)  # the trainer pushes after the step
+    finally:
+        await fn.aclose()
+        await http.aclose()
+    assert manager.versions == sorted(set(manager.versions)) and manager.regressions == []
+    assert manager.versions == await announced(nats_bus, miles_env)
+    for current, labels in trained:
+        assert labels and all(label.isdigit() for label in labels), labels
+        assert current - min(int(label) for label in labels) <= bound, (current, labels)
