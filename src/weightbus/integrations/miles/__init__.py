@@ -3,7 +3,8 @@
 * The trainer half, ``--custom-megatron-init-path weightbus.integrations.miles.install``
   (``install_fsdp()`` for FSDP actors): every weight update takes its number from weightbus' fenced,
   durable counter, stamps and reads back the engines, announces the version on the bus before the
-  engines resume, and quarantines them on any failure (module ``trainer``).
+  engines resume, and quarantines them on any failure (``patching`` checks miles and patches its
+  updaters; ``trainer`` runs each update).
 * The rollout half, ``--custom-async-data-buffer-path weightbus.integrations.miles.WeightbusDataBuffer``:
   miles' fully-async data buffer, judging staleness against the bus's version (module ``buffer``).
 
@@ -13,14 +14,8 @@ this package never imports miles, torch or ray.
 
 from weightbus.integrations.miles.buffer import WeightbusDataBuffer, miles_group_versions, to_weightbus_group
 from weightbus.integrations.miles.config import MilesSettings
-from weightbus.integrations.miles.trainer import (
-    MILES_COMMIT,
-    MilesTrainer,
-    install,
-    install_fsdp,
-    installed,
-    uninstall,
-)
+from weightbus.integrations.miles.patching import MILES_COMMIT, install, install_fsdp, installed, uninstall
+from weightbus.integrations.miles.trainer import MilesTrainer
 
 __all__ = [
     "MILES_COMMIT",

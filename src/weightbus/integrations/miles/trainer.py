@@ -1,11 +1,8 @@
-"""The trainer half of the miles integration: ``install(args)`` puts weightbus in charge of miles' weight updates.
+"""The trainer half of the miles integration at run time: each patched ``update_weights`` runs here.
 
-Loaded with ``--custom-megatron-init-path weightbus.integrations.miles.install`` (miles calls it once per
-Megatron training actor, at the end of Megatron's initialisation, before the actor builds its weight
-updater); FSDP actors, which have no such hook, get the same from ``install_fsdp()`` (one line in a
-``sitecustomize`` or launcher: it patches miles' FSDP updater when that module is imported).
+``install`` (module ``patching``) checks miles and patches its updaters to call ``MilesTrainer.update``.
 
-It wraps the ``update_weights`` method of every updater miles has (written against miles main at
+``install`` wraps the ``update_weights`` method of every updater miles has (written against miles main at
 ``MILES_COMMIT``): the distributed mixin (``DistBucketedWeightUpdateMixin``: NCCL broadcast and p2p,
 full weights, single- and multi-LoRA), the disk delta (``UpdateWeightFromDiskDelta``), the colocated
 tensor path (``UpdateWeightFromTensor``, base and LoRA) and FSDP's ``UpdateWeight``. Each update runs
@@ -14,7 +11,7 @@ through weightbus' update protocol (``producers.update.VersionUpdate``, driven b
 
 * **The number is the bus's.** Rank 0 takes it from the policy's fenced, durable counter (reserved on
   the bus before any engine carries it) instead of ``weight_version += 1``, and hands it to every rank
-  of the cell (one ``broadcast_object_list`` on miles' gloo group, ``_Runtime.share``) before any rank
+  of the cell (one ``broadcast_object_list`` on miles' gloo group, ``Runtime.share``) before any rank
   pushes; miles' own code then sees it as ``self.weight_version``. After the update the updater holds
   the bus's number, so what the actor passes to ``RolloutManager.set_weight_version`` never goes back,
   whichever cell ran the update. The disk delta keeps miles' own count for its file chain (the
@@ -35,10 +32,6 @@ through weightbus' update protocol (``producers.update.VersionUpdate``, driven b
   during a run, taking the number is retried (nothing is paused or pushed in between) for at most
   ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds, then the error is raised. Weights are never pushed under a
   number the bus did not reserve, nor left labelled with one it did not announce.
-* **All or nothing, never silent.** ``install`` checks every class, method, signature and module
-  global it relies on first; anything missing raises ``InstallError`` naming what it expected, and
-  nothing is patched.
-
 miles, torch and ray are never imported here: ``torch.distributed`` (``dist``), ``get_gloo_group`` and
 ``ray`` are taken from the module globals of the miles modules being patched, so the integration
 uses exactly the objects miles uses.
@@ -46,19 +39,12 @@ uses exactly the objects miles uses.
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.abc
-import importlib.machinery
-import inspect
 import logging
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Final, Literal
 
 from weightbus.bus.options import redact_url
@@ -66,7 +52,6 @@ from weightbus.errors import (
     BusConfigError,
     BusError,
     CounterExhaustedError,
-    InstallError,
     PermissionDeniedError,
     StreamConfigError,
 )
@@ -78,116 +63,22 @@ from weightbus.producers.sync import SyncVersionPublisher
 from weightbus.producers.update import VersionUpdate
 from weightbus.schemas import LoraAdapter
 
-__all__ = ["MILES_COMMIT", "MilesTrainer", "install", "install_fsdp", "installed", "uninstall"]
+__all__ = ["Kind", "LORA_NAME", "MilesTrainer", "Plan", "Runtime"]
 
 log = logging.getLogger("weightbus.integrations.miles")
 
-#: The miles commit the patches were written against (main, 2026-08-21).
-MILES_COMMIT: Final = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
-
-_UW: Final = "miles.backends.megatron_utils.update_weight"
-_MIXIN: Final = f"{_UW}.update_weight_from_distributed.mixin"
-_BROADCAST: Final = f"{_UW}.update_weight_from_distributed.broadcast"
-_P2P: Final = f"{_UW}.update_weight_from_distributed.p2p"
-_DELTA: Final = f"{_UW}.update_weight_from_distributed.delta"
-_TENSOR: Final = f"{_UW}.update_weight_from_tensor"
-_FSDP: Final = "miles.backends.fsdp_utils.update_weight_utils"
-
 #: miles' adapter name when the mixin module does not say (``miles.utils.lora.LORA_ADAPTER_NAME``).
-_LORA_NAME: Final = "miles_lora"
+LORA_NAME: Final = "miles_lora"
 #: What a baseline reload of the boot checkpoint is labelled instead of miles' ``"0"`` (a number).
 _BOOT_LABEL: Final = "default"
 
 Kind = Literal["mixin", "delta", "tensor", "fsdp"]
 
-_CONNECT: Final = ("rollout_engines", "rollout_engine_lock", "engine_gpu_counts", "engine_gpu_offsets")
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """One miles class the install relies on: what must exist, and whether its ``update_weights`` is wrapped."""
-
-    module: str
-    name: str
-    kind: Kind
-    wrap: bool
-    methods: tuple[tuple[str, tuple[str, ...]], ...]
-    inherits: str | None = None  # a class of the same install whose update_weights this one must inherit
-    lazy: bool = False  # miles imports the module only when the updater is selected
-
-
-_SELF: Final = ("self",)
-
-MEGATRON_TARGETS: Final = (
-    _Target(
-        _MIXIN,
-        "DistBucketedWeightUpdateMixin",
-        "mixin",
-        True,
-        (
-            ("update_weights", _SELF),
-            ("_pause_and_prepare_engines", _SELF),
-            ("_finalize_and_resume_engines", _SELF),
-            ("_update_lora_weights", _SELF),
-            ("_update_multi_lora_weights", _SELF),
-        ),
-    ),
-    _Target(
-        _BROADCAST,
-        "UpdateWeightFromDistributed",
-        "mixin",
-        False,
-        (("connect_rollout_engines", ("self", *_CONNECT)),),
-        inherits="DistBucketedWeightUpdateMixin",
-    ),
-    _Target(
-        _P2P,
-        "UpdateWeightP2P",
-        "mixin",
-        False,
-        (("connect_rollout_engines", ("self", *_CONNECT)),),
-        inherits="DistBucketedWeightUpdateMixin",
-    ),
-    _Target(
-        _DELTA,
-        "UpdateWeightFromDiskDelta",
-        "delta",
-        True,
-        (
-            ("update_weights", _SELF),
-            ("_capture_baseline", _SELF),
-            ("_reload_engines", _SELF),
-            ("connect_rollout_engines", ("self", *_CONNECT)),
-        ),
-        lazy=True,
-    ),
-    _Target(
-        _TENSOR,
-        "UpdateWeightFromTensor",
-        "tensor",
-        True,
-        (("update_weights", _SELF), ("connect_rollout_engines", ("self", *_CONNECT))),
-    ),
-)
-
-FSDP_TARGETS: Final = (
-    _Target(
-        _FSDP,
-        "UpdateWeight",
-        "fsdp",
-        True,
-        (("update_weights", _SELF), ("connect_rollout_engines", ("self", *_CONNECT))),
-    ),
-    _Target(_FSDP, "UpdateWeightFromTensor", "fsdp", False, (), inherits="UpdateWeight"),
-    _Target(_FSDP, "UpdateWeightFromDistributed", "fsdp", False, (), inherits="UpdateWeight"),
-)
-
-# A bus that does not answer is retried; a bus that answers "no" is not.
 _FINAL_BUS_ERRORS: Final = (CounterExhaustedError, PermissionDeniedError, BusConfigError, StreamConfigError)
 
 
 @dataclass(frozen=True, slots=True)
-class _Runtime:
+class Runtime:
     """miles' own ``torch.distributed``, gloo group and ``ray.get``, from the globals of a patched module."""
 
     dist: Any
@@ -209,238 +100,12 @@ class _Runtime:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class Plan:
     """How one update maps onto ``VersionUpdate``."""
 
     push: Push
     labels: bool
     lora: LoraAdapter | None
-
-
-@dataclass(slots=True)
-class _Found:
-    target: _Target
-    cls: type
-    runtime: _Runtime | None  # for the classes whose update_weights is wrapped
-
-
-# -- the install -------------------------------------------------------------------------------------------
-
-
-_LOCK = threading.Lock()
-_STATE: MilesTrainer | None = None
-_PATCHED: list[tuple[type, Callable[..., Any]]] = []
-_HOOK: _ImportHook | None = None
-
-
-def installed() -> MilesTrainer | None:
-    """The process' installed integration, or None."""
-    return _STATE
-
-
-def install(args: Any) -> MilesTrainer:
-    """miles' ``--custom-megatron-init-path`` entry point: put weightbus in charge of every Megatron updater.
-
-    Call once per training actor (miles does); a second call in the same process returns the first
-    install. Rank 0 connects to the bus here, so an unreachable bus fails the actor's init.
-
-    Args:
-        args: miles' argument namespace (settings: ``weightbus.integrations.miles.config``).
-
-    Returns:
-        The installed integration.
-
-    Raises:
-        InstallError: a class, method, signature or module global the patches rely on is missing or
-            different (nothing was patched).
-        ValueError: no policy, or a setting that is not valid.
-        BusConnectError: rank 0 could not reach NATS within the connect timeout (nothing was patched).
-    """
-    return _install(args, MEGATRON_TARGETS)
-
-
-def install_fsdp(args: Any = None) -> None:
-    """The FSDP equivalent of ``install``, for a ``sitecustomize`` or launcher (FSDP actors have no init hook).
-
-    ``import weightbus.integrations.miles as wb; wb.install_fsdp()`` patches miles' FSDP updater now
-    if its module is imported, else right after it is (an import hook; the import raises
-    ``InstallError`` if it does not fit). Settings come from the environment (``args`` None) or
-    ``args``; the bus is connected by rank 0's first update, not at import.
-
-    Raises:
-        InstallError, ValueError: as ``install``, when the module is already imported.
-    """
-    global _HOOK
-    MilesSettings.from_args(args)  # a missing policy fails here, in the launcher, not in the actor
-    if _FSDP in sys.modules:
-        _install(args, FSDP_TARGETS, connect=False)
-        return
-    with _LOCK:
-        if _HOOK is None:
-            _HOOK = _ImportHook(_FSDP, lambda: _install(args, FSDP_TARGETS, connect=False))
-            sys.meta_path.insert(0, _HOOK)
-
-
-def uninstall() -> None:
-    """Restore every patched method, remove the FSDP import hook, and close the bus (tests, notebooks)."""
-    global _STATE, _HOOK
-    with _LOCK:
-        for cls, original in reversed(_PATCHED):
-            cls.update_weights = original  # type: ignore[attr-defined]
-        _PATCHED.clear()
-        if _HOOK is not None and _HOOK in sys.meta_path:
-            sys.meta_path.remove(_HOOK)
-        _HOOK = None
-        state, _STATE = _STATE, None
-    if state is not None:
-        state.close()
-
-
-def _install(args: Any, targets: Sequence[_Target], *, connect: bool = True) -> MilesTrainer:
-    global _STATE
-    with _LOCK:
-        settings = MilesSettings.from_args(args)
-        found, problems = _inspect(targets)
-        if problems:
-            raise InstallError("miles", f"miles main@{MILES_COMMIT[:9]}", problems)
-        state = _STATE
-        if state is None:
-            state = MilesTrainer(args, settings)
-        elif state.settings.policy != settings.policy:
-            raise ValueError(
-                f"weightbus is already installed for policy {state.settings.policy!r}, not {settings.policy!r}"
-            )
-        runtimes = [f.runtime for f in found if f.runtime is not None]
-        if connect and runtimes:
-            state.connect_if_rank0(runtimes[0])  # before patching: a dead bus patches nothing
-        for item in found:
-            if item.runtime is not None and not hasattr(vars(item.cls)["update_weights"], "__weightbus_original__"):
-                original = vars(item.cls)["update_weights"]
-                item.cls.update_weights = _wrap(original, item.target.kind, item.runtime)  # type: ignore[attr-defined]
-                _PATCHED.append((item.cls, original))
-            if item.target.name == "UpdateWeightFromDistributed":
-                state.labelling.add(item.cls)
-        _STATE = state
-        log.info(
-            "weightbus is in charge of miles' weight updates",
-            extra={"policy": settings.policy, "classes": [f"{f.cls.__module__}.{f.cls.__name__}" for f in found]},
-        )
-        return state
-
-
-def _inspect(targets: Sequence[_Target]) -> tuple[list[_Found], list[str]]:
-    """Every target resolved, or one line per thing that is missing or different."""
-    problems: list[str] = []
-    found: list[_Found] = []
-    classes: dict[str, type] = {}
-    for target in targets:
-        where = f"{target.module}.{target.name}"
-        try:
-            module = importlib.import_module(target.module)
-        except ImportError as exc:
-            missing_module = (
-                isinstance(exc, ModuleNotFoundError)
-                and exc.name is not None
-                and (target.module == exc.name or target.module.startswith(f"{exc.name}."))
-            )
-            if target.lazy and not missing_module:
-                # miles imports this updater only when it is selected; a dependency it lacks (the disk
-                # delta's zstandard) makes that updater unusable for miles too: nothing to patch.
-                log.warning(
-                    "miles' %s cannot be imported here (%s); that updater is not patched and miles cannot build it",
-                    target.name,
-                    exc,
-                )
-                continue
-            problems.append(f"module {target.module} (for {target.name}) cannot be imported: {exc}")
-            continue
-        cls = getattr(module, target.name, None)
-        if not isinstance(cls, type):
-            problems.append(f"class {where} is missing")
-            continue
-        classes[target.name] = cls
-        for method, params in target.methods:
-            fn = inspect.getattr_static(cls, method, None)
-            fn = getattr(fn, "__weightbus_original__", fn)
-            if not callable(fn):
-                problems.append(f"method {where}.{method}{_show(params)} is missing")
-                continue
-            have = tuple(inspect.signature(fn).parameters)
-            if have != params:
-                problems.append(f"method {where}.{method} has the signature {_show(have)}, expected {_show(params)}")
-        if target.inherits is not None:
-            base = classes.get(target.inherits)
-            if base is not None and not issubclass(cls, base):
-                problems.append(f"class {where} no longer derives from {target.inherits}")
-            elif "update_weights" in vars(cls):
-                problems.append(f"class {where} defines its own update_weights (expected {target.inherits}'s)")
-        runtime: _Runtime | None = None
-        if target.wrap:
-            runtime, missing = _runtime(module)
-            problems.extend(f"module {target.module}: {m}" for m in missing)
-        found.append(_Found(target, cls, runtime))
-    return found, problems
-
-
-def _show(params: Sequence[str]) -> str:
-    return f"({', '.join(params)})"
-
-
-def _runtime(module: ModuleType) -> tuple[_Runtime | None, list[str]]:
-    names = vars(module)
-    missing: list[str] = []
-    dist, gloo, ray = names.get("dist"), names.get("get_gloo_group"), names.get("ray")
-    for attr in ("get_rank", "broadcast_object_list"):
-        if not callable(getattr(dist, attr, None)):
-            missing.append(f"the global dist (torch.distributed) has no {attr}()")
-    if not callable(gloo):
-        missing.append("the global get_gloo_group() is missing")
-    if not callable(getattr(ray, "get", None)):
-        missing.append("the global ray has no get()")
-    if missing:
-        return None, missing
-    lora = names.get("LORA_ADAPTER_NAME")
-    return _Runtime(dist, gloo, ray.get, lora if isinstance(lora, str) else _LORA_NAME), []  # type: ignore[union-attr, arg-type]
-
-
-def _wrap(original: Callable[..., Any], kind: Kind, runtime: _Runtime) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def update_weights(self: Any) -> None:
-        state = _STATE
-        if state is None:
-            raise RuntimeError("weightbus' miles integration was uninstalled; its patch should be gone too")
-        state.update(self, original, kind, runtime)
-
-    update_weights.__weightbus_original__ = original  # type: ignore[attr-defined]
-    return update_weights
-
-
-class _ImportHook(importlib.abc.MetaPathFinder):
-    """Runs ``then()`` right after module ``name`` has executed (its import raises what ``then`` raises)."""
-
-    def __init__(self, name: str, then: Callable[[], Any]) -> None:
-        self._name = name
-        self._then = then
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self._name:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        loader, then = spec.loader, self._then
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: ModuleType) -> None:
-                loader.exec_module(module)  # type: ignore[union-attr]
-                sys.modules[fullname] = module  # the install imports it by name
-                then()
-
-        spec.loader = _Loader()
-        return spec
 
 
 # -- one cell's updates ------------------------------------------------------------------------------------
@@ -493,7 +158,7 @@ class MilesTrainer:
         for pub in pubs:
             pub.close()
 
-    def connect_if_rank0(self, runtime: _Runtime) -> None:
+    def connect_if_rank0(self, runtime: Runtime) -> None:
         """On rank 0, connect to the bus now (an unreachable bus is an error at init, not at the first update)."""
         if runtime.rank() != 0:
             return
@@ -527,7 +192,7 @@ class MilesTrainer:
 
     # -- the update --------------------------------------------------------------------------------------
 
-    def update(self, updater: Any, original: Callable[[Any], None], kind: Kind, runtime: _Runtime) -> None:
+    def update(self, updater: Any, original: Callable[[Any], None], kind: Kind, runtime: Runtime) -> None:
         """One miles ``update_weights`` call on this rank, under weightbus' protocol (see the module)."""
         if kind == "delta":
             self._update_delta(updater, original, runtime)
@@ -550,7 +215,7 @@ class MilesTrainer:
         _run_original(updater, original, session)
         updater.weight_version = shared
 
-    def _update_delta(self, updater: Any, original: Callable[[Any], None], runtime: _Runtime) -> None:
+    def _update_delta(self, updater: Any, original: Callable[[Any], None], runtime: Runtime) -> None:
         """The disk delta: miles' count names the files; the bus's number labels the engines, entered at the pause."""
         rank0 = runtime.rank() == 0
         chain = updater.__dict__.get("_weightbus_chain", updater.weight_version)
@@ -559,7 +224,7 @@ class MilesTrainer:
         session: _Session | None = None
         if rank0:
             cell = self.cell(updater)
-            session = _Session(cell, updater, runtime, _Plan("delta", False, None), lazy=True, baseline=baseline)
+            session = _Session(cell, updater, runtime, Plan("delta", False, None), lazy=True, baseline=baseline)
             if baseline:
                 try:  # the claim, before any engine is touched; the first real update retries it
                     session.version = cell.ready(updater, runtime).version
@@ -580,14 +245,14 @@ class MilesTrainer:
         shared = runtime.share(mine)
         updater.weight_version = shared if isinstance(shared, int) else updater.weight_version
 
-    def _plan(self, updater: Any, kind: Kind) -> _Plan:
+    def _plan(self, updater: Any, kind: Kind) -> Plan:
         if kind in ("mixin", "tensor") and getattr(updater, "is_lora", False):
-            lora_name = _LORA_NAME
+            lora_name = LORA_NAME
             adapters = getattr(updater, "multi_lora_adapters", None) if kind == "mixin" else None
             if adapters:
                 lora_name = ",".join(sorted(str(name) for name in adapters))
-            return _Plan("delta", False, LoraAdapter(name=lora_name))
-        return _Plan("full", kind == "mixin" and isinstance(updater, tuple(self.labelling)), None)
+            return Plan("delta", False, LoraAdapter(name=lora_name))
+        return Plan("full", kind == "mixin" and isinstance(updater, tuple(self.labelling)), None)
 
 
 class _FleetSlot:
@@ -622,7 +287,7 @@ class _Cell:
             fleet_factory=self._slot.build,
         )
 
-    def ready(self, updater: Any, runtime: _Runtime) -> SyncVersionPublisher:
+    def ready(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
         """The publisher, started (claimed) and pointed at the engines miles connected now."""
         handles = getattr(updater, "rollout_engines", None)
         if handles is None:
@@ -643,7 +308,7 @@ class _Cell:
             pub.call(lambda _: fleet.retarget(given, ray_get))
         return pub
 
-    def enter(self, updater: Any, runtime: _Runtime, plan: _Plan) -> VersionUpdate:
+    def enter(self, updater: Any, runtime: Runtime, plan: Plan) -> VersionUpdate:
         """Take the number, pause, read the labels, mark them pending: retried while the bus does not answer."""
         timeout = self.trainer.settings.update_timeout
         deadline = time.monotonic() + timeout
@@ -691,8 +356,8 @@ class _Session:
         self,
         cell: _Cell,
         updater: Any,
-        runtime: _Runtime,
-        plan: _Plan,
+        runtime: Runtime,
+        plan: Plan,
         *,
         lazy: bool = False,
         baseline: bool = False,
