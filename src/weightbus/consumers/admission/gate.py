@@ -271,7 +271,8 @@ class Admission:
                 self._budget.wanted()
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), self._poll_s)
+                async with asyncio.timeout(self._poll_s):  # not wait_for: on 3.11 it can swallow a cancel
+                    await self._changed.wait()
             except TimeoutError:
                 pass  # re-read the version: a tracker moving on frees the window without telling us
 

@@ -202,7 +202,8 @@ class SharedBudget:
         self._tasks.clear()
         if self._slots:
             try:
-                await asyncio.wait_for(self._write(0, leaving=True), 2.0)
+                async with asyncio.timeout(2.0):
+                    await self._write(0, leaving=True)
             except (BusError, TimeoutError) as exc:
                 log.warning(
                     "could not return the admission slots; they expire with the lease", extra={"error": repr(exc)}
@@ -300,7 +301,8 @@ class SharedBudget:
                     timeout = min(timeout, expiry + 0.01)
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 
