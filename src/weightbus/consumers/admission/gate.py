@@ -11,7 +11,8 @@ Invariants:
 
 * the capacity is ``rules.admission.mode_capacity`` over the counts held here and the version read from
   the source at each check (a tracker's ``.current``, an int or None, or a callable): no local counter
-  of versions, so a tracker that jumps, resumes or regresses moves the window with it;
+  of versions, so a tracker that jumps, resumes or regresses moves the window with it; a tracker that
+  cannot say (``TrackerNotReadyError``: starting, deaf) admits nothing in ``bounded`` mode;
 * ``running + accepted`` never exceeds what the rule allows when the slot was granted: a slot is granted
   only while the capacity is positive, and is counted at once (the check and the count are one step of
   the event loop, so concurrent waiters never both take the last slot);
@@ -29,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from weightbus.errors import AdmissionError
+from weightbus.errors import AdmissionError, TrackerNotReadyError
 from weightbus.rules.admission import (
     ADMISSION_MODES,
     UNLIMITED,
@@ -242,7 +243,8 @@ class Admission:
             return UNLIMITED
         if mode == "cap":
             return self._cap - self._running  # type: ignore[operator]
-        self._window()
+        if not self._window():
+            return 0  # a tracker that cannot say what is current admits nothing (err toward stale)
         used = self._running + self._ready + self._taken_in_window
         free = self._limit - used
         budget = self._budget
@@ -258,7 +260,7 @@ class Admission:
         """A slot if one is free now, else None (never waits)."""
         if self.capacity() > 0:
             self._running += 1
-            return Slot(self, self._window_at if self._mode == "bounded" else self._read())  # type: ignore[arg-type]
+            return Slot(self, self.version if self._mode == "bounded" else self._read_quietly())
         return None
 
     async def acquire(self) -> Slot:
@@ -313,11 +315,21 @@ class Admission:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _window(self) -> int | None:
-        current = self._read()
+    def _read_quietly(self) -> int | None:
+        try:
+            return self._read()
+        except TrackerNotReadyError:
+            return None
+
+    def _window(self) -> bool:
+        """Slide the window to the source's version; False when the source cannot say (the counts stay)."""
+        try:
+            current = self._read()
+        except TrackerNotReadyError:
+            return False
         if current != self._window_at:
             self._slide(current)
-        return current
+        return True
 
     def _slide(self, current: int | None) -> None:
         taken = self._taken
