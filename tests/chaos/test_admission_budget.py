@@ -57,12 +57,10 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def _spawn(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
-    return subprocess.Popen(
-        [sys.executable, __file__, url, name, str(log)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(log.with_suffix(".err"), "wb"),  # noqa: SIM115 - the child owns it
-    )
+    with log.with_suffix(".err").open("wb") as err:
+        return subprocess.Popen(
+            [sys.executable, __file__, url, name, str(log)], env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
 
 
 async def test_three_processes_share_one_budget_through_kill_restart_and_failover(

@@ -364,7 +364,8 @@ def _reader(source: Any) -> Callable[[], int | None]:
         if isinstance(source, bool) or (source is not None and source < 0):
             raise ValueError(f"a current version must be an int >= 0 or None, got {source!r}")
         return lambda: source
-    if hasattr(source, "current"):
+    # Looked up on the type (or the instance dict): reading a tracker's property here could raise.
+    if hasattr(type(source), "current") or "current" in getattr(source, "__dict__", ()):
         return lambda: _checked(source.current)
     if callable(source):
         return lambda: _checked(source())
