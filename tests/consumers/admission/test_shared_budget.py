@@ -100,3 +100,31 @@ async def test_a_lost_ledger_is_rebuilt_from_the_live_holders() -> None:
     ledger = _ledgers(bus)[-1]
     assert list(ledger.holders) == [a.holder] and ledger.holders[a.holder].slots == 4
     await a.close()
+
+
+async def test_a_restart_of_every_process_rederives_the_budget_from_the_bus() -> None:
+    bus = MemoryBus(history=10_000)
+    lease, skew = 0.6, 0.1
+    old = [SharedBudget(bus, POLICY, name=f"r{i}", lease_s=lease, skew_s=skew, grant=2) for i in range(2)]
+    old_gates = [Admission("bounded", current=3, max_staleness=0, batch=4, budget=b, poll_s=0.01) for b in old]
+    for b in old:
+        await b.start()
+    for g in old_gates:
+        await g.acquire()
+        await g.acquire()
+    for b in old:  # every process dies at once: no last write
+        for task in b._tasks:
+            task.cancel()
+    new = [SharedBudget(bus, POLICY, name=f"r{i}", lease_s=lease, skew_s=skew, grant=2) for i in range(2)]
+    gates = [Admission("bounded", current=3, max_staleness=0, batch=4, budget=b, poll_s=0.01) for b in new]
+    for b in new:
+        await b.start()
+    assert all(g.try_acquire() is None for g in gates)  # the old holdings still stand
+    for g in gates:
+        await asyncio.wait_for(g.acquire(), lease + skew + 2.0)
+        await asyncio.wait_for(g.acquire(), 2.0)
+    holders = _ledgers(bus)[-1].holders
+    assert set(holders) == {b.holder for b in new}
+    assert sum(h.slots for h in holders.values()) <= 4
+    for b in new:
+        await b.close()
