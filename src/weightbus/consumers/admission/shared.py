@@ -41,7 +41,7 @@ from typing import Final, Protocol
 
 from weightbus.bus import subjects
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped, Subscription
-from weightbus.errors import BusError, InvalidEventError, SequenceConflictError
+from weightbus.errors import BusError, InvalidEventError, PermissionDeniedError, SequenceConflictError
 from weightbus.schemas import AdmissionLedger, Holding
 
 __all__ = ["BudgetUser", "SharedBudget"]
@@ -179,7 +179,8 @@ class SharedBudget:
         """Follow the ledger and take a first share (``grant`` slots, if free).
 
         Raises:
-            BusError: the bus did not answer.
+            PermissionDeniedError: this user may not publish the admission subject.
+            BusError: the bus did not answer the first reads.
         """
         sub = self._bus.subscribe(self._subject, deliver=Deliver.NEW, include_invalid=True)
         await sub.__aenter__()
@@ -188,6 +189,14 @@ class SharedBudget:
         if self._gate is not None:
             _ = self._gate.allowance  # the gate reads its version and sets the total
         self._wanted = True
+        try:
+            await self._write(self._target())  # here, so that a refusal (permissions) ends the caller's start
+        except PermissionDeniedError:
+            await self.close()
+            raise
+        except BusError as exc:
+            log.warning("admission ledger write failed; retrying", extra={"error": repr(exc)})
+        self._wanted = False
         self._tasks.append(asyncio.create_task(self._run()))
 
     async def close(self) -> None:
