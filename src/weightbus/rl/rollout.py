@@ -171,7 +171,7 @@ class _Rollout:
         self.tracker: VersionTracker | None = None
         self.budget = (
             SharedBudget(bus, config.policy, name=consumer, lease_s=config.admission_lease_s)
-            if config.admission_shared and config.admission != "off"
+            if config.admission_shared and config.admission != "off"  # off has nothing to share
             else None
         )
         self.admission = Admission(

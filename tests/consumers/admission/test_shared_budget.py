@@ -128,3 +128,22 @@ async def test_a_restart_of_every_process_rederives_the_budget_from_the_bus() ->
     assert sum(h.slots for h in holders.values()) <= 4
     for b in new:
         await b.close()
+
+
+async def test_a_shared_cap_is_one_cap_for_every_holder() -> None:
+    bus = MemoryBus()
+    budgets = [SharedBudget(bus, POLICY, name=f"r{i}", lease_s=2.0, skew_s=0.2, grant=1) for i in range(3)]
+    gates = [Admission("cap", cap=4, batch=1, budget=b, poll_s=0.01) for b in budgets]
+    for b in budgets:
+        await b.start()
+    held: list = []
+    fills = [asyncio.create_task(_fill(g, 4, held)) for g in gates]
+    await asyncio.sleep(0.3)
+    assert len(held) == 4 and sum(g.running for g in gates) == 4
+    held[0].release("finished")
+    await asyncio.sleep(0.3)
+    assert sum(g.running for g in gates) == 4
+    for f in fills:
+        f.cancel()
+    for b in budgets:
+        await b.close()

@@ -16,7 +16,8 @@ Invariants:
 * ``running + accepted`` never exceeds what the rule allows when the slot was granted: a slot is granted
   only while the capacity is positive, and is counted at once (the check and the count are one step of
   the event loop, so concurrent waiters never both take the last slot);
-* with a ``SharedBudget`` the local capacity is also bounded by the slots the budget holds for this
+* with a ``SharedBudget`` (``bounded`` or ``cap``: the policy's processes share the allowance or the cap)
+  the local capacity is also bounded by the slots the budget holds for this
   process (``held - used``), and a lapsed lease holds none: a process cut off from the bus admits nothing;
 * a slot is released exactly once; releasing or accepting it again raises ``AdmissionError``, so a host
   bug cannot free a slot twice and over-admit;
@@ -184,6 +185,8 @@ class Admission:
         self._budget = budget
         if budget is not None:
             budget.bind(self)
+            if mode == "cap":
+                budget.set_total(cap)  # type: ignore[arg-type]
 
     # -- read-only state ---------------------------------------------------------------------------
 
@@ -221,13 +224,20 @@ class Admission:
 
     @property
     def used(self) -> int:
-        """``running + accepted``: what this process fills of the budget."""
+        """What this process fills of the budget: ``running + accepted`` (``running`` in the ``cap`` mode)."""
+        if self._mode != "bounded":
+            return self._running
         self._window()
         return self._running + self._ready + self._taken_in_window
 
     @property
     def allowance(self) -> int:
-        """What the rule allows the whole policy at the current version (``rules.admission.allowance``)."""
+        """What the whole policy may fill: ``rules.admission.allowance`` at the current version (the cap in the
+        ``cap`` mode, ``UNLIMITED`` when ``off``)."""
+        if self._mode == "cap":
+            return self._cap  # type: ignore[return-value]
+        if self._mode == "off":
+            return UNLIMITED
         self._window()
         return self._limit
 
@@ -242,7 +252,10 @@ class Admission:
         if mode == "off":
             return UNLIMITED
         if mode == "cap":
-            return self._cap - self._running  # type: ignore[operator]
+            free = self._cap - self._running  # type: ignore[operator]
+            if self._budget is not None:
+                free = min(free, self._budget.held - self._running)
+            return free
         if not self._window():
             return 0  # a tracker that cannot say what is current admits nothing (err toward stale)
         used = self._running + self._ready + self._taken_in_window
