@@ -6,7 +6,8 @@ versions. One process is killed with SIGKILL, the nats-server is killed and rest
 the trainer fails over (a second ``VersionPublisher`` claims). Every process records each ledger it stored
 (with its stream sequence) and each admission with its local counts. Checked from those records:
 
-* every stored ledger grants at most the allowance, and their sequences never repeat (one fence);
+* every stored ledger grants at most the allowance, and their sequences never repeat (one fence); what the
+  bus kept across the restart is what the writers logged;
 * every admission happened with the process's running + accepted within the slots it held;
 * the killed process's slots are gone from the ledger within ``lease + skew`` (+ one poll) of its last
   renewal, and the others admit again after the restart and after the failover.
@@ -28,10 +29,12 @@ from typing import Any
 import pytest
 
 from tests.chaos.conftest import kill_pid, report, wait_until
-from weightbus.bus import NatsBus, connect
+from weightbus.bus import NatsBus, connect, subjects
+from weightbus.bus.history import read_subject_history
 from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import BusError, WeightbusError
 from weightbus.producers import VersionPublisher
+from weightbus.schemas import AdmissionLedger
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]
 
@@ -103,6 +106,7 @@ async def test_three_processes_share_one_budget_through_kill_restart_and_failove
                 continue
             await asyncio.sleep(0.3)
         await wait_until(lambda: all(p.poll() is None for p in procs[:2]), 1, "the live workers to be running")
+        stored = await read_subject_history(trainer_bus if len(buses) == 1 else buses[-1], subjects.admission(POLICY))
     finally:
         for p in procs:
             kill_pid(p.pid, signal.SIGTERM)
@@ -126,6 +130,14 @@ async def test_three_processes_share_one_budget_through_kill_restart_and_failove
         ledger = r["ledger"]
         granted = sum(h["slots"] for h in ledger["holders"].values())
         assert granted <= ledger["total"] <= (ETA + 1) * BATCH, ledger
+    # What the bus kept (across the restart) is what the writers stored, and it says the same.
+    logged = {r["seq"]: r["ledger"] for r in ledgers}
+    assert stored.events and stored.invalid == 0
+    for env in stored.events:
+        assert isinstance(env.event, AdmissionLedger)
+        assert sum(h.slots for h in env.event.holders.values()) <= env.event.total
+        if env.seq in logged:  # a killed writer may not have logged its last ack
+            assert logged[env.seq]["writer"] == env.event.writer
     # Every admission was within the process's own holding.
     for i, r in admits:
         assert r["used"] <= r["held"], (i, r)

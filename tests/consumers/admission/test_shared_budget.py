@@ -147,3 +147,24 @@ async def test_a_shared_cap_is_one_cap_for_every_holder() -> None:
         f.cancel()
     for b in budgets:
         await b.close()
+
+
+async def test_a_holder_without_a_version_yet_grants_itself_nothing_and_keeps_the_total() -> None:
+    bus = MemoryBus()
+    first = SharedBudget(bus, POLICY, name="a", lease_s=2.0, skew_s=0.2, grant=4)
+    Admission("bounded", current=2, max_staleness=0, batch=4, budget=first)
+    await first.start()
+
+    def deaf() -> int:
+        from weightbus.errors import TrackerNotReadyError
+
+        raise TrackerNotReadyError(POLICY, "starting")
+
+    late = SharedBudget(bus, POLICY, name="b", lease_s=2.0, skew_s=0.2, grant=4)
+    Admission("bounded", current=deaf, max_staleness=0, batch=4, budget=late)
+    await late.start()
+    for ledger in _ledgers(bus):
+        assert sum(h.slots for h in ledger.holders.values()) <= ledger.total
+    assert _ledgers(bus)[-1].holders[late.holder].slots == 0
+    await late.close()
+    await first.close()

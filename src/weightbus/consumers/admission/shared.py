@@ -328,9 +328,11 @@ class SharedBudget:
             slots = max(0, min(target, free))
             if not leaving:
                 holders[self.holder] = Holding(slots=slots, used=self._used(), expires_at=now + self._lease_s)
+            # A writer whose gate has no version yet (total 0) grants itself nothing and keeps the ledger's total.
+            total = self._total or (ledger.total if ledger is not None else 0)
             record = AdmissionLedger(
                 policy=self._policy,
-                total=self._total,
+                total=total,
                 holders=holders,
                 writer=self.holder,
                 version=self._gate.version if self._gate is not None else None,
