@@ -57,7 +57,7 @@ async def test_the_rollout_shares_its_budget_and_serves_its_batches(nats_url: st
             async with other:
                 held = [gate.try_acquire() for _ in range(3)]
                 assert all(held)
-                for step in range(3):
+                for _ in range(3):
                     reply = await request_batch(bus, POLICY, BatchRequest(size=BATCH, min_version=version), timeout=60)
                     assert reply.error is None and len(reply.groups) == BATCH
                     for group in reply.groups:
