@@ -20,7 +20,7 @@ from weightbus.producers import VersionPublisher  # noqa: E402
 from weightbus.refengine.policy_model import WindowLM  # noqa: E402
 from weightbus.refengine.reference import EngineState, create_app  # noqa: E402
 from weightbus.refengine.serve import ServedEngine  # noqa: E402
-from weightbus.rl.batches import BatchRequest, request_batch  # noqa: E402
+from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch  # noqa: E402
 from weightbus.rl.config import RolloutConfig  # noqa: E402
 from weightbus.rl.rollout import run_rollout  # noqa: E402
 from weightbus.schemas import AdmissionLedger  # noqa: E402
@@ -29,6 +29,17 @@ pytestmark = [pytest.mark.nats, pytest.mark.torch]
 
 POLICY = "adm-rollout"
 BATCH = 4
+
+
+async def _request(bus: object, rollout: asyncio.Task[None], request: BatchRequest) -> BatchReply:
+    for _ in range(100):  # the rollout subscribes to its batch subject a moment after it starts
+        if rollout.done():
+            rollout.result()
+        try:
+            return await request_batch(bus, POLICY, request, timeout=60)
+        except NoRolloutError:
+            await asyncio.sleep(0.1)
+    raise AssertionError("the rollout never served its batch subject")
 
 
 async def test_the_rollout_shares_its_budget_and_serves_its_batches(nats_url: str) -> None:
@@ -58,7 +69,7 @@ async def test_the_rollout_shares_its_budget_and_serves_its_batches(nats_url: st
                 held = [gate.try_acquire() for _ in range(3)]
                 assert all(held)
                 for _ in range(3):
-                    reply = await request_batch(bus, POLICY, BatchRequest(size=BATCH, min_version=version), timeout=60)
+                    reply = await _request(bus, rollout, BatchRequest(size=BATCH, min_version=version))
                     assert reply.error is None and len(reply.groups) == BATCH
                     for group in reply.groups:
                         oldest = min(s.oldest_version for s in group.samples)

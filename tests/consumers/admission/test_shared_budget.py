@@ -168,3 +168,36 @@ async def test_a_holder_without_a_version_yet_grants_itself_nothing_and_keeps_th
     assert _ledgers(bus)[-1].holders[late.holder].slots == 0
     await late.close()
     await first.close()
+
+
+async def test_garbage_on_the_subject_moves_no_fence_and_loses_no_holding() -> None:
+    bus = MemoryBus(history=10_000)
+    a = SharedBudget(bus, POLICY, name="a", lease_s=2.0, skew_s=0.2, grant=2)
+    b = SharedBudget(bus, POLICY, name="b", lease_s=2.0, skew_s=0.2, grant=2)
+    gates = [Admission("bounded", current=1, max_staleness=1, batch=4, budget=x, poll_s=0.01) for x in (a, b)]
+    await a.start()
+    await b.start()
+    await gates[0].acquire()
+    await bus.publish_raw(subjects.admission(POLICY), b"not a ledger", msg_id="junk")
+    await asyncio.wait_for(gates[1].acquire(), 2.0)
+    await asyncio.wait_for(gates[0].acquire(), 2.0)
+    valid = _valid_ledgers(bus)
+    assert set(valid[-1].holders) == {a.holder, b.holder}
+    for ledger in valid:
+        assert sum(h.slots for h in ledger.holders.values()) <= ledger.total
+    await a.close()
+    await b.close()
+
+
+def _valid_ledgers(bus: MemoryBus) -> list[AdmissionLedger]:
+    from weightbus.errors import InvalidEventError
+    from weightbus.schemas import decode
+
+    subject = subjects.admission(POLICY)
+    out = []
+    for _, data, _ in bus._by_subject.get(subject, []):  # type: ignore[misc]
+        try:
+            out.append(decode(subject, data))
+        except InvalidEventError:
+            continue
+    return out

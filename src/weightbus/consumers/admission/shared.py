@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from weightbus.bus import subjects
+from weightbus.bus.history import read_subject_history
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped, Subscription
 from weightbus.errors import BusError, InvalidEventError, PermissionDeniedError, SequenceConflictError
 from weightbus.schemas import AdmissionLedger, Holding
@@ -237,23 +238,29 @@ class SharedBudget:
 
     def _seen(self, item: Envelope | Skipped) -> None:
         seq = item.seq or 0
-        if seq <= self._seq:
+        if seq <= self._seq or not isinstance(item, Envelope) or not isinstance(item.event, AdmissionLedger):
+            # A stray payload does not move the fence: the ledger below it may not be the one we hold, so the
+            # next write is refused and ``_refresh`` reads the newest valid one from the history.
             return
         self._seq = seq
-        if isinstance(item, Envelope) and isinstance(item.event, AdmissionLedger):
-            self._ledger = item.event
+        self._ledger = item.event
         self._wake.set()
 
     async def _refresh(self) -> None:
+        # The sequence first, then the ledger: a write landing in between makes the ledger newer than the
+        # fence, and the next publish is refused (safe); the other order could build on a stale ledger.
         seq = await self._bus.last_seq(self._subject)
         try:
             env = await self._bus.last(self._subject)
         except InvalidEventError:
-            env = None  # garbage on top: keep the newest valid ledger, fence on the real sequence
-        if env is not None and isinstance(env.event, AdmissionLedger) and (env.seq or 0) >= self._seq:
+            env = None
+        if env is None or not isinstance(env.event, AdmissionLedger):
+            if seq:  # garbage on top: the newest valid ledger is in the history
+                env = (await read_subject_history(self._bus, self._subject)).last_valid
+        if env is not None and isinstance(env.event, AdmissionLedger):
             self._ledger = env.event
         if seq == 0:
-            self._ledger = None  # the history is gone: the next write rebuilds it
+            self._ledger = None  # the history is gone: the next write rebuilds it from the live holders
         self._seq = seq
 
     def _used(self) -> int:
@@ -356,8 +363,9 @@ class SharedBudget:
                 await self._refresh_quietly()
                 raise
             self._writes += 1
-            self._ledger = record
-            self._seq = max(self._seq, ack.seq)
+            if ack.seq >= self._seq:  # a newer ledger seen meanwhile was built on this one: keep it
+                self._ledger = record
+                self._seq = ack.seq
             self._slots = slots
             self._valid_until = sent + self._lease_s - self._skew_s
             self._renew_at = sent + self._lease_s / 3
