@@ -11,8 +11,9 @@ Invariants:
 
 * the capacity is ``rules.admission.mode_capacity`` over the counts held here (computed inline for speed,
   equal to the rule at every step: property-tested) and the version read from the source at each check
-  (a tracker's ``.current``, an int or None, or a callable): no local counter of versions, so a tracker that jumps, resumes or regresses moves the window with it; a tracker that
-  cannot say (``TrackerNotReadyError``: starting, deaf) admits nothing in ``bounded`` mode;
+  (a tracker's ``.current``, an int or None, or a callable): no local counter of versions, so a tracker
+  that jumps, resumes or regresses moves the window with it; a tracker that cannot say
+  (``TrackerNotReadyError``: starting, deaf) admits nothing in ``bounded`` mode;
 * ``running + accepted`` never exceeds what the rule allows when the slot was granted: a slot is granted
   only while the capacity is positive, and is counted at once (the check and the count are one step of
   the event loop, so concurrent waiters never both take the last slot);
