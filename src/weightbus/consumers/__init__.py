@@ -1,10 +1,12 @@
-"""The rollout side: the version follower (``tracker/``) and the drain (``drain/``), two subpackages
-that do not import each other, plus the operator view of a policy's events (``monitor``).
+"""The rollout side: the version follower (``tracker/``), the drain (``drain/``) and the admission gate
+(``admission/``), subpackages that do not import each other, plus the operator view of a policy's events
+(``monitor``).
 
 ``judge_groups`` is the one-call entry point for host frameworks with their own buffer;
 ``FullyAsyncBuffer`` is the drop-in for miles' fully-async data buffer.
 """
 
+from weightbus.consumers.admission import Admission, SharedBudget, Slot
 from weightbus.consumers.drain import (
     STALENESS_BUCKETS,
     Action,
@@ -41,6 +43,7 @@ __all__ = [
     "LAG_BUCKETS",
     "STALENESS_BUCKETS",
     "Action",
+    "Admission",
     "CurrentSource",
     "Decision",
     "Drain",
@@ -54,6 +57,8 @@ __all__ = [
     "PolicyTrackerMetrics",
     "Reason",
     "RegressionMode",
+    "SharedBudget",
+    "Slot",
     "StalenessMetrics",
     "StalenessStage",
     "TrackerAction",

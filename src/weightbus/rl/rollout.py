@@ -9,6 +9,9 @@ Invariants:
   (``metadata["logprobs"]``): the trainer's importance ratio is taken against them.
 * A drain for a trainer that has just published ``v`` waits until the tracker holds ``v`` (``min_version``),
   so no group is admitted against an older version than the one it will be trained under.
+* A group starts generating only while the admission gate has a slot for it (``RolloutConfig.admission``,
+  ``bounded`` by default: it can still be trained within the bound); it counts from then until a drain takes
+  or filters it. With ``admission_shared`` the budget is one for every rollout process of the policy.
 * A failed or aborted generation never enters the buffer as fresh data: aborted groups are filtered by the
   buffer, a router error retries the group after a short back-off.
 * Each batch reply carries weightbus's share of the answer: the wait for the tracker (``wait_s``) and the
@@ -44,7 +47,8 @@ from weightbus.consumers import (
     VersionTracker,
     buffer_capacity,
 )
-from weightbus.errors import SlowConsumerError
+from weightbus.consumers.admission import Admission, SharedBudget
+from weightbus.errors import AdmissionError, SlowConsumerError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import RolloutConfig
@@ -165,6 +169,19 @@ class _Rollout:
         self.announced = asyncio.Event()
         self.lags: dict[int, float] = {}
         self.tracker: VersionTracker | None = None
+        self.budget = (
+            SharedBudget(bus, config.policy, name=consumer, lease_s=config.admission_lease_s)
+            if config.admission_shared and config.admission != "off"  # off has nothing to share
+            else None
+        )
+        self.admission = Admission(
+            config.admission,
+            current=lambda: self.tracker.current if self.tracker is not None else None,
+            max_staleness=config.max_staleness,
+            batch=config.batch,
+            cap=(config.cap or config.in_flight) if config.admission == "cap" else None,
+            budget=self.budget,
+        )
 
     async def follow_adapter(self) -> None:
         # The adapter to generate with is the one the latest announced version names.
@@ -185,15 +202,18 @@ class _Rollout:
             while True:
                 group = self.retry.get_nowait() if not self.retry.empty() else Group(prompt_index=next(self.prompts))
                 prompt = group.metadata.get("prompt") or self.task.prompt(self.rng)
-                try:
-                    await generate_group(http, self.config, self.task, group, prompt, self.next_index, self.adapter)
-                except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-                    log.warning("generation failed; retrying the group", extra={"error": repr(exc)})
-                    group.metadata["prompt"] = prompt
-                    group.reset_for_retry()
-                    await asyncio.sleep(_RETRY_DELAY)
-                    self.retry.put_nowait(group)
-                    continue
+                async with self.admission.slot() as slot:  # released on leaving unless accepted
+                    try:
+                        await generate_group(http, self.config, self.task, group, prompt, self.next_index, self.adapter)
+                    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+                        log.warning("generation failed; retrying the group", extra={"error": repr(exc)})
+                        slot.release("recycled")
+                        group.metadata["prompt"] = prompt
+                        group.reset_for_retry()
+                        await asyncio.sleep(_RETRY_DELAY)
+                        self.retry.put_nowait(group)
+                        continue
+                    slot.accept()  # it counts until a drain takes or filters it
                 self.generated += sum(s.response_length for s in group.samples)
                 await self.buffer.put(group)
 
@@ -220,6 +240,10 @@ class _Rollout:
         timer = BusyTimer(self.buffer.drain(request.size, tracker))
         drain = await timer
         stats = drain.stats
+        try:
+            self.admission.drained(stats.kept, stats.recycled + stats.dropped, at=stats.current)
+        except AdmissionError as exc:
+            log.error("admission count out of step with the drain", extra={"error": str(exc)})
         self.delivered += sum(s.response_length for g in drain.groups for s in g.samples)
         self.batches += 1
         if self.progress is not None:
@@ -258,6 +282,9 @@ class _Rollout:
         return await serve_batches(self.bus, self.config.policy, on_request)
 
     async def run(self, tracker: VersionTracker) -> None:
+        self.tracker = tracker
+        if self.budget is not None:
+            await self.budget.start()
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
         if self.config.follow_lora:
@@ -267,6 +294,8 @@ class _Rollout:
         finally:
             for task in tasks:
                 task.cancel()
+            if self.budget is not None:
+                await self.budget.close()
 
 
 async def run_rollout(
