@@ -119,8 +119,7 @@ async def test_prometheus_families_by_name():
     buffer = buffer_with(registry, max_staleness=0, on_stale="recycle")
     assert await buffer.put(group(2, 3, length=600, reward=0.0, generated_at=2.0, generated_version=4))
     assert await buffer.put(group(1, 5, length=10, started_at=1.0, generated_at=2.0, generated_version=5))
-    buffer.window.early_abort(tokens_saved=120)
-    assert not await buffer.put(group(3, 5, length=6, status=SampleStatus.ABORTED))
+    buffer.window.early_abort(group(3, 5, length=6), tokens_saved=120)
     await buffer.drain(1, 5)
     value = registry.get_sample_value
     assert value("weightbus_tokens_generated_total", {"policy": "p"}) == 20 + 1200 + 12

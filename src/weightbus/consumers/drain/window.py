@@ -39,7 +39,7 @@ from weightbus.consumers.drain.decisions import Action, DrainStats
 from weightbus.consumers.drain.ledger import WasteLedger
 from weightbus.consumers.drain.tally import DrainTally
 from weightbus.rules.staleness import Reason, raw_scan
-from weightbus.schemas.rollouts import ABORTED, HAS_UNKNOWN, HAS_VERSION, Group
+from weightbus.schemas.rollouts import ABORTED, HAS_UNKNOWN, HAS_VERSION, Group, SampleStatus
 
 if TYPE_CHECKING:
     from weightbus.consumers.drain.metrics import DrainMetrics
@@ -175,11 +175,16 @@ class DrainWindow:
         if group is not None:
             self._ledger.settle(group, Action.DROPPED.value, Reason.FILTERED.value)
 
-    def early_abort(self, tokens_saved: int) -> None:
-        """The host aborted a group while it was generating because it had to be stale (``rules.abort``);
-        ``tokens_saved`` is at most what its unfinished requests could still have generated. The group
-        itself still comes through ``admit``, aborted, and is routed there."""
+    def early_abort(self, group: Group, tokens_saved: int) -> None:
+        """The host aborted ``group`` while it was generating because it had to be stale (``rules.abort``).
+
+        The group is marked aborted and goes through ``admit`` (its tokens generated, not trained, reason
+        ``aborted``; routed to ``on_unused``); ``tokens_saved`` is at most what its unfinished requests
+        could still have generated.
+        """
         self._ledger.early_abort(tokens_saved)
+        group.status = SampleStatus.ABORTED
+        self.admit(group)
 
     # -- judging ---------------------------------------------------------------------------------
 
