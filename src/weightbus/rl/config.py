@@ -64,6 +64,11 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """Interface the metrics server binds."""
     freeze_heap: bool = True
     """Freeze the start-up heap once the tracker is ready (``gc.freeze``): a long-running process's choice."""
+    admission: Literal["off", "cap", "bounded"] = "bounded"
+    """How generation is paced before a group starts: ``bounded`` by the staleness budget, ``cap`` at most
+    ``cap`` groups running, ``off`` not at all (the filter alone)."""
+    cap: Annotated[int, Meta(ge=1)] | None = None
+    """The ``cap`` mode's limit on running groups."""
     early_abort: bool = True
     """Abort, at the engines (``/abort_request``), a group still generating once it is certain to exceed
     ``max_staleness``, and recycle its prompt (``weightbus.rules.abort``)."""
