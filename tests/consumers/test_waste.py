@@ -196,3 +196,91 @@ def test_every_generated_token_is_trained_not_trained_or_still_buffered(specs, b
         assert generated == trained + not_trained + buffered
 
     asyncio.run(run())
+
+
+_labels = st.sampled_from(["3", "4", "5", "6", "default"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(_labels, min_size=1, max_size=2),
+            st.integers(0, 3000),
+            st.one_of(st.none(), st.floats(-1, 2)),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+    st.integers(0, 2),
+    st.sampled_from(["stale", "ignore"]),
+)
+def test_the_inlined_paths_account_as_the_plain_sum(specs, bound, unknown):
+    """Batch judging (DrainTally.add_many), the buffer's per-group take (DrainTally.add) and a plain
+    sum over the rule's verdicts give the same token and bias accounts."""
+    import asyncio
+
+    from weightbus.consumers.drain.ledger import length_bucket, reward_bucket
+    from weightbus.rules.staleness import Reason, group_versions, judge
+
+    def build() -> list[Group]:
+        out = []
+        for i, (labels, length, reward, aborted) in enumerate(specs):
+            status = SampleStatus.ABORTED if aborted and i % 3 == 0 else SampleStatus.COMPLETED
+            g = group(i, 0, length=length, reward=reward, status=status)
+            for s in g.samples:
+                s.weight_versions = list(labels)
+            out.append(g)
+        return out
+
+    expected_trained = 0
+    expected_not: dict[str, int] = {}
+    expected_length: dict[str, dict[str, int]] = {}
+    for g in build():
+        tokens = sum(s.response_length for s in g.samples)
+        if g.is_aborted:
+            reason = Reason.ABORTED
+        else:
+            reason = judge(group_versions(g), 6, max_staleness=bound, unknown=unknown).reason
+        outcome = (
+            "kept"
+            if reason in (Reason.FRESH, Reason.UNMEASURED)
+            else "aborted"
+            if reason is Reason.ABORTED
+            else "dropped"
+        )
+        if outcome == "kept":
+            expected_trained += tokens
+        else:
+            expected_not[reason.value] = expected_not.get(reason.value, 0) + tokens
+        bucket = length_bucket(tokens / len(g.samples))
+        expected_length.setdefault(outcome, {})
+        expected_length[outcome][bucket] = expected_length[outcome].get(bucket, 0) + 1
+        assert reward_bucket(None) == "none"
+
+    batch = StalenessStage(max_staleness=bound, unknown=unknown).judge(build(), 6).stats
+    assert (batch.tokens_trained, batch.tokens_not_trained, batch.by_length) == (
+        expected_trained,
+        expected_not,
+        expected_length,
+    )
+
+    async def per_group():
+        buffer = FullyAsyncBuffer(64, stage=StalenessStage(max_staleness=bound, unknown=unknown))
+        groups = build()
+        admitted = [g for g in groups if await buffer.put(g)]
+        kept = sum(1 for g in admitted if judge(group_versions(g), 6, max_staleness=bound, unknown=unknown).keep)
+        # Take everything: the kept ones as the drain's n, after every group was judged.
+        if kept:
+            return (await buffer.drain(kept, 6)).stats, len(buffer)
+        return buffer.window.finish(list(buffer._items)), len(buffer)
+
+    stats, left = asyncio.run(per_group())
+    if left == 0:
+        assert (stats.tokens_trained, stats.tokens_not_trained, stats.by_length) == (
+            batch.tokens_trained,
+            batch.tokens_not_trained,
+            batch.by_length,
+        )
+        assert stats.by_reward == batch.by_reward

@@ -24,7 +24,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Final
 
-from weightbus.schemas.rollouts import Group
+from weightbus.rules.staleness import raw_scan
+from weightbus.schemas.rollouts import ABORTED, HAS_UNKNOWN, HAS_VERSION, Group
 
 __all__ = ["LENGTH_BUCKETS", "OUTCOMES", "REWARD_BUCKETS", "WasteLedger", "length_bucket", "reward_bucket"]
 
@@ -52,7 +53,12 @@ def reward_bucket(mean_reward: float | None) -> str:
 
 
 class WasteLedger:
-    """One window's token, staleness-split and bias accounts (reset with the window)."""
+    """One window's token, staleness-split and bias accounts (reset with the window).
+
+    Per-group work is a few attribute reads and list increments (the drain's hot path): the bias counts are
+    kept as per-outcome lists indexed like ``LENGTH_BUCKETS``/``REWARD_BUCKETS`` and named in ``by_length``
+    and ``by_reward``.
+    """
 
     __slots__ = (
         "generated",
@@ -64,8 +70,8 @@ class WasteLedger:
         "queue_versions",
         "flight_seconds",
         "queue_seconds",
-        "by_length",
-        "by_reward",
+        "_length",
+        "_reward",
     )
 
     def __init__(self) -> None:
@@ -79,19 +85,112 @@ class WasteLedger:
         self.queue_versions: list[int] = []
         self.flight_seconds: list[float] = []
         self.queue_seconds: list[float] = []
-        self.by_length: dict[tuple[str, str], int] = {}
-        """Groups by ``(outcome, length bucket)``."""
-        self.by_reward: dict[tuple[str, str], int] = {}
-        """Groups by ``(outcome, reward bucket)``."""
+        self._length: dict[str, list[int]] = {}
+        self._reward: dict[str, list[int]] = {}
+
+    @property
+    def by_length(self) -> dict[tuple[str, str], int]:
+        """Groups by ``(outcome, length bucket)``, the non-zero counts only."""
+        return _named(self._length, LENGTH_BUCKETS)
+
+    @property
+    def by_reward(self) -> dict[tuple[str, str], int]:
+        """Groups by ``(outcome, reward bucket)``, the non-zero counts only."""
+        return _named(self._reward, REWARD_BUCKETS)
 
     def admitted(self, group: Group) -> None:
         """A generated group arrives: its response tokens are generated."""
-        self.generated += _tokens(group)[0]
+        tokens = 0
+        for s in group.samples:
+            tokens += s.response_length
+        if group.trajectories:
+            tokens += sum(s.response_length for t in group.trajectories for s in t)
+        self.generated += tokens
 
     def early_abort(self, tokens_saved: int) -> None:
         """The host aborted a group the rule said must be stale, saving at most ``tokens_saved``."""
         self.early_aborts += 1
         self.saved += max(0, tokens_saved)
+
+    def _counts(self, outcome: str) -> tuple[list[int], list[int]]:
+        lengths = self._length.get(outcome)
+        if lengths is None:
+            lengths = self._length[outcome] = [0] * len(LENGTH_BUCKETS)
+            self._reward[outcome] = [0] * len(REWARD_BUCKETS)
+        return lengths, self._reward[outcome]
+
+    def settle_kept(
+        self,
+        groups: list[Group],
+        oldest: list[int | None],
+        current: int | None,
+        now: float,
+        sums: dict[int, tuple[int, int, float, int, float]] | None = None,
+    ) -> None:
+        """The groups a judgement kept (``oldest`` parallel to ``groups``), judged against ``current`` at ``now``.
+
+        ``sums`` holds what the tally already summed per group (``DrainTally.sums``); others are summed here.
+        """
+        if not groups:
+            return
+        lengths, rewards = self._counts("kept")
+        trained = 0
+        no_reward = _NO_REWARD
+        length_edges, reward_edges = _LENGTH_EDGES, _REWARD_EDGES
+        get = (sums or {}).get
+        for group, lo in zip(groups, oldest):  # noqa: B905  # parallel lists of one tally: equal by construction
+            w = get(id(group))
+            if w is None:
+                tokens, n, reward_sum, rewarded = _tokens(group)
+            else:
+                tokens, n, reward_sum, rewarded, _ = w
+            trained += tokens
+            lengths[bisect_left(length_edges, tokens / n) if n else 0] += 1
+            rewards[bisect_left(reward_edges, reward_sum / rewarded) if rewarded else no_reward] += 1
+            if group.generated_at is not None or group.generated_version is not None:
+                self._split(group, lo, current, now)
+        self.trained += trained
+
+    def settle_judged(
+        self,
+        group: Group,
+        action: str,
+        reason: str | None,
+        strict: bool,
+        current: int | None,
+        now: float,
+        sums: dict[int, tuple[int, int, float, int, float]] | None = None,
+    ) -> str:
+        """A judged group not kept (``action``: recycled or dropped); call before a reset.
+
+        Args:
+            reason: the rule's reason, or None to derive it from the group's labels (aborted, then
+                unknown_version, then stale: the rule's order); a group in ``sums`` went through the
+                tally's inlined path (flat, numeric, not aborted), so not kept there means stale.
+
+        Returns:
+            The reason counted.
+        """
+        w = sums.get(id(group)) if sums else None
+        if w is not None:
+            tokens, n, reward_sum, rewarded, lo = w
+            oldest: int | None = int(lo)
+            if reason is None:
+                reason = "stale"
+        else:
+            lo, _, flags = raw_scan(group)
+            oldest = int(lo) if flags & HAS_VERSION else None
+            if reason is None:
+                reason = _reason(flags, strict)
+            tokens, n, reward_sum, rewarded = _tokens(group)
+        key = (action, reason)
+        self.not_trained[key] = self.not_trained.get(key, 0) + tokens
+        lengths, rewards = self._counts("aborted" if reason == "aborted" else action)
+        lengths[bisect_left(_LENGTH_EDGES, tokens / n) if n else 0] += 1
+        rewards[bisect_left(_REWARD_EDGES, reward_sum / rewarded) if rewarded else _NO_REWARD] += 1
+        if group.generated_at is not None or group.generated_version is not None:
+            self._split(group, oldest, current, now)
+        return reason
 
     def settle(
         self,
@@ -108,9 +207,9 @@ class WasteLedger:
         Args:
             oldest, current: the group's oldest version and the version it was judged against, when the
                 group was judged (its staleness is split); None for groups refused before any judgement.
-            now: the judgement's Unix time (seconds in queue run until it); None: no split in seconds.
+            now: the judgement's Unix time (seconds in queue run until it); None: no split at all.
         """
-        tokens, n, length_sum, reward_sum, rewarded = _tokens(group)
+        tokens, n, reward_sum, rewarded = _tokens(group)
         if action == "kept":
             self.trained += tokens
             outcome = "kept"
@@ -118,12 +217,13 @@ class WasteLedger:
             key = (action, reason)
             self.not_trained[key] = self.not_trained.get(key, 0) + tokens
             outcome = "aborted" if reason == "aborted" else action
-        lkey = (outcome, length_bucket(length_sum / n) if n else LENGTH_BUCKETS[0])
-        self.by_length[lkey] = self.by_length.get(lkey, 0) + 1
-        rkey = (outcome, reward_bucket(reward_sum / rewarded if rewarded else None))
-        self.by_reward[rkey] = self.by_reward.get(rkey, 0) + 1
-        if now is None:
-            return
+        lengths, rewards = self._counts(outcome)
+        lengths[bisect_left(_LENGTH_EDGES, tokens / n) if n else 0] += 1
+        rewards[bisect_left(_REWARD_EDGES, reward_sum / rewarded) if rewarded else _NO_REWARD] += 1
+        if now is not None:
+            self._split(group, oldest, current, now)
+
+    def _split(self, group: Group, oldest: int | None, current: int | None, now: float) -> None:
         if oldest is not None and current is not None:
             gv = group.generated_version
             if gv is not None:
@@ -148,24 +248,31 @@ class WasteLedger:
         return out
 
 
-def _tokens(group: Group) -> tuple[int, int, int, float, int]:
-    """``(tokens, samples, response length sum, reward sum, rewarded samples)`` over every sample."""
-    tokens = n = 0
+_NO_REWARD: Final = REWARD_BUCKETS.index("none")
+
+
+def _reason(flags: int, strict: bool) -> str:
+    """The rule's reason for a group not kept, from its scan's flags: aborted, then unknown, then stale."""
+    if flags & ABORTED:
+        return "aborted"
+    if strict and (flags & HAS_UNKNOWN or not flags & HAS_VERSION):
+        return "unknown_version"
+    return "stale"
+
+
+def _named(counts: dict[str, list[int]], names: tuple[str, ...]) -> dict[tuple[str, str], int]:
+    return {(outcome, names[i]): n for outcome, row in counts.items() for i, n in enumerate(row) if n}
+
+
+def _tokens(group: Group) -> tuple[int, int, float, int]:
+    """``(tokens, samples, reward sum, rewarded samples)`` over every sample, nested ones too."""
+    tokens = n = rewarded = 0
     reward_sum = 0.0
-    rewarded = 0
-    for s in group.samples:
+    for s in group.iter_samples():
         tokens += s.response_length
         n += 1
         r = s.reward
         if r is not None:
             reward_sum += r
             rewarded += 1
-    for trajectory in group.trajectories:
-        for s in trajectory:
-            tokens += s.response_length
-            n += 1
-            r = s.reward
-            if r is not None:
-                reward_sum += r
-                rewarded += 1
-    return tokens, n, tokens, reward_sum, rewarded
+    return tokens, n, reward_sum, rewarded

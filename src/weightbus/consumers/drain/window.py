@@ -39,7 +39,7 @@ from weightbus.consumers.drain.decisions import Action, DrainStats
 from weightbus.consumers.drain.ledger import WasteLedger
 from weightbus.consumers.drain.tally import DrainTally
 from weightbus.rules.staleness import Reason, raw_scan
-from weightbus.schemas.rollouts import ABORTED, HAS_UNKNOWN, HAS_VERSION, Group, SampleStatus
+from weightbus.schemas.rollouts import HAS_VERSION, Group, SampleStatus
 
 if TYPE_CHECKING:
     from weightbus.consumers.drain.metrics import DrainMetrics
@@ -218,10 +218,10 @@ class DrainWindow:
         reason = t.add(group)
         kept = reason is Reason.FRESH or reason is Reason.UNMEASURED
         if not kept:
-            self._route(group, reason, current=t.current)
+            self._route(group, reason, current=t.current, sums=t.sums)
         if t.evicted:
             for evicted in t.evicted:
-                self._route(evicted, Reason.STALE, current=t.current)
+                self._route(evicted, Reason.STALE, current=t.current, sums=t.sums)
             t.evicted.clear()
         return kept
 
@@ -230,9 +230,11 @@ class DrainWindow:
         unused = t.add_many(groups)
         unused.extend(t.evicted)
         t.evicted.clear()
-        strict = t.strict
-        for group in unused:
-            self._route(group, _unused_reason(group, strict), current=t.current)
+        if unused:
+            now = time.time()
+            strict = t.strict
+            for group in unused:
+                self._route(group, None, current=t.current, now=now, strict=strict, sums=t.sums)
         return unused
 
     def close(self, t: DrainTally) -> list[Group]:
@@ -244,17 +246,7 @@ class DrainWindow:
         self._merge(t)
         self._behind += t.behind
         self._unknown_labels += t.unknown_labels
-        settle = self._ledger.settle
-        now = time.time()
-        for group, oldest in zip(t.kept, t.kept_oldest, strict=True):
-            settle(
-                group,
-                "kept",
-                Reason.FRESH.value if oldest is not None else Reason.UNMEASURED.value,
-                oldest=oldest,
-                current=t.current,
-                now=now,
-            )
+        self._ledger.settle_kept(t.kept, t.kept_oldest, t.current, time.time(), t.sums)
         if t.current is not None:
             self._see(t.current)
             if self._current is None or t.current > self._current:
@@ -348,20 +340,31 @@ class DrainWindow:
         self._count(Reason.UNKNOWN_VERSION, t.n_unknown)
         self._count(Reason.ABORTED, t.n_aborted)
 
-    def _route(self, group: Group, reason: Reason, *, current: int | None = None, judged: bool = True) -> None:
+    def _route(
+        self,
+        group: Group,
+        reason: Reason | None,
+        *,
+        current: int | None = None,
+        judged: bool = True,
+        now: float | None = None,
+        strict: bool = True,
+        sums: dict[int, tuple[int, int, float, int, float]] | None = None,
+    ) -> None:
+        """Count and hand on a group not kept; ``reason`` None: derived from its labels (``_unused_reason``)."""
         if self._recycles:
             self._recycled += 1
         else:
             self._dropped += 1
         # Settled before on_unused: a recycled group is reset there, and its tokens with it.
+        action = self.stage.unused_action.value
         if judged:
-            lo, _, flags = raw_scan(group)
-            oldest = int(lo) if flags & HAS_VERSION else None
-            self._ledger.settle(
-                group, self.stage.unused_action.value, reason.value, oldest=oldest, current=current, now=time.time()
+            when = time.time() if now is None else now
+            self._ledger.settle_judged(
+                group, action, None if reason is None else reason.value, strict, current, when, sums
             )
         else:
-            self._ledger.settle(group, self.stage.unused_action.value, reason.value)
+            self._ledger.settle(group, action, reason.value if reason is not None else Reason.ABORTED.value)
         if self._on_unused is not None:
             self._on_unused(group)
 
@@ -380,16 +383,6 @@ class DrainWindow:
         m.set_current(stats.current)
         if buffered:
             m.set_buffer(stats.queue_size, stats.buffer_avg_staleness, stats.buffer_max_staleness)
-
-
-def _unused_reason(group: Group, strict: bool) -> Reason:
-    """Why a group ``DrainTally.add_many`` did not keep was not kept (the rule's order: aborted, unknown, stale)."""
-    _, _, flags = raw_scan(group)
-    if flags & ABORTED:
-        return Reason.ABORTED
-    if strict and (flags & HAS_UNKNOWN or not flags & HAS_VERSION):
-        return Reason.UNKNOWN_VERSION
-    return Reason.STALE
 
 
 def _mean(values: list[int] | list[float]) -> float | None:
