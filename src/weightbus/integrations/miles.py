@@ -276,7 +276,7 @@ class WeightbusDataBuffer:
             verdict = self._dynamic_filter(self._args, input.group)
             if not getattr(verdict, "keep", True):
                 # Counted under its reason; miles emits no drop_<reason> key for a reason-less drop.
-                self._window.filtered(str(getattr(verdict, "reason", None) or ""))
+                self._window.filtered(str(getattr(verdict, "reason", None) or ""), group)
                 return
         async with self._cond:
             while len(self._buffer) >= self.capacity:

@@ -351,7 +351,7 @@ class DrainWindow:
         strict: bool = True,
         sums: dict[int, tuple[int, int, float, int, float]] | None = None,
     ) -> None:
-        """Count and hand on a group not kept; ``reason`` None: derived from its labels (``_unused_reason``)."""
+        """Count and hand on a group not kept; ``reason`` None: derived from its labels, in the rule's order."""
         if self._recycles:
             self._recycled += 1
         else:
