@@ -17,6 +17,7 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     │   └── SlowConsumerError                 a subscriber fell behind its bounded queue
     ├── FencedError                           another publisher owns the policy's counter
     ├── TrackerNotReadyError                  a tracker does not know the current state (starting, deaf)
+    ├── AdmissionError                        an admission slot used twice, or a drain of groups without slots
     ├── EngineError                           an SGLang engine answered with an error or not at all
     │   └── EngineOutOfSyncError              an engine does not serve the version it was stamped with
     ├── PushCoverageError                     no engine holds the weights a version would name after its push
@@ -29,6 +30,7 @@ Translation from nats-py and msgspec errors happens in ``weightbus.bus`` only; f
 from __future__ import annotations
 
 __all__ = [
+    "AdmissionError",
     "BusConfigError",
     "BusConnectError",
     "BusError",
@@ -224,6 +226,11 @@ class FencedError(WeightbusError):
         self.version = version
         at = "no version yet" if version is None else f"version {version}"
         super().__init__(f"policy {policy!r} was taken over by {owner!r} (epoch {epoch}, {at}); nothing was published")
+
+
+class AdmissionError(WeightbusError):
+    """The admission gate was used wrongly: a slot accepted or released twice, or a drain that took more
+    groups than were accepted (a group entered the buffer without a slot): either would over-admit."""
 
 
 class TrackerNotReadyError(WeightbusError):

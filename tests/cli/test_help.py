@@ -43,7 +43,7 @@ def test_schema_command_prints_every_family() -> None:
 
     result = CliRunner().invoke(app, ["schema"])
     assert result.exit_code == 0
-    assert set(json.loads(result.output)) == {"weights", "applied", "alerts", "drains", "counter"}
+    assert set(json.loads(result.output)) == {"weights", "applied", "alerts", "drains", "counter", "admission"}
     bad = CliRunner().invoke(app, ["schema", "nope"])
     assert bad.exit_code != 0
 

@@ -174,10 +174,10 @@ def test_family_of_rejects_foreign_objects() -> None:
 
 def test_json_schemas_cover_every_family_and_tag() -> None:
     schemas = json_schemas()
-    assert set(schemas) == {"weights", "applied", "alerts", "drains", "counter"}
+    assert set(schemas) == {"weights", "applied", "alerts", "drains", "counter", "admission"}
     text = json.dumps(schemas)
     tags = ("weight.updated", "weight.claimed", "weight.applied", "alert.version_regressed", "drain.report")
-    for tag in (*tags, "counter.high_water"):
+    for tag in (*tags, "counter.high_water", "admission.ledger"):
         assert tag in text
     # A schema consumer can see the non-negative version constraint.
     assert schemas["weights"]["$defs"]["WeightUpdated"]["properties"]["version"]["minimum"] == 0

@@ -1,12 +1,13 @@
 """The subject scheme and NATS wildcard matching.
 
-Every policy owns five subjects, so that several trainers share one NATS::
+Every policy owns six subjects, so that several trainers share one NATS::
 
     weightbus.<policy>.weights   WeightUpdated, PublisherClaimed, VersionReserved  (durable; the current version)
     weightbus.<policy>.counter   CounterHighWater                  (the counter's high-water mark; read last)
     weightbus.<policy>.applied   WeightApplied                     (per-engine read-back)
     weightbus.<policy>.alerts    VersionRegressed, EngineOutOfSync
     weightbus.<policy>.drains    DrainReport
+    weightbus.<policy>.admission AdmissionLedger                   (the rollouts' shared budget; read last)
 
 A policy id must be one subject token of ``[A-Za-z0-9_-]`` (1 to 64 characters); anything else is
 refused with ``InvalidPolicyError`` before it can reach the wire.
@@ -22,6 +23,7 @@ from weightbus.errors import InvalidPolicyError
 __all__ = [
     "FAMILY_NAMES",
     "PREFIX",
+    "admission",
     "alerts",
     "applied",
     "counter",
@@ -34,7 +36,7 @@ __all__ = [
 ]
 
 PREFIX: Final = "weightbus"
-FAMILY_NAMES: Final = ("weights", "applied", "alerts", "drains", "counter")
+FAMILY_NAMES: Final = ("weights", "applied", "alerts", "drains", "counter", "admission")
 _POLICY_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -81,6 +83,11 @@ def drains(policy: str) -> str:
 def counter(policy: str) -> str:
     """``weightbus.<policy>.counter``."""
     return _subject(policy, "counter")
+
+
+def admission(policy: str) -> str:
+    """``weightbus.<policy>.admission``."""
+    return _subject(policy, "admission")
 
 
 def policy_pattern(policy: str | None) -> str:

@@ -114,6 +114,26 @@ def rollout_command(
     on_stale: Annotated[
         str | None, typer.Option("--on-stale", help="recycle or drop what is not kept." + _r("on_stale"))
     ] = None,
+    admission: Annotated[
+        str | None,
+        typer.Option(
+            "--admission",
+            help="Pace generation: bounded (by the staleness budget), cap (--admission-cap running groups) or off."
+            + _r("admission"),
+        ),
+    ] = None,
+    cap: Annotated[
+        int | None, typer.Option("--admission-cap", help="The cap mode's limit on running groups." + _r("cap"))
+    ] = None,
+    admission_shared: Annotated[
+        bool | None,
+        typer.Option(
+            "--admission-shared/--no-admission-shared",
+            help="Share one admission budget with the policy's other rollout processes over NATS."
+            + _r("admission_shared"),
+            show_default=False,
+        ),
+    ] = None,
     follow_lora: Annotated[
         bool | None,
         typer.Option(
@@ -142,6 +162,9 @@ def rollout_command(
         in_flight=in_flight,
         max_staleness=max_staleness,
         on_stale=on_stale,
+        admission=admission,
+        cap=cap,
+        admission_shared=admission_shared,
         follow_lora=follow_lora,
         seed=seed,
         metrics_port=metrics_port,

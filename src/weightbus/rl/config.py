@@ -52,6 +52,16 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """``recycle`` or ``drop`` the groups that are not kept."""
     temperature: Annotated[float, Meta(gt=0)] = 1.0
     """Sampling temperature."""
+    admission: Literal["off", "cap", "bounded"] = "bounded"
+    """Pace generation (``weightbus.consumers.admission``): ``bounded`` starts a group only while it can still
+    be trained within ``max_staleness``, ``cap`` keeps at most ``cap`` groups running, ``off`` keeps
+    ``in_flight`` groups running whatever becomes of them."""
+    cap: Annotated[int, Meta(ge=1)] | None = None
+    """The ``cap`` mode's limit on running groups (default: ``in_flight``)."""
+    admission_shared: bool = False
+    """Share one budget with the policy's other rollout processes (``weightbus.<policy>.admission``)."""
+    admission_lease_s: Annotated[float, Meta(gt=0)] = 10.0
+    """How long a shared holding lasts without renewal: a killed process's slots come back within it (+1 s)."""
     follow_lora: bool = False
     """Generate with the LoRA adapter that the latest ``WeightUpdated`` names (``lora_path``)."""
     seed: int = 0
@@ -64,11 +74,6 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """Interface the metrics server binds."""
     freeze_heap: bool = True
     """Freeze the start-up heap once the tracker is ready (``gc.freeze``): a long-running process's choice."""
-    admission: Literal["off", "cap", "bounded"] = "bounded"
-    """How generation is paced before a group starts: ``bounded`` by the staleness budget, ``cap`` at most
-    ``cap`` groups running, ``off`` not at all (the filter alone)."""
-    cap: Annotated[int, Meta(ge=1)] | None = None
-    """The ``cap`` mode's limit on running groups."""
     early_abort: bool = True
     """Abort, at the engines (``/abort_request``), a group still generating once it is certain to exceed
     ``max_staleness``, and recycle its prompt (``weightbus.rules.abort``)."""

@@ -9,6 +9,9 @@ Invariants:
   (``metadata["logprobs"]``): the trainer's importance ratio is taken against them.
 * A drain for a trainer that has just published ``v`` waits until the tracker holds ``v`` (``min_version``),
   so no group is admitted against an older version than the one it will be trained under.
+* A group starts generating only while the admission gate has a slot for it (``RolloutConfig.admission``,
+  ``bounded`` by default: it can still be trained within the bound); it counts from then until a drain takes
+  or filters it. With ``admission_shared`` the budget is one for every rollout process of the policy.
 * A failed or aborted generation never enters the buffer as fresh data: aborted groups are filtered by the
   buffer, a router error retries the group after a short back-off.
 * Early abort (``config.early_abort``): every ``/generate`` carries a ``rid``; a group that a new version (or a
@@ -49,7 +52,8 @@ from weightbus.consumers import (
     VersionTracker,
     buffer_capacity,
 )
-from weightbus.errors import SlowConsumerError, WeightbusError
+from weightbus.consumers.admission import Admission, SharedBudget
+from weightbus.errors import AdmissionError, SlowConsumerError, WeightbusError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import RolloutConfig
@@ -188,6 +192,19 @@ class _Rollout:
         self.inflight: InFlightGroups | None = None
         self.early_aborts = 0
         self.tokens_saved = 0
+        self.budget = (
+            SharedBudget(bus, config.policy, name=consumer, lease_s=config.admission_lease_s)
+            if config.admission_shared and config.admission != "off"
+            else None
+        )
+        self.admission = Admission(
+            config.admission,
+            current=lambda: self.tracker.current if self.tracker is not None else None,
+            max_staleness=config.max_staleness,
+            batch=config.batch,
+            cap=(config.cap or config.in_flight) if config.admission == "cap" else None,
+            budget=self.budget,
+        )
 
     async def follow_adapter(self) -> None:
         # The adapter to generate with is the one the latest announced version names.
@@ -209,22 +226,28 @@ class _Rollout:
             while True:
                 group = self.retry.get_nowait() if not self.retry.empty() else Group(prompt_index=next(self.prompts))
                 prompt = group.metadata.get("prompt") or self.task.prompt(self.rng)
-                flight = inflight.open(self.rid_prefix, self.config.group_size) if inflight is not None else None
-                started = time.time()
-                try:
-                    await generate_group(
-                        http, self.config, self.task, group, prompt, self.next_index, self.adapter, flight, inflight
-                    )
-                except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-                    log.warning("generation failed; retrying the group", extra={"error": repr(exc)})
-                    group.metadata["prompt"] = prompt
-                    group.reset_for_retry()
-                    await asyncio.sleep(_RETRY_DELAY)
-                    self.retry.put_nowait(group)
-                    continue
-                finally:
-                    if flight is not None and inflight is not None:
-                        inflight.close(flight)
+                async with self.admission.slot() as slot:  # released on leaving unless accepted or released
+                    flight = inflight.open(self.rid_prefix, self.config.group_size) if inflight is not None else None
+                    started = time.time()
+                    try:
+                        await generate_group(
+                            http, self.config, self.task, group, prompt, self.next_index, self.adapter, flight, inflight
+                        )
+                    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+                        log.warning("generation failed; retrying the group", extra={"error": repr(exc)})
+                        slot.release("recycled")
+                        group.metadata["prompt"] = prompt
+                        group.reset_for_retry()
+                        await asyncio.sleep(_RETRY_DELAY)
+                        self.retry.put_nowait(group)
+                        continue
+                    finally:
+                        if flight is not None and inflight is not None:
+                            inflight.close(flight)
+                    if flight is not None and flight.aborted:
+                        slot.release("aborted")  # never enters the buffer; its prompt asks for a new slot
+                    else:
+                        slot.accept()  # it counts until a drain takes or filters it
                 self.generated += sum(s.response_length for s in group.samples)
                 group.started_at = started
                 group.generated_at = time.time()
@@ -287,6 +310,12 @@ class _Rollout:
         timer = BusyTimer(self.buffer.drain(request.size, tracker))
         drain = await timer
         stats = drain.stats
+        try:
+            # Early aborts are counted by the window but released their slots when aborted (never accepted).
+            filtered = stats.recycled + stats.dropped - stats.early_aborts
+            self.admission.drained(stats.kept, filtered, at=stats.current)
+        except AdmissionError as exc:
+            log.error("admission count out of step with the drain", extra={"error": str(exc)})
         self.delivered += sum(s.response_length for g in drain.groups for s in g.samples)
         self.batches += 1
         if self.progress is not None:
@@ -327,6 +356,9 @@ class _Rollout:
         return await serve_batches(self.bus, self.config.policy, on_request)
 
     async def run(self, tracker: VersionTracker) -> None:
+        self.tracker = tracker
+        if self.budget is not None:
+            await self.budget.start()
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
         if self.config.early_abort:
@@ -338,6 +370,8 @@ class _Rollout:
         finally:
             for task in tasks:
                 task.cancel()
+            if self.budget is not None:
+                await self.budget.close()
 
 
 def _current_or_none(tracker: VersionTracker) -> int | None:

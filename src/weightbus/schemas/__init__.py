@@ -3,10 +3,11 @@
 Families and their subjects: ``weights`` (``WeightUpdated``, ``PublisherClaimed``,
 ``VersionReserved``), ``counter`` (``CounterHighWater``), ``applied`` (``WeightApplied``),
 ``alerts`` (``VersionRegressed``, ``VersionRejected``, ``EngineOutOfSync``, ``FleetQuarantined``),
-``drains`` (``DrainReport``).
+``drains`` (``DrainReport``), ``admission`` (``AdmissionLedger``).
 Rollout data: ``Sample``, ``Group``, ``TokenSpan`` (module ``rollouts``).
 """
 
+from weightbus.schemas.admission import AdmissionLedger, AdmissionMessage, Holding
 from weightbus.schemas.alerts import (
     QUARANTINE_PREFIX,
     AlertMessage,
@@ -32,6 +33,9 @@ from weightbus.schemas.weights import (
 )
 
 __all__ = [
+    "AdmissionLedger",
+    "AdmissionMessage",
+    "Holding",
     "FAMILIES",
     "MAX_EVENT_BYTES",
     "MAX_VERSION",

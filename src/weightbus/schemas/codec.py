@@ -17,6 +17,7 @@ from typing import Any, Final
 import msgspec
 
 from weightbus.errors import InvalidEventError, UnsendableEventError
+from weightbus.schemas.admission import AdmissionLedger, AdmissionMessage
 from weightbus.schemas.alerts import (
     AlertMessage,
     EngineOutOfSync,
@@ -52,6 +53,7 @@ Event = (
     | FleetQuarantined
     | DrainReport
     | CounterHighWater
+    | AdmissionLedger
 )
 
 #: subject family → the tagged union carried on it.
@@ -61,6 +63,7 @@ FAMILIES: Final[dict[str, Any]] = {
     "alerts": AlertMessage,
     "drains": DrainMessage,
     "counter": CounterMessage,
+    "admission": AdmissionMessage,
 }
 
 _DECODERS: Final = {family: msgspec.json.Decoder(union) for family, union in FAMILIES.items()}
@@ -76,6 +79,7 @@ _FAMILY_OF_TYPE: Final[dict[type, str]] = {
     FleetQuarantined: "alerts",
     DrainReport: "drains",
     CounterHighWater: "counter",
+    AdmissionLedger: "admission",
 }
 
 

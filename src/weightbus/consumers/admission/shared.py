@@ -1,0 +1,363 @@
+"""``SharedBudget``: one admission budget for every rollout process of a policy, kept on the bus.
+
+The budget lives on ``weightbus.<policy>.admission`` as ``AdmissionLedger`` records (``schemas.admission``):
+each is the whole budget, written as a conditional publish on the subject's last sequence, so the bus's
+fence (not a lock server, not a read before the write) orders the writers. Invariants:
+
+* **Never over-granted.** A writer builds its ledger on the newest one it knows and publishes it with
+  ``expected_last_seq``; if another write landed first the publish is refused (nothing stored), the
+  writer reads the newest ledger and recomputes. Every stored ledger grants at most ``total`` slots in
+  all, counting every holding whose lease has not expired.
+* **Leases.** A holding expires ``lease_s`` after it was written (``expires_at``, the writer's clock). Its
+  holder renews it every ``lease_s / 3``; the holder itself counts on it only until ``lease_s - skew_s``
+  after it *sent* the write (its own monotonic clock), and other writers take it back only ``skew_s``
+  after ``expires_at``: with host clocks within ``skew_s`` of each other, a holder has stopped using its
+  slots before anyone else can be granted them. A process killed with ``kill -9`` gets its slots back to
+  the others within ``lease_s + skew_s`` of its last renewal (plus one poll of a waiting writer). A
+  process that cannot reach the bus holds no slots once its lease lapses and admits nothing.
+* **One round trip per write, writes per group below one.** The newest ledger is followed by a
+  subscription, so a write is one conditional publish. A process asks for ``grant`` slots at a time and
+  keeps them while it uses them, returning the surplus at a renewal: in the steady state a group costs
+  at most one bus round trip, and usually ``1 / grant`` (``bench/admission.py``).
+* **Nothing to re-base.** The state is the newest ledger; a restart of every process reads it, and the
+  holdings of the dead incarnations (each holder id is ``<name>:<random incarnation>``) simply expire.
+  A ledger lost with the stream (a purge, a new stream) is rebuilt by the next write from the live
+  holders' own counts.
+* A stray or malformed payload on the subject is skipped and counted by the bus; the ledger stays the
+  newest valid one, and the next write fences on the subject's real last sequence.
+
+All holders of one policy must share one bound and batch (they share one allowance); the ledger records
+the writer's ``total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from weightbus.bus import subjects
+from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped, Subscription
+from weightbus.errors import BusError, InvalidEventError, SequenceConflictError
+from weightbus.schemas import AdmissionLedger, Holding
+
+__all__ = ["BudgetUser", "SharedBudget"]
+
+log = logging.getLogger("weightbus.consumers")
+
+
+class BudgetUser(Protocol):
+    """What a budget reads of the gate it holds slots for (``Admission`` is one)."""
+
+    @property
+    def used(self) -> int: ...
+
+    @property
+    def allowance(self) -> int: ...
+
+    @property
+    def batch(self) -> int: ...
+
+    @property
+    def version(self) -> int | None: ...
+
+    def notify(self) -> None: ...
+
+
+_RETRY_S: Final = 0.2
+
+
+class SharedBudget:
+    """This process's share of the policy's admission budget; see the module docstring.
+
+    Use it with an ``Admission`` (``Admission(..., budget=budget)``) inside ``async with budget:``.
+
+    Args:
+        bus: the bus (borrowed; not closed here).
+        policy: the policy id.
+        name: the readable part of the holder id.
+        lease_s: how long a holding lasts without renewal (the kill -9 bound, with ``skew_s``).
+        skew_s: the clock difference between hosts that the leases tolerate.
+        grant: slots asked for per write beyond what is in use (None: the admission's batch).
+        clock: wall-clock Unix time (injected for tests).
+        on_write: called with each ledger this process stored and its sequence (for the record).
+
+    Raises:
+        InvalidPolicyError: ``policy`` is not a valid policy id.
+        ValueError: ``lease_s`` <= 3 * ``skew_s`` or ``grant`` < 1.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        policy: str,
+        *,
+        name: str = "rollout",
+        lease_s: float = 10.0,
+        skew_s: float = 1.0,
+        grant: int | None = None,
+        clock: Callable[[], float] = time.time,
+        on_write: Callable[[AdmissionLedger, int], None] | None = None,
+    ) -> None:
+        if lease_s <= 3 * skew_s:
+            raise ValueError(f"lease_s must exceed 3 * skew_s, got lease_s={lease_s} skew_s={skew_s}")
+        if grant is not None and grant < 1:
+            raise ValueError(f"grant must be >= 1, got {grant}")
+        self._bus = bus
+        self._policy = policy
+        self._subject = subjects.admission(policy)
+        self.holder = f"{name}:{uuid.uuid4().hex[:12]}"
+        self._lease_s = lease_s
+        self._skew_s = skew_s
+        self._grant = grant
+        self._clock = clock
+        self._on_write = on_write
+        self._gate: BudgetUser | None = None
+        self._total = 0
+        self._ledger: AdmissionLedger | None = None
+        self._seq = 0
+        self._slots = 0
+        self._valid_until = 0.0  # monotonic
+        self._renew_at = 0.0  # monotonic
+        self._wanted = False
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._writes = 0
+        self._conflicts = 0
+
+    # -- state -------------------------------------------------------------------------------------
+
+    @property
+    def held(self) -> int:
+        """The slots this process may fill now: its holding while its lease is valid, else 0."""
+        return self._slots if time.monotonic() < self._valid_until else 0
+
+    @property
+    def ledger(self) -> AdmissionLedger | None:
+        """The newest ledger known here (None: none stored yet)."""
+        return self._ledger
+
+    @property
+    def writes(self) -> int:
+        """Ledgers this process stored."""
+        return self._writes
+
+    @property
+    def conflicts(self) -> int:
+        """Writes refused because another write landed first (each cost a read and a retry)."""
+        return self._conflicts
+
+    # -- the admission's side ----------------------------------------------------------------------
+
+    def bind(self, gate: BudgetUser) -> None:
+        """Called by ``Admission``: the gate whose ``used`` this budget holds slots for."""
+        self._gate = gate
+
+    def set_total(self, total: int) -> None:
+        """The allowance the gate computed at its current version (``rules.admission.allowance``)."""
+        self._total = total
+
+    def wanted(self) -> None:
+        """The gate is out of slots: ask for more at the next chance."""
+        if not self._wanted:
+            self._wanted = True
+            self._wake.set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> SharedBudget:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Follow the ledger and take a first share (``grant`` slots, if free).
+
+        Raises:
+            BusError: the bus did not answer.
+        """
+        sub = self._bus.subscribe(self._subject, deliver=Deliver.NEW, include_invalid=True)
+        await sub.__aenter__()
+        self._tasks.append(asyncio.create_task(self._follow(sub)))
+        await self._refresh()
+        if self._gate is not None:
+            _ = self._gate.allowance  # the gate reads its version and sets the total
+        self._wanted = True
+        self._tasks.append(asyncio.create_task(self._run()))
+
+    async def close(self) -> None:
+        """Return every slot (one last write, best effort) and stop."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: S110 - stopping: its error was logged when it ran
+                pass
+        self._tasks.clear()
+        if self._slots:
+            try:
+                async with asyncio.timeout(2.0):
+                    await self._write(0, leaving=True)
+            except (BusError, TimeoutError) as exc:
+                log.warning(
+                    "could not return the admission slots; they expire with the lease", extra={"error": repr(exc)}
+                )
+        self._slots = 0
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    async def _follow(self, sub: Subscription) -> None:
+        # The ledger's changes wake a waiting writer; a lost subscription is made again (the writes stay
+        # safe without it: a stale view only costs a refused publish and a read).
+        while True:
+            try:
+                async with sub:
+                    async for item in sub:
+                        self._seen(item)
+                return
+            except BusError as exc:
+                log.warning("admission ledger subscription lost; resubscribing", extra={"error": repr(exc)})
+            await asyncio.sleep(_RETRY_S)
+            sub = self._bus.subscribe(self._subject, deliver=Deliver.LAST_PER_SUBJECT, include_invalid=True)
+
+    def _seen(self, item: Envelope | Skipped) -> None:
+        seq = item.seq or 0
+        if seq <= self._seq:
+            return
+        self._seq = seq
+        if isinstance(item, Envelope) and isinstance(item.event, AdmissionLedger):
+            self._ledger = item.event
+        self._wake.set()
+
+    async def _refresh(self) -> None:
+        seq = await self._bus.last_seq(self._subject)
+        try:
+            env = await self._bus.last(self._subject)
+        except InvalidEventError:
+            env = None  # garbage on top: keep the newest valid ledger, fence on the real sequence
+        if env is not None and isinstance(env.event, AdmissionLedger) and (env.seq or 0) >= self._seq:
+            self._ledger = env.event
+        if seq == 0:
+            self._ledger = None  # the history is gone: the next write rebuilds it
+        self._seq = seq
+
+    def _used(self) -> int:
+        return self._gate.used if self._gate is not None else 0
+
+    def _target(self) -> int:
+        used = self._used()
+        grant = self._grant if self._grant is not None else self._gate.batch if self._gate is not None else 1
+        if self._wanted:
+            return used + grant
+        return min(max(self._slots, used), used + grant)
+
+    def _free_for_us(self) -> int:
+        now = self._clock()
+        ledger = self._ledger
+        others = 0
+        if ledger is not None:
+            for holder, h in ledger.holders.items():
+                if holder != self.holder and h.expires_at + self._skew_s >= now:
+                    others += h.slots
+        return self._total - others
+
+    def _next_expiry(self) -> float | None:
+        ledger = self._ledger
+        if ledger is None:
+            return None
+        now = self._clock()
+        later = [
+            h.expires_at + self._skew_s - now
+            for holder, h in ledger.holders.items()
+            if holder != self.holder and h.slots and h.expires_at + self._skew_s >= now
+        ]
+        return min(later) if later else None
+
+    async def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            due = now >= self._renew_at
+            target = self._target()
+            gain = min(target, self._free_for_us()) > self._slots
+            # A surplus goes back at a renewal only: returning it at once and asking again would cost writes.
+            if due or (self._wanted and gain):
+                try:
+                    await self._write(target)
+                except BusError as exc:
+                    log.warning("admission ledger write failed; retrying", extra={"error": repr(exc)})
+                    await asyncio.sleep(_RETRY_S)
+                    continue
+                self._wanted = False
+            timeout = max(0.0, self._renew_at - time.monotonic())
+            if self._wanted:
+                expiry = self._next_expiry()
+                if expiry is not None:
+                    timeout = min(timeout, expiry + 0.01)
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _write(self, target: int, *, leaving: bool = False) -> None:
+        while True:
+            ledger = self._ledger
+            now = self._clock()
+            holders = {}
+            if ledger is not None:
+                holders = {
+                    h: x for h, x in ledger.holders.items() if h != self.holder and x.expires_at + self._skew_s >= now
+                }
+            free = self._total - sum(x.slots for x in holders.values())
+            slots = max(0, min(target, free))
+            if not leaving:
+                holders[self.holder] = Holding(slots=slots, used=self._used(), expires_at=now + self._lease_s)
+            record = AdmissionLedger(
+                policy=self._policy,
+                total=self._total,
+                holders=holders,
+                writer=self.holder,
+                version=self._gate.version if self._gate is not None else None,
+                written_at=now,
+            )
+            if slots < self._slots:
+                self._slots = slots  # a shrink counts before the write can land: nobody gets a slot we still use
+            sent = time.monotonic()
+            try:
+                ack = await self._bus.publish(
+                    self._subject,
+                    record,
+                    msg_id=f"{self.holder}:{self._writes}:{self._conflicts}",
+                    expected_last_seq=self._seq,
+                )
+            except SequenceConflictError:
+                self._conflicts += 1
+                await self._refresh()
+                continue
+            except BusError:
+                await self._refresh_quietly()
+                raise
+            self._writes += 1
+            self._ledger = record
+            self._seq = max(self._seq, ack.seq)
+            self._slots = slots
+            self._valid_until = sent + self._lease_s - self._skew_s
+            self._renew_at = sent + self._lease_s / 3
+            if self._on_write is not None:
+                self._on_write(record, ack.seq)
+            if self._gate is not None:
+                self._gate.notify()
+            return
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self._refresh()
+        except BusError as exc:
+            log.debug("could not re-read the admission ledger", extra={"error": repr(exc)})

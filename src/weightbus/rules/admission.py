@@ -1,0 +1,142 @@
+"""The admission rule: whether one more group may start generating, as pure functions.
+
+The drain judges a group after it is generated (``rules.staleness``); this rule paces generation so that
+a group starts only while it can still be trained within the bound. It lives next to the staleness rule
+and uses its definitions:
+
+* staleness is ``current - oldest``, and a group generated while the tracker holds ``v`` has
+  ``oldest >= v`` (the engines carry ``v`` or newer: stamping follows the push);
+* the trainer consumes ``batch`` groups per version step: the batch judged at ``c`` is drained once the
+  tracker holds ``c``, and the next one once it holds a newer number.
+
+**Derivation.** A group admitted while the tracker holds ``c`` is fresh in every batch judged at ``c``,
+``c + 1``, ..., ``c + max_staleness``: ``(max_staleness + 1)`` batches, ``(max_staleness + 1) * batch``
+training slots (the *allowance*). Ahead of it for those slots are the groups already **accepted** into
+that window (finished and waiting in the buffer, or already drained into the batch judged at ``c`` or
+later) and the groups still **running** (admitted, not finished). So it may start only while::
+
+    capacity = (max_staleness + 1) * batch - (accepted + running) > 0
+
+This is AReaL's ``(eta + v + 1) * B - (accepted + running)`` with both terms rebased on the window that
+starts at the tracker's version: AReaL counts every group ever accepted against ``v * B``, which holds
+only while versions are contiguous from 0 and a local counter matches them. weightbus's numbers skip
+(a failed update uses its number up; a claim resumes above the high-water mark), so here ``accepted``
+counts only the groups drained at ``c`` or later (``accepted_in_window``): the capacity is tied to the
+version the tracker holds, never to a counter, and nothing needs re-basing after a recovery.
+
+Invariants (property-tested):
+
+* admitting only while ``capacity > 0`` keeps ``accepted + running <= allowance`` at every instant: a
+  finish moves a group from running to accepted (or frees it), a drain moves accepted groups from the
+  buffer to a batch inside the window, and a version advance only drops batches out of the window;
+* ``current is None`` (the policy never published) admits one batch's worth (the allowance of a bound of
+  0): nothing says which version those groups will carry, so they can be counted on only for the first
+  batch, and more would be generated against weights nobody announced (erring toward stale);
+* a version that goes backwards (a regression the tracker accepted) keeps every batch drained at the
+  newer numbers in the window: the count only errs toward fewer admissions;
+* ``max_staleness is None`` (measure, never filter) and the ``off`` mode never refuse; ``cap`` refuses
+  once ``running`` reaches the cap, whatever the version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, Literal
+
+__all__ = [
+    "ADMISSION_MODES",
+    "AdmissionMode",
+    "UNLIMITED",
+    "accepted_in_window",
+    "allowance",
+    "capacity",
+    "mode_capacity",
+]
+
+AdmissionMode = Literal["off", "cap", "bounded"]
+ADMISSION_MODES: Final = ("off", "cap", "bounded")
+
+#: What ``mode_capacity`` returns when nothing limits admission.
+UNLIMITED: Final = 1 << 62
+
+
+def allowance(current: int | None, max_staleness: int | None, batch: int) -> int:
+    """The groups the bound allows in the window that starts at ``current``: ``(max_staleness + 1) * batch``.
+
+    ``current is None`` allows one batch (see the module docstring); ``max_staleness is None`` is
+    unlimited (``UNLIMITED``).
+
+    Raises:
+        ValueError: ``batch`` < 1 or ``max_staleness`` < 0.
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    if max_staleness is None:
+        return UNLIMITED
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+    if current is None:
+        return batch
+    return (max_staleness + 1) * batch
+
+
+def capacity(current: int | None, max_staleness: int | None, batch: int, accepted: int, running: int) -> int:
+    """How many more groups may start now: ``allowance - (accepted + running)`` (may be negative).
+
+    Args:
+        current: the version the tracker holds, or None before the first publish.
+        max_staleness: the drain's bound, or None (unlimited).
+        batch: groups per training step.
+        accepted: groups finished and kept that will train at ``current`` or later
+            (``accepted_in_window``).
+        running: groups admitted and not finished.
+
+    Raises:
+        ValueError: as ``allowance``, or a negative count.
+    """
+    if accepted < 0 or running < 0:
+        raise ValueError(f"counts must be >= 0, got accepted={accepted} running={running}")
+    return allowance(current, max_staleness, batch) - accepted - running
+
+
+def accepted_in_window(current: int | None, ready: int, taken: Mapping[int | None, int]) -> int:
+    """The accepted groups that count against the window starting at ``current``.
+
+    Args:
+        current: the version the tracker holds (None: never published).
+        ready: groups finished and waiting to be drained (they will train at ``current`` or later).
+        taken: groups drained, by the version the drain judged against (None: before any publish).
+
+    Returns:
+        ``ready`` plus the groups drained at ``current`` or later; with ``current`` None, only those
+        drained before any publish count (a numbered batch cannot be in a window that has no number).
+    """
+    if current is None:
+        return ready + taken.get(None, 0)
+    return ready + sum(n for v, n in taken.items() if v is not None and v >= current)
+
+
+def mode_capacity(
+    mode: AdmissionMode,
+    *,
+    current: int | None,
+    max_staleness: int | None,
+    batch: int,
+    accepted: int,
+    running: int,
+    cap: int | None = None,
+) -> int:
+    """The capacity under ``mode``: ``off`` is unlimited, ``cap`` is ``cap - running``, ``bounded`` is ``capacity``.
+
+    Raises:
+        ValueError: an unknown mode, ``cap`` mode without a cap >= 1, or as ``capacity``.
+    """
+    if mode == "bounded":
+        return capacity(current, max_staleness, batch, accepted, running)
+    if mode == "cap":
+        if cap is None or cap < 1:
+            raise ValueError(f"the cap mode needs a cap >= 1, got {cap}")
+        return cap - running
+    if mode == "off":
+        return UNLIMITED
+    raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}, got {mode!r}")

@@ -1,0 +1,64 @@
+"""The shared admission budget of a policy, rollout side ↔ rollout side (``weightbus.<policy>.admission``).
+
+Each ``AdmissionLedger`` is the whole budget: who holds how many of the policy's generation slots, and until
+when. Writers publish it conditionally on the subject's last sequence (the bus's fence), so the newest
+stored ledger is the budget and two writers never both build on the same one. A holder that stops renewing
+(kill -9) loses its slots once ``expires_at`` has passed; the ledger is never a counter to re-base: a
+restart reads the newest one.
+
+Evolution: new fields get defaults and go at the end; unknown fields are ignored on decode.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from weightbus.schemas.common import PolicyId, Timestamp, Version
+
+__all__ = ["AdmissionEvent", "AdmissionLedger", "AdmissionMessage", "Holding"]
+
+Count = Annotated[int, Meta(ge=0)]
+
+
+class Holding(msgspec.Struct, frozen=True, kw_only=True):
+    """One holder's share of the budget.
+
+    Attributes:
+        slots: the slots it may fill (running plus accepted groups in the window).
+        used: what it had filled when the entry was written (for the record; the holder may be over its
+            slots after a lapsed lease, never by admitting).
+        expires_at: Unix time after which another writer may take the slots back.
+    """
+
+    slots: Count
+    used: Count
+    expires_at: Timestamp
+
+
+class AdmissionEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of admission events; encoded as ``{"type": <tag>, ...}``."""
+
+
+class AdmissionLedger(AdmissionEvent, tag="admission.ledger"):
+    """The budget after one write.
+
+    Attributes:
+        total: the allowance the writer shares (``rules.admission.allowance``).
+        holders: holder id (``<name>:<incarnation>``) → its holding; the slots sum to ``total`` at most.
+        writer: the holder that wrote this ledger.
+        version: the version the writer's tracker held (None: never published).
+        written_at: the writer's Unix time.
+    """
+
+    policy: PolicyId
+    total: Count
+    holders: dict[str, Holding]
+    writer: str
+    version: Version | None
+    written_at: Timestamp
+
+
+AdmissionMessage = AdmissionLedger
