@@ -351,6 +351,13 @@ def test_admission_numbers_compare_each_mode_with_the_filter_alone(tmp_path: Pat
     assert versus["bounded"]["reward_vs_off"] == pytest.approx(0.15 - 0.25)
     assert versus["off"]["rate_vs_off"] == pytest.approx(1.0)
     assert set(numbers["versus_off"]) == {"0", "1"} and set(numbers["versus_off"]["1"]) == {"common_s", "off"}
+    assert versus["bounded"]["trained_rate_vs_off"] == pytest.approx((12.5 * 0.98) / (25.0 * 0.6))
+    assert numbers["targets"]["0"]["bounded"] == {
+        "tokens_not_trained": True,  # 2 % < 5 %
+        "reward_no_lower": False,
+        "rate_at_least_90_percent": False,
+    }
+    assert numbers["targets"]["0"]["cap"]["tokens_not_trained"] is False  # 10 %
     write_admission_tradeoff(results, tmp_path / "out")
     assert (tmp_path / "out" / "admission-tradeoff.png").stat().st_size > 0
     written = json.loads((tmp_path / "out" / "admission-tradeoff.json").read_text())

@@ -245,17 +245,21 @@ def _compare_admission(bounds: list[int], *, steps: int, on_stale: str, seed: in
             )
     numbers = write_admission_tradeoff(results, out)
     typer.echo("")
-    typer.echo("bound  mode     not trained  tokens/s  (vs off)  reward at common time  (vs off)")
+    typer.echo(
+        "bound  mode     not trained  generated/s  (vs off)  trained/s  (vs off)  reward at common time  (vs off)"
+    )
     for bound, rows in numbers["versus_off"].items():
         for mode in ADMISSION_MODES:
             row = rows.get(mode)
             if row is None:
                 continue
             vs_rate = "" if row["rate_vs_off"] is None else f"{row['rate_vs_off'] * 100:.0f}%"
+            vs_trained = "" if row["trained_rate_vs_off"] is None else f"{row['trained_rate_vs_off'] * 100:.0f}%"
             vs_reward = "" if row["reward_vs_off"] is None else f"{row['reward_vs_off']:+.3f}"
             typer.echo(
                 f"{bound:>5}  {mode:<7}  {(row['tokens_not_trained_share'] or 0) * 100:>10.1f}%  "
-                f"{row['generated_tokens_per_s'] or 0:>8.0f}  {vs_rate:>8}  "
+                f"{row['generated_tokens_per_s'] or 0:>11.0f}  {vs_rate:>8}  "
+                f"{row['trained_tokens_per_s'] or 0:>9.0f}  {vs_trained:>8}  "
                 f"{row['reward_at_common_s'] or 0:>21.3f}  {vs_reward:>8}"
             )
     typer.echo(f"report: {out / 'admission-tradeoff.png'}, {out / 'admission-tradeoff.json'}")

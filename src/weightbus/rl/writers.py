@@ -213,6 +213,9 @@ def admission_numbers(results: dict[tuple[str, int], DemoResult]) -> dict[str, A
             "tokens_not_trained_share": s["tokens_wasted_share"],
             "tokens_not_trained_by_reason": s.get("tokens_not_trained_by_reason", {}),
             "generated_tokens_per_s": s["tokens_generated"] / wall if wall else None,
+            "trained_tokens_per_s": (
+                s["tokens_generated"] * (1 - (s["tokens_wasted_share"] or 0)) / wall if wall else None
+            ),
             "early_aborts": s.get("early_aborts", 0),
             "tokens_saved": s.get("tokens_saved", 0),
             "staleness_avg": s["staleness_avg"],
@@ -238,15 +241,42 @@ def admission_numbers(results: dict[tuple[str, int], DemoResult]) -> dict[str, A
         for mode, e in entries.items():
             reward = _reward_at(e["curve"], common)
             rate, base_rate = e["generated_tokens_per_s"], base["generated_tokens_per_s"]
+            trained, base_trained = e["trained_tokens_per_s"], base["trained_tokens_per_s"]
             rows[mode] = {
                 "tokens_not_trained_share": e["tokens_not_trained_share"],
                 "reward_at_common_s": reward,
                 "reward_vs_off": None if reward is None or base_reward is None else reward - base_reward,
                 "generated_tokens_per_s": rate,
                 "rate_vs_off": rate / base_rate if rate and base_rate else None,
+                "trained_tokens_per_s": trained,
+                "trained_rate_vs_off": trained / base_trained if trained and base_trained else None,
             }
         versus[key] = rows
-    return {"runs": runs, "versus_off": versus}
+    return {"runs": runs, "versus_off": versus, "targets": _targets(versus)}
+
+
+#: The issue's targets for admission against the filter alone: tokens not trained on below these shares.
+_WASTE_TARGETS = {"0": 0.05, "1": 0.01}
+
+
+def _targets(versus: dict[str, Any]) -> dict[str, Any]:
+    """Each mode against the filter alone at bounds 0 and 1: tokens not trained on below 5 % and 1 %, reward
+    after the same wall time no lower, generated tokens per second at least 90 % of off's."""
+    out: dict[str, Any] = {}
+    for bound, limit in _WASTE_TARGETS.items():
+        rows = versus.get(bound)
+        if rows is None:
+            continue
+        for mode, row in rows.items():
+            if mode in ("common_s", "off"):
+                continue
+            share, reward, rate = row["tokens_not_trained_share"], row["reward_vs_off"], row["rate_vs_off"]
+            out.setdefault(bound, {})[mode] = {
+                "tokens_not_trained": share is not None and share < limit,
+                "reward_no_lower": reward is not None and reward >= 0,
+                "rate_at_least_90_percent": rate is not None and rate >= 0.9,
+            }
+    return out
 
 
 def write_admission_tradeoff(results: dict[tuple[str, int], DemoResult], out_dir: Path) -> dict[str, Any]:
