@@ -150,3 +150,31 @@ async def test_the_rollout_recycles_an_aborted_group_and_counts_the_tokens() -> 
     value = registry.get_sample_value
     assert value("weightbus_early_aborts_total", {"policy": "p"}) == 1
     assert value("weightbus_tokens_saved_total", {"policy": "p"}) == 2
+
+
+async def test_an_early_abort_frees_its_admission_slot_and_the_drain_count_stays_in_step(caplog) -> None:
+    from weightbus.rl.batches import BatchRequest
+
+    rollout = _Rollout(config(), Digits(), MemoryBus(), CollectorRegistry(), None)
+    fresh = Group(
+        prompt_index=1,
+        samples=[
+            Sample(index=10 + i, weight_versions=["5"], response_length=3, status=SampleStatus.COMPLETED)
+            for i in range(2)
+        ],
+    )
+    slot = await rollout.admission.acquire()
+    slot.accept()
+    await rollout.buffer.put(fresh)
+    aborted = Group(
+        prompt_index=2,
+        samples=[Sample(index=20, weight_versions=["4"], response_length=1, status=SampleStatus.ABORTED)],
+        metadata={"prompt": "12."},
+    )
+    slot = await rollout.admission.acquire()
+    slot.release("aborted")  # as produce() does for a flight it aborted
+    rollout._aborted_early(aborted)
+    reply = await rollout.handle(5, BatchRequest(size=1))  # type: ignore[arg-type]  # an int is a version source
+    assert (reply.kept, reply.recycled) == (1, 1)
+    assert rollout.admission.ready == 0 and rollout.admission.running == 0
+    assert "out of step" not in caplog.text
