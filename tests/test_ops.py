@@ -275,3 +275,15 @@ def test_single_server_config_binds_loopback_with_jetstream() -> None:
 def test_shipped_cluster_config_is_what_the_tests_start() -> None:
     shipped = [ln for ln in (OPS / "nats" / "cluster.conf").read_text().splitlines() if not ln.startswith("#")]
     assert "\n".join(shipped).strip() == CLUSTER_CONF.strip()
+
+
+def test_dashboard_label_values_and_groupings_are_emitted() -> None:
+    series = emitted()
+    dashboard = json.loads((OPS / "grafana" / "weightbus-dashboard.json").read_text())
+    problems = [
+        p
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+        for p in _check_expr(panel["title"], target["expr"].replace("$policy", "p.*"), "", series)
+    ]
+    assert not problems, "\n".join(problems)

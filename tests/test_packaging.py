@@ -128,7 +128,16 @@ def test_the_import_contracts_hold() -> None:
     ("module", "line", "contract"),
     [
         ("producers/status.py", "from weightbus.consumers.tracker import VersionTracker", "layers"),
-        ("consumers/drain/stage.py", "from weightbus.consumers.tracker import tracker", "the tracker and the drain"),
+        (
+            "consumers/drain/stage.py",
+            "from weightbus.consumers.tracker import tracker",
+            "the tracker, the drain and admission",
+        ),
+        (
+            "consumers/admission/gate.py",
+            "from weightbus.consumers.drain import window",
+            "the tracker, the drain and admission",
+        ),
         ("rules/chain.py", "from weightbus.bus import subjects", "layers"),
         ("bus/trace.py", "from weightbus.process import eventloop", "layers"),
         ("producers/sync.py", "import nats", "nats-py"),

@@ -218,3 +218,29 @@ def test_watch_sees_a_replayed_trace(nats_url: str, policy: str, tmp_path: Path)
         (subjects.weights(policy), "weight.updated"),
         (subjects.drains(policy), "drain.report"),
     ]
+
+
+def test_render_shows_waste_and_bias() -> None:
+    from weightbus.schemas import DrainReport
+
+    report = DrainReport(
+        policy="p",
+        consumer="rm-0",
+        seq=1,
+        current=5,
+        kept=1,
+        recycled=1,
+        dropped=0,
+        published_at=100.0,
+        tokens_generated=200,
+        tokens_trained=150,
+        tokens_not_trained={"stale": 50},
+        by_length={"kept": {"0-16": 1}, "recycled": {"257-1024": 1}},
+    )
+    state = reduce(MonitorState(), "weightbus.p.drains", report, received_at=100.5, live=True)
+    console = Console(record=True, width=250, color_system=None)
+    console.print(render(state, now=110.0))
+    text = console.export_text()
+    assert "waste and bias" in text
+    assert "tokens: 200 generated, 25.0% not trained (stale 25.0%)" in text
+    assert "kept by length: 0-16 100%, 257-1024 0%" in text

@@ -151,3 +151,59 @@ def test_policies_are_kept_apart() -> None:
     state = run((W, upd(1), 1.0, True), ("weightbus.q.weights", other, 1.0, True))
     assert list(state.policies) == ["p", "q"]
     assert state.policies["q"].weights.version == 9 and state.policies["p"].weights.version == 1
+
+
+def waste_report(seq: int, **fields: object) -> DrainReport:
+    base = dict(policy="p", consumer="rm-0", seq=seq, current=5, kept=1, recycled=1, dropped=0, published_at=100.0)
+    return DrainReport(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_waste_and_bias_totals_add_up_over_reports() -> None:
+    from weightbus.consumers.monitor import kept_share, waste_summary
+
+    s = "weightbus.p.drains"
+    first = waste_report(
+        1,
+        tokens_generated=100,
+        tokens_trained=60,
+        tokens_not_trained={"stale": 40},
+        by_length={"kept": {"0-16": 3}, "recycled": {"257-1024": 3}},
+        by_reward={"kept": {"0.75-1": 3}, "recycled": {"<=0": 3}},
+    )
+    second = waste_report(
+        2,
+        tokens_generated=100,
+        tokens_trained=90,
+        tokens_not_trained={"stale": 5, "aborted": 5},
+        early_aborts=1,
+        tokens_saved=30,
+        in_flight_versions_avg=0.5,
+        in_queue_versions_avg=1.0,
+        in_flight_s_avg=2.0,
+        in_queue_s_avg=4.0,
+        by_length={"kept": {"257-1024": 1}},
+    )
+    view = run((s, first, 101.0, True), (s, second, 102.0, True)).policies["p"]
+    assert (view.tokens_generated, view.tokens_trained) == (200, 150)
+    assert dict(view.tokens_not_trained) == {"stale": 45, "aborted": 5}
+    assert (view.early_aborts, view.tokens_saved) == (1, 30)
+    assert {k: dict(v) for k, v in view.by_length.items()} == {
+        "kept": {"0-16": 3, "257-1024": 1},
+        "recycled": {"257-1024": 3},
+    }
+    assert kept_share(view.by_length) == {"0-16": 1.0, "257-1024": 0.25}
+    lines = waste_summary(view)
+    assert lines[0] == "tokens: 200 generated, 25.0% not trained (aborted 2.5%, stale 22.5%)"
+    assert lines[1] == "early aborts: 1 groups, at most 30 tokens saved"
+    assert lines[2] == "staleness: 0.50 versions in flight, 1.00 in queue (2.00s / 4.00s)"
+    assert lines[3] == "kept by length: 0-16 100%, 257-1024 25%"
+    assert lines[4] == "kept by reward: 0.75-1 100%, <=0 0%"
+    # The first report alone is unchanged by the second (the reducer never mutates).
+    assert waste_summary(run((s, first, 101.0, True)).policies["p"])[0].startswith("tokens: 100 generated, 40.0%")
+
+
+def test_no_tokens_no_waste_lines() -> None:
+    from weightbus.consumers.monitor import waste_summary
+
+    view = run(("weightbus.p.drains", drain(1, 1, 0, 0, None, None), 101.0, True)).policies["p"]
+    assert waste_summary(view) == []

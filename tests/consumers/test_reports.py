@@ -54,6 +54,10 @@ def test_to_drain_report_carries_the_stats_and_is_valid_on_the_wire():
         tracker_behind=1,
         queue_size=0,
         version_state="given",
+        tokens_trained=4,
+        tokens_not_trained={"stale": 2},
+        by_length={"kept": {"0-16": 2}, "dropped": {"0-16": 1}},
+        by_reward={"kept": {"none": 2}, "dropped": {"none": 1}},
     )
     assert decode(subjects.drains("p"), encode(report)) == report
 

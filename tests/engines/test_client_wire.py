@@ -277,3 +277,33 @@ async def test_borrowed_http_client_is_not_closed() -> None:
         pass
     assert not http.is_closed
     await http.aclose()
+
+
+async def test_abort_request_sends_sglangs_abort_req_by_rid() -> None:
+    rec = Recorder({"/abort_request": httpx.Response(200)})
+    client = client_for(rec)
+    await client.abort_request("group-7-3")
+    request = rec.requests[-1]
+    assert (request.method, str(request.url)) == ("POST", f"{URL}/abort_request")
+    assert request.headers["content-type"] == "application/json"
+    assert rec.body == {"rid": "group-7-3", "abort_all": False, "abort_message": None}
+    await client.abort_request("r", message="certain to be stale")
+    assert rec.body == {"rid": "r", "abort_all": False, "abort_message": "certain to be stale"}
+    await client.abort_all_requests()
+    assert rec.body == {"rid": None, "abort_all": True, "abort_message": None}
+    with pytest.raises(ValueError, match="rid"):
+        await client.abort_request("")
+
+
+async def test_abort_request_failure_is_an_engine_error() -> None:
+    rec = Recorder({"/abort_request": httpx.Response(400, json={"message": "bad"})})
+    with pytest.raises(EngineError) as info:
+        await client_for(rec).abort_request("r1")
+    assert info.value.status == 400
+
+
+async def test_generate_sends_the_rid_it_is_given() -> None:
+    answer = {"text": "", "output_ids": [], "meta_info": {"id": "r9", "weight_version": "1"}}
+    rec = Recorder({"/generate": httpx.Response(200, json=answer)})
+    await client_for(rec).generate(input_ids=[1], rid="r9")
+    assert rec.body["rid"] == "r9"

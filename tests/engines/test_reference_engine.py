@@ -187,6 +187,25 @@ async def test_abort_request_by_rid(state: EngineState, client: SGLangClient, ht
     assert out.meta_info.finish_reason is not None and out.meta_info.finish_reason.type == "abort"
 
 
+async def test_abort_request_through_the_client_aborts_only_that_rid(state: EngineState, client: SGLangClient) -> None:
+    first, second = start_generation(client, "a1"), start_generation(client, "a2")
+    await generated(state, "a1", 1)
+    await generated(state, "a2", 1)
+    await client.abort_request("a1", message="certain to be stale")
+    out = await asyncio.wait_for(first, 5)
+    assert out.meta_info.finish_reason is not None
+    assert (out.meta_info.finish_reason.type, out.meta_info.finish_reason.message) == ("abort", "certain to be stale")
+    assert not second.done()
+    await client.abort_request("never-sent")  # an unknown rid is ignored, as sglang does
+    await client.abort_all_requests()
+    out2 = await asyncio.wait_for(second, 5)
+    assert out2.meta_info.finish_reason is not None and out2.meta_info.finish_reason.type == "abort"
+
+
+async def test_abort_request_without_a_body_is_refused(http: httpx.AsyncClient) -> None:
+    assert (await http.post("/abort_request")).status_code == 400
+
+
 async def test_lora_load_does_not_change_the_version_and_duplicates_fail(
     state: EngineState, client: SGLangClient
 ) -> None:

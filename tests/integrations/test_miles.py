@@ -179,3 +179,15 @@ async def test_it_connects_from_the_environment_and_reports_drains(
         assert report is not None and report.event.kept == 1 and report.event.current == 4
     finally:
         await trainer.close()
+
+
+def test_a_miles_sample_brings_its_response_length_and_numeric_reward() -> None:
+    from weightbus.integrations.miles import to_weightbus_group
+
+    samples = [
+        SimpleNamespace(index=1, weight_versions=["3"], status="completed", response_length=40, reward=0.5),
+        SimpleNamespace(index=2, weight_versions=["3"], status="completed", response_length=7, reward={"acc": 1.0}),
+        SimpleNamespace(index=3, weight_versions=["3"], status="completed"),
+    ]
+    group = to_weightbus_group(samples)
+    assert [(s.response_length, s.reward) for s in group.samples] == [(40, 0.5), (7, None), (0, None)]

@@ -278,3 +278,87 @@ def test_the_demo_summary_lists_vacuous_checks_apart_from_held_ones(
         "held: versions_forward, staleness_bound, engines_in_sync",
         "vacuous (not exercised by this run): faults_survived, regression_caught, restart_alerted",
     ]
+
+
+def _drain(seq: int, **fields: Any) -> dict[str, Any]:
+    event = {"type": "drain.report", "policy": "demo", "consumer": "r", "seq": seq, "current": 3, "kept": 1}
+    return {"subject": "weightbus.demo.drains", "seq": 100 + seq, "received_at": 200.0, "event": {**event, **fields}}
+
+
+def test_waste_and_bias_come_from_the_drain_reports(tmp_path: Path) -> None:
+    config = DemoConfig(steps=2, out_dir=None, faults=False)
+    drains = [
+        _drain(
+            1,
+            tokens_generated=100,
+            tokens_trained=70,
+            tokens_not_trained={"stale": 30},
+            in_flight_versions_avg=0.5,
+            in_queue_versions_avg=1.0,
+            by_length={"kept": {"0-16": 2}, "recycled": {"17-64": 2}},
+        ),
+        _drain(
+            2,
+            tokens_generated=50,
+            tokens_trained=40,
+            tokens_not_trained={"stale": 5, "aborted": 5},
+            early_aborts=1,
+            tokens_saved=12,
+            in_flight_versions_avg=1.5,
+            by_length={"kept": {"17-64": 2}},
+            by_reward={"aborted": {"<=0": 1}},
+        ),
+    ]
+    recording = _write(tmp_path / "bus.jsonl", _healthy() + drains)
+    s = analyse(config, rows=[_row(1, 2, [2])], recording=recording, faults=[], engines=ENGINES, wall_s=1.0).summary
+    assert (s["drain_tokens_generated"], s["drain_tokens_trained"]) == (150, 110)
+    assert s["tokens_not_trained_by_reason"] == {"stale": 35, "aborted": 5}
+    assert (s["early_aborts"], s["tokens_saved"]) == (1, 12)
+    assert s["in_flight_versions_avg"] == pytest.approx(1.0) and s["in_queue_versions_avg"] == pytest.approx(1.0)
+    assert s["kept_share_by_length"] == {"0-16": 1.0, "17-64": 0.5}
+    assert s["kept_share_by_reward"] == {"<=0": 0.0}
+
+
+def test_admission_numbers_compare_each_mode_with_the_filter_alone(tmp_path: Path) -> None:
+    from weightbus.rl.writers import admission_numbers, write_admission_tradeoff
+
+    config = DemoConfig(steps=4, out_dir=None, faults=False)
+    recording = _write(tmp_path / "bus.jsonl", _healthy())
+
+    def run(wasted: int, step_s: float) -> Any:
+        rows = [
+            _row(i, i + 1, [i + 1]) | {"tokens_wasted": wasted, "step_s": step_s, "time": 1000.0 + i * step_s}
+            for i in range(1, 5)
+        ]
+        return analyse(config, rows=rows, recording=recording, faults=[], engines=ENGINES, wall_s=1.0)
+
+    results = {("off", 0): run(40, 1.0), ("bounded", 0): run(2, 2.0), ("cap", 0): run(10, 1.0), ("off", 1): run(5, 1.0)}
+    numbers = admission_numbers(results)
+    assert list(numbers["runs"]) == ["off", "cap", "bounded"]
+    off, bounded = numbers["runs"]["off"]["0"], numbers["runs"]["bounded"]["0"]
+    assert off["tokens_not_trained_share"] == pytest.approx(0.4) and bounded[
+        "tokens_not_trained_share"
+    ] == pytest.approx(0.02)
+    assert off["wall_s"] == pytest.approx(4.0) and bounded["wall_s"] == pytest.approx(8.0)
+    assert off["generated_tokens_per_s"] == pytest.approx(25.0) and bounded["generated_tokens_per_s"] == pytest.approx(
+        12.5
+    )
+    versus = numbers["versus_off"]["0"]
+    assert versus["common_s"] == pytest.approx(4.0)
+    assert versus["bounded"]["rate_vs_off"] == pytest.approx(0.5)
+    # After the same 4 s, the slower run has trained 2 steps (rewards 0.1, 0.2) against off's 4 (0.1 .. 0.4).
+    assert versus["bounded"]["reward_at_common_s"] == pytest.approx(0.15)
+    assert versus["bounded"]["reward_vs_off"] == pytest.approx(0.15 - 0.25)
+    assert versus["off"]["rate_vs_off"] == pytest.approx(1.0)
+    assert set(numbers["versus_off"]) == {"0", "1"} and set(numbers["versus_off"]["1"]) == {"common_s", "off"}
+    assert versus["bounded"]["trained_rate_vs_off"] == pytest.approx((12.5 * 0.98) / (25.0 * 0.6))
+    assert numbers["targets"]["0"]["bounded"] == {
+        "tokens_not_trained": True,  # 2 % < 5 %
+        "reward_no_lower": False,
+        "rate_at_least_90_percent": False,
+    }
+    assert numbers["targets"]["0"]["cap"]["tokens_not_trained"] is False  # 10 %
+    write_admission_tradeoff(results, tmp_path / "out")
+    assert (tmp_path / "out" / "admission-tradeoff.png").stat().st_size > 0
+    written = json.loads((tmp_path / "out" / "admission-tradeoff.json").read_text())
+    assert written["versus_off"]["0"]["cap"]["tokens_not_trained_share"] == pytest.approx(0.1)

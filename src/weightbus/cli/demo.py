@@ -43,6 +43,29 @@ def demo_command(
     lora_rank: Annotated[
         int | None, typer.Option("--lora-rank", min=1, help="Train and push a LoRA adapter of this rank.")
     ] = None,
+    admission: Annotated[
+        str,
+        typer.Option(
+            "--admission",
+            help="Pace generation: bounded (by the staleness budget), cap (a fixed number of groups running), "
+            "or off (generate, then judge).",
+        ),
+    ] = "bounded",
+    early_abort: Annotated[
+        bool,
+        typer.Option(
+            "--early-abort/--no-early-abort",
+            help="Abort groups at the engines once they are certain to exceed the bound; recycle their prompts.",
+        ),
+    ] = True,
+    compare_admission: Annotated[
+        str | None,
+        typer.Option(
+            "--compare-admission",
+            help="Run once per bound (e.g. 0,1,2,4) and per admission mode (off, cap, bounded) and write "
+            "OUT/admission-tradeoff.png and .json.",
+        ),
+    ] = None,
     compare_staleness: Annotated[
         str | None,
         typer.Option(
@@ -63,6 +86,9 @@ def demo_command(
     setup_logging(verbose)
     if on_stale not in ("recycle", "drop"):
         raise fail("--on-stale must be recycle or drop", 2)
+    if admission not in ("off", "cap", "bounded"):
+        raise fail("--admission must be off, cap or bounded", 2)
+    compare_bounds = None if compare_admission is None else _bounds(compare_admission, "--compare-admission")
     missing = [name for name in _EXTRAS if importlib.util.find_spec(name) is None]
     if missing:
         raise fail(
@@ -72,14 +98,12 @@ def demo_command(
         )
     from weightbus.demo import DemoConfig, DemoError, run_demo
 
+    if compare_bounds is not None:
+        _compare_admission(compare_bounds, steps=steps, on_stale=on_stale, seed=seed, out=out)
+        return
     if compare_staleness is not None:
-        try:
-            bounds = sorted({int(b) for b in compare_staleness.split(",") if b.strip()})
-        except ValueError:
-            raise fail(f"--compare-staleness takes bounds like 0,1,2,4, not {compare_staleness!r}", 2) from None
-        if not bounds or min(bounds) < 0:
-            raise fail("--compare-staleness needs one or more bounds >= 0", 2)
-        _compare(bounds, steps=steps, on_stale=on_stale, seed=seed, out=out)
+        bounds = _bounds(compare_staleness, "--compare-staleness")
+        _compare(bounds, steps=steps, on_stale=on_stale, seed=seed, out=out, admission=admission)
         return
 
     config = DemoConfig(
@@ -94,6 +118,8 @@ def demo_command(
         restart_rollout_at=restart_rollout_at,
         restart_engine_at=restart_engine_at,
         lora_rank=lora_rank,
+        admission=admission,  # type: ignore[arg-type]
+        early_abort=early_abort,
     )
     try:
         result = run_demo(config, emit=typer.echo)
@@ -140,7 +166,17 @@ def _verdict(result: DemoResult) -> None:
         raise typer.Exit(1)
 
 
-def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path) -> None:
+def _bounds(text: str, flag: str) -> list[int]:
+    try:
+        bounds = sorted({int(b) for b in text.split(",") if b.strip()})
+    except ValueError:
+        raise fail(f"{flag} takes bounds like 0,1,2,4, not {text!r}", 2) from None
+    if not bounds or min(bounds) < 0:
+        raise fail(f"{flag} needs one or more bounds >= 0", 2)
+    return bounds
+
+
+def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path, admission: str) -> None:
     from weightbus.demo import DemoConfig, DemoError, run_demo
     from weightbus.rl.writers import write_tradeoff
 
@@ -154,6 +190,7 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
             seed=seed,
             out_dir=str(out / f"staleness-{bound}"),
             faults=False,  # the trade-off compares bounds, not recoveries
+            admission=admission,  # type: ignore[arg-type]
         )
         try:
             results[bound] = run_demo(config, emit=lambda line: None)
@@ -173,6 +210,59 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
             f"{(entry['tokens_wasted_share'] or 0) * 100:>20.0f}%"
         )
     typer.echo(f"report: {out / 'staleness-tradeoff.png'}, {out / 'staleness-tradeoff.json'}")
+    if not all(r.ok for r in results.values()):
+        raise typer.Exit(1)
+
+
+def _compare_admission(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path) -> None:
+    """One run per bound and mode; ``off`` is the filter alone (no admission, no early abort), as before."""
+    from weightbus.demo import DemoConfig, DemoError, run_demo
+    from weightbus.rl.writers import ADMISSION_MODES, write_admission_tradeoff
+
+    results = {}
+    for bound in bounds:
+        for mode in ADMISSION_MODES:
+            typer.echo(f"== max_staleness {bound}, admission {mode}")
+            config = DemoConfig(
+                steps=steps,
+                max_staleness=bound,
+                on_stale=on_stale,  # type: ignore[arg-type]
+                seed=seed,
+                out_dir=str(out / f"admission-{mode}-{bound}"),
+                faults=False,  # the trade-off compares admission, not recoveries
+                admission=mode,  # type: ignore[arg-type]
+                early_abort=mode != "off",
+            )
+            try:
+                results[(mode, bound)] = run_demo(config, emit=lambda line: None)
+            except DemoError as exc:
+                raise fail(str(exc), 1) from None
+            s = results[(mode, bound)].summary
+            typer.echo(
+                f"   reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, {s['wall_s']:.0f} s, "
+                f"{(s['tokens_wasted_share'] or 0) * 100:.1f}% of tokens not trained on, "
+                f"{s['early_aborts']} early aborts"
+            )
+    numbers = write_admission_tradeoff(results, out)
+    typer.echo("")
+    typer.echo(
+        "bound  mode     not trained  generated/s  (vs off)  trained/s  (vs off)  reward at common time  (vs off)"
+    )
+    for bound, rows in numbers["versus_off"].items():
+        for mode in ADMISSION_MODES:
+            row = rows.get(mode)
+            if row is None:
+                continue
+            vs_rate = "" if row["rate_vs_off"] is None else f"{row['rate_vs_off'] * 100:.0f}%"
+            vs_trained = "" if row["trained_rate_vs_off"] is None else f"{row['trained_rate_vs_off'] * 100:.0f}%"
+            vs_reward = "" if row["reward_vs_off"] is None else f"{row['reward_vs_off']:+.3f}"
+            typer.echo(
+                f"{bound:>5}  {mode:<7}  {(row['tokens_not_trained_share'] or 0) * 100:>10.1f}%  "
+                f"{row['generated_tokens_per_s'] or 0:>11.0f}  {vs_rate:>8}  "
+                f"{row['trained_tokens_per_s'] or 0:>9.0f}  {vs_trained:>8}  "
+                f"{row['reward_at_common_s'] or 0:>21.3f}  {vs_reward:>8}"
+            )
+    typer.echo(f"report: {out / 'admission-tradeoff.png'}, {out / 'admission-tradeoff.json'}")
     if not all(r.ok for r in results.values()):
         raise typer.Exit(1)
 

@@ -46,7 +46,7 @@ from weightbus.cli.options import (
     PolicyFilterOption,
     VerboseOption,
 )
-from weightbus.consumers.monitor import MonitorState, PolicyView, reduce
+from weightbus.consumers.monitor import MonitorState, PolicyView, reduce, waste_summary
 from weightbus.consumers.tracker.heap import freeze_startup_heap
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import BusError, InvalidPolicyError, SlowConsumerError
@@ -159,7 +159,13 @@ def render(state: MonitorState, now: float) -> Group:
     )[-state.max_recent :]
     for at, policy, a in alert_rows:
         alerts.add_row(_ago(at, now), policy, f"[red]{a.kind}[/]", a.summary)
-    return Group(policies, drains, alerts)
+    waste = Table(title="waste and bias", expand=False)
+    for column in ("policy", "waste and bias"):
+        waste.add_column(column)
+    for view in state.policies.values():
+        for line in waste_summary(view):
+            waste.add_row(view.policy, line)
+    return Group(policies, drains, waste, alerts)
 
 
 def _draw(view: Callable[[], Group], console: Console | None, refresh_per_second: float) -> contextlib.ExitStack:

@@ -14,6 +14,9 @@ Invariants:
 * Lag is measured only for events the caller marks ``live``; the stored events a subscription
   replays at start are ages, not lags.
 * Recent drains and alerts are bounded (``max_recent`` per policy); totals are kept separately.
+* Waste and bias totals (tokens generated, trained and not trained by reason, tokens saved by early
+  aborts, groups by outcome and length or reward bucket) add up every drain report seen; the staleness
+  split is the last report's. ``waste_summary`` and ``kept_share`` turn them into what ``watch`` shows.
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ from weightbus.schemas.codec import Event
 from weightbus.schemas.drains import DrainReport
 from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightApplied, WeightUpdated
 
-__all__ = ["AlertView", "DrainView", "MonitorState", "PolicyView", "RejectedView", "reduce"]
+__all__ = [
+    "AlertView",
+    "DrainView",
+    "MonitorState",
+    "PolicyView",
+    "RejectedView",
+    "kept_share",
+    "reduce",
+    "waste_summary",
+]
 
 _T = TypeVar("_T")
 
@@ -48,6 +60,13 @@ class DrainView:
     staleness_avg: float | None
     staleness_max: int | None
     published_at: float
+    tokens_generated: int = 0
+    tokens_not_trained: int = 0
+    early_aborts: int = 0
+    in_flight_versions_avg: float | None = None
+    in_queue_versions_avg: float | None = None
+    in_flight_s_avg: float | None = None
+    in_queue_s_avg: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +111,10 @@ class PolicyView:
         regressions: lower versions seen on the weights subject.
         rejected: the newest event the rule rejected (its version and publisher), or None.
         events: events received for this policy.
+        tokens_generated, tokens_trained: response tokens over every drain report seen.
+        tokens_not_trained: response tokens not trained on, by reason, over every report.
+        early_aborts, tokens_saved: groups aborted while generating, and at most the tokens that saved.
+        by_length, by_reward: groups by outcome and bucket, over every report.
     """
 
     policy: str
@@ -110,6 +133,13 @@ class PolicyView:
     regressions: int = 0
     rejected: RejectedView | None = None
     events: int = 0
+    tokens_generated: int = 0
+    tokens_trained: int = 0
+    tokens_not_trained: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    early_aborts: int = 0
+    tokens_saved: int = 0
+    by_length: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
+    by_reward: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def last_drain(self) -> DrainView | None:
@@ -217,6 +247,13 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
                 staleness_avg=event.staleness_avg,
                 staleness_max=event.staleness_max,
                 published_at=event.published_at,
+                tokens_generated=event.tokens_generated,
+                tokens_not_trained=sum(event.tokens_not_trained.values()),
+                early_aborts=event.early_aborts,
+                in_flight_versions_avg=event.in_flight_versions_avg,
+                in_queue_versions_avg=event.in_queue_versions_avg,
+                in_flight_s_avg=event.in_flight_s_avg,
+                in_queue_s_avg=event.in_queue_s_avg,
             )
             return replace(
                 view,
@@ -224,6 +261,13 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
                 kept=view.kept + event.kept,
                 recycled=view.recycled + event.recycled,
                 dropped=view.dropped + event.dropped,
+                tokens_generated=view.tokens_generated + event.tokens_generated,
+                tokens_trained=view.tokens_trained + event.tokens_trained,
+                tokens_not_trained=_add(view.tokens_not_trained, event.tokens_not_trained),
+                early_aborts=view.early_aborts + event.early_aborts,
+                tokens_saved=view.tokens_saved + event.tokens_saved,
+                by_length=_add_nested(view.by_length, event.by_length),
+                by_reward=_add_nested(view.by_reward, event.by_reward),
             )
         case VersionRegressed():
             summary = (
@@ -254,3 +298,65 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
 
 def _alert(view: PolicyView, alert: AlertView, limit: int) -> PolicyView:
     return replace(view, alerts=_push(view.alerts, alert, limit), alert_count=view.alert_count + 1)
+
+
+def _add(total: Mapping[str, int], more: Mapping[str, int]) -> Mapping[str, int]:
+    if not more:
+        return total
+    out = dict(total)
+    for key, n in more.items():
+        out[key] = out.get(key, 0) + n
+    return MappingProxyType(out)
+
+
+def _add_nested(
+    total: Mapping[str, Mapping[str, int]], more: Mapping[str, Mapping[str, int]]
+) -> Mapping[str, Mapping[str, int]]:
+    if not more:
+        return total
+    out = dict(total)
+    for key, counts in more.items():
+        out[key] = _add(out.get(key, MappingProxyType({})), counts)
+    return MappingProxyType(out)
+
+
+def kept_share(counts: Mapping[str, Mapping[str, int]]) -> dict[str, float]:
+    """The share of groups kept in each bucket (``by_length`` or ``by_reward``: outcome → bucket → groups).
+
+    A bucket whose share is far below the others' is one the filter starves.
+    """
+    totals: dict[str, int] = {}
+    kept: dict[str, int] = {}
+    for outcome, buckets in counts.items():
+        for bucket, n in buckets.items():
+            totals[bucket] = totals.get(bucket, 0) + n
+            if outcome == "kept":
+                kept[bucket] = kept.get(bucket, 0) + n
+    return {bucket: kept.get(bucket, 0) / n for bucket, n in totals.items() if n}
+
+
+def waste_summary(view: PolicyView) -> list[str]:
+    """What ``watch`` shows of a policy's waste and bias, one line per topic (empty before any token)."""
+    lines: list[str] = []
+    generated = view.tokens_generated
+    if generated:
+        not_trained = sum(view.tokens_not_trained.values())
+        reasons = ", ".join(
+            f"{reason} {n / generated:.1%}" for reason, n in sorted(view.tokens_not_trained.items()) if n
+        )
+        line = f"tokens: {generated} generated, {not_trained / generated:.1%} not trained"
+        lines.append(line + (f" ({reasons})" if reasons else ""))
+    if view.early_aborts:
+        lines.append(f"early aborts: {view.early_aborts} groups, at most {view.tokens_saved} tokens saved")
+    last = view.last_drain
+    if last is not None and last.in_flight_versions_avg is not None and last.in_queue_versions_avg is not None:
+        flight, queue = last.in_flight_versions_avg, last.in_queue_versions_avg
+        line = f"staleness: {flight:.2f} versions in flight, {queue:.2f} in queue"
+        if last.in_flight_s_avg is not None and last.in_queue_s_avg is not None:
+            line += f" ({last.in_flight_s_avg:.2f}s / {last.in_queue_s_avg:.2f}s)"
+        lines.append(line)
+    for name, counts in (("length", view.by_length), ("reward", view.by_reward)):
+        share = kept_share(counts)
+        if share:
+            lines.append(f"kept by {name}: " + ", ".join(f"{bucket} {v:.0%}" for bucket, v in share.items()))
+    return lines

@@ -203,6 +203,9 @@ class Layout:
             on_stale=config.on_stale,
             follow_lora=config.lora_rank is not None,
             seed=config.seed * 100 + n,
+            admission=config.admission,
+            cap=config.rollout_cap,
+            early_abort=config.early_abort,
         )
         argv = weightbus_argv("rollout", "--config", self._write(f"rollout-{n}", spec))
         return Process(f"rollout-{n}", argv, self.tmp)

@@ -50,6 +50,20 @@ class DemoConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     """SIGKILL engine 0 after this step; it boots as ``default``."""
     policy: str = "demo"
     """The policy id of the run."""
+    admission: Literal["off", "cap", "bounded"] = "bounded"
+    """The rollout's admission: ``bounded`` by the staleness budget, ``cap`` at most ``cap`` groups running,
+    ``off`` the filter alone (generate, then judge)."""
+    cap: Annotated[int, Meta(ge=1)] | None = None
+    """The ``cap`` mode's limit on running groups (default: half of ``in_flight``, at least 1)."""
+    early_abort: bool = True
+    """Abort groups at the engines once they are certain to exceed the bound, and recycle their prompts."""
+
+    @property
+    def rollout_cap(self) -> int | None:
+        """The cap the rollout gets: ``cap``, or its default in ``cap`` mode; None in the other modes."""
+        if self.admission != "cap":
+            return self.cap
+        return self.cap if self.cap is not None else max(1, self.in_flight // 2)
 
     def fault_plan(self) -> dict[str, int]:
         """Each fault to inject and the step after which it happens."""

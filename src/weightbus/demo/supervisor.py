@@ -154,7 +154,10 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
         emit(f"nats {nats.url}  engines {' '.join(layout.engines)}  router {layout.router}")
         plan = config.fault_plan()
         faults = ", ".join(f"{name} after step {at}" for name, at in plan.items()) or "none (--no-faults)"
-        emit(f"training {config.steps} steps, max_staleness {config.max_staleness}, on_stale {config.on_stale}")
+        emit(
+            f"training {config.steps} steps, max_staleness {config.max_staleness}, on_stale {config.on_stale}, "
+            f"admission {config.admission}, early abort {'on' if config.early_abort else 'off'}"
+        )
         emit(f"faults: {faults}")
         injector = Injector(config, layout, procs, nats)
         _follow(config, layout, procs, injector, emit)

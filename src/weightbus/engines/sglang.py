@@ -22,6 +22,7 @@ import msgspec
 
 from weightbus.engines._http import normalize_url, server_message
 from weightbus.engines.wire import (
+    AbortReq,
     ContinueGenerationReq,
     FinishReason,
     GenerateMetaInfo,
@@ -175,6 +176,29 @@ class SGLangClient:
             EngineError: the engine refused or did not answer.
         """
         await self._call("POST", "/continue_generation", ContinueGenerationReq(), PauseAck)
+
+    async def abort_request(self, rid: str, *, message: str | None = None) -> None:
+        """Abort the in-flight ``/generate`` request ``rid`` (the ``rid`` it was sent with).
+
+        Sends SGLang 0.5.23's ``AbortReq`` as ``{"rid": rid, "abort_all": false, "abort_message": message}``.
+        The aborted ``/generate`` returns with ``meta_info.finish_reason.type == "abort"``; a ``rid`` the engine
+        does not hold (finished, or never sent to this engine) is not an error: the server ignores it.
+
+        Raises:
+            ValueError: ``rid`` is empty.
+            EngineError: the engine refused or did not answer.
+        """
+        if not rid:
+            raise ValueError("abort_request needs a non-empty rid")
+        await self._send("POST", "/abort_request", AbortReq(rid=rid, abort_all=False, abort_message=message))
+
+    async def abort_all_requests(self, *, message: str | None = None) -> None:
+        """Abort every in-flight ``/generate`` request on this engine (``{"rid": null, "abort_all": true}``).
+
+        Raises:
+            EngineError: the engine refused or did not answer.
+        """
+        await self._send("POST", "/abort_request", AbortReq(rid=None, abort_all=True, abort_message=message))
 
     # --- weight version --------------------------------------------------------------------------------------
 

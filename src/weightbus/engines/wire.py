@@ -13,6 +13,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "AbortReq",
     "ContinueGenerationReq",
     "FinishReason",
     "GenerateMetaInfo",
@@ -106,6 +107,17 @@ class UnloadLoraAdapterReq(msgspec.Struct, frozen=True):
     """``POST /unload_lora_adapter``."""
 
     lora_name: str
+
+
+class AbortReq(msgspec.Struct, frozen=True):
+    """``POST /abort_request`` (SGLang's ``AbortReq``): one request by the ``rid`` it was generated with, or all.
+
+    The server's other keys (``finished_reason``, ``weight_versions``) stay at their defaults.
+    """
+
+    rid: str | None
+    abort_all: bool
+    abort_message: str | None
 
 
 class GenerateReq(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -112,8 +112,11 @@ class _UnloadLoraBody(msgspec.Struct, frozen=True):
 
 
 class _AbortBody(msgspec.Struct, frozen=True):
-    rid: str = ""
+    # sglang's AbortReq: the rid a /generate was sent with (None: none), abort_all, and the message the
+    # aborted request's finish_reason carries; finished_reason and weight_versions are accepted, unused.
+    rid: str | None = None
     abort_all: bool = False
+    abort_message: str | None = None
 
 
 class _SamplingParams(msgspec.Struct, frozen=True):
@@ -221,9 +224,10 @@ async def _flush_cache(state: EngineState, request: Request, raw: bytes) -> Resp
 async def _abort_request(state: EngineState, request: Request, raw: bytes) -> Response:
     body = _parse(raw, _AbortBody)
     if body.abort_all:
-        await state.abort_all("Abort all requests")
-    else:
-        await state.abort(body.rid)
+        await state.abort_all(body.abort_message or "Abort all requests")
+    elif body.rid:
+        # An unknown or finished rid is ignored, as sglang does.
+        await state.abort(body.rid, body.abort_message or "Abort request")
     return Response(status_code=200)
 
 

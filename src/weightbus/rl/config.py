@@ -72,6 +72,9 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """Interface the metrics server binds."""
     freeze_heap: bool = True
     """Freeze the start-up heap once the tracker is ready (``gc.freeze``): a long-running process's choice."""
+    early_abort: bool = True
+    """Abort, at the engines (``/abort_request``), a group still generating once it is certain to exceed
+    ``max_staleness``, and recycle its prompt (``weightbus.rules.abort``)."""
 
 
 class TrainerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

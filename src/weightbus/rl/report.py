@@ -34,6 +34,10 @@ vacuous check is not a failure (``ok`` stays true) but it is not evidence either
 
 Learning is reported, not checked here: ``reward_first`` and ``reward_last`` are the mean rewards of the first and
 last quarter of the steps.
+
+Waste and bias are reported from the drain reports on the bus (``waste_summary``): tokens generated, trained and
+not trained by reason, early aborts and the tokens they saved, the staleness split into versions and seconds in
+flight and in queue, and the share of groups kept per response-length and reward bucket.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ __all__ = [
     "DemoResult",
     "analyse",
     "overhead_summary",
+    "waste_summary",
 ]
 
 #: The trainer id of the demo's rogue publisher, which bypasses the counter to announce v1 at the end.
@@ -293,6 +298,55 @@ def _summary(
             for a in restart_alerts
         ],
         "regression_alerts": len(rec.regressions),
+        **waste_summary(rec.drains),
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _kept_share(counts: dict[str, dict[str, int]]) -> dict[str, float]:
+    totals: dict[str, int] = {}
+    kept: dict[str, int] = {}
+    for outcome, buckets in counts.items():
+        for bucket, n in buckets.items():
+            totals[bucket] = totals.get(bucket, 0) + n
+            if outcome == "kept":
+                kept[bucket] = kept.get(bucket, 0) + n
+    return {bucket: kept.get(bucket, 0) / n for bucket, n in sorted(totals.items()) if n}
+
+
+def waste_summary(drains: list[dict[str, Any]]) -> dict[str, Any]:
+    """Waste and bias over a run's drain reports (wire JSON): see the module docstring."""
+    not_trained: dict[str, int] = {}
+    by_length: dict[str, dict[str, int]] = {}
+    by_reward: dict[str, dict[str, int]] = {}
+    for d in drains:
+        for reason, n in (d.get("tokens_not_trained") or {}).items():
+            not_trained[reason] = not_trained.get(reason, 0) + n
+        for target, counts in ((by_length, d.get("by_length") or {}), (by_reward, d.get("by_reward") or {})):
+            for outcome, buckets in counts.items():
+                into = target.setdefault(outcome, {})
+                for bucket, n in buckets.items():
+                    into[bucket] = into.get(bucket, 0) + n
+
+    def values(key: str) -> list[float]:
+        return [d[key] for d in drains if d.get(key) is not None]
+
+    generated = sum(d.get("tokens_generated", 0) for d in drains)
+    return {
+        "drain_tokens_generated": generated,
+        "drain_tokens_trained": sum(d.get("tokens_trained", 0) for d in drains),
+        "tokens_not_trained_by_reason": not_trained,
+        "early_aborts": sum(d.get("early_aborts", 0) for d in drains),
+        "tokens_saved": sum(d.get("tokens_saved", 0) for d in drains),
+        "in_flight_versions_avg": _mean(values("in_flight_versions_avg")),
+        "in_queue_versions_avg": _mean(values("in_queue_versions_avg")),
+        "in_flight_s_avg": _mean(values("in_flight_s_avg")),
+        "in_queue_s_avg": _mean(values("in_queue_s_avg")),
+        "kept_share_by_length": _kept_share(by_length),
+        "kept_share_by_reward": _kept_share(by_reward),
     }
 
 

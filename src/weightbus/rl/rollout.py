@@ -14,6 +14,11 @@ Invariants:
   or filters it. With ``admission_shared`` the budget is one for every rollout process of the policy.
 * A failed or aborted generation never enters the buffer as fresh data: aborted groups are filtered by the
   buffer, a router error retries the group after a short back-off.
+* Early abort (``config.early_abort``): every ``/generate`` carries a ``rid``; a group that a new version (or a
+  finished request's label) makes certain to exceed the bound (``rules.abort``) has its unfinished requests
+  aborted at the engines, its prompt recycled and the tokens saved counted (``rl.inflight``).
+* Each group is stamped with when its generation started and ended and the tracker's version at the end, so
+  the drain splits its staleness into time in flight and time in queue.
 * Each batch reply carries weightbus's share of the answer: the wait for the tracker (``wait_s``) and the
   drain's own run time (``drain_s``, :class:`weightbus.process.overhead.BusyTimer`: the waits for groups not counted).
 * The connection counts invalid payloads on the injected registry (``weightbus_invalid_events_total``), like every
@@ -48,10 +53,11 @@ from weightbus.consumers import (
     buffer_capacity,
 )
 from weightbus.consumers.admission import Admission, SharedBudget
-from weightbus.errors import AdmissionError, SlowConsumerError
+from weightbus.errors import AdmissionError, SlowConsumerError, WeightbusError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import RolloutConfig
+from weightbus.rl.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
 from weightbus.rl.task import Task, load_task
 from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
@@ -77,6 +83,10 @@ class RolloutProgress(msgspec.Struct, kw_only=True, frozen=True):
     staleness_max: int | None
     tokens_generated: int
     """Response tokens generated since the start (kept or not)."""
+    early_aborts: int = 0
+    """Groups aborted while generating because they had to be stale, since the start."""
+    tokens_saved: int = 0
+    """At most how many tokens those aborts saved."""
 
 
 async def generate_group(
@@ -87,8 +97,13 @@ async def generate_group(
     prompt: str,
     next_index: itertools.count[int],
     lora_path: str | None = None,
+    flight: Flight | None = None,
+    inflight: InFlightGroups | None = None,
 ) -> Group:
     """Generate ``config.group_size`` samples of ``prompt`` through the router into ``group`` (reset first).
+
+    With ``flight`` (registered in ``inflight``), request ``i`` carries ``rid = flight.rids[i]`` and reports its
+    oldest label to ``inflight`` as it answers, which may abort the others.
 
     Raises:
         httpx.HTTPError: the router failed or answered an error.
@@ -102,12 +117,15 @@ async def generate_group(
     if lora_path is not None:
         body["lora_path"] = lora_path
 
-    async def one() -> dict[str, Any]:
-        response = await http.post("/generate", json=body)
+    async def one(i: int) -> dict[str, Any]:
+        response = await http.post("/generate", json=body if flight is None else {**body, "rid": flight.rids[i]})
         response.raise_for_status()
-        return response.json()
+        answer = response.json()
+        if flight is not None and inflight is not None:
+            inflight.finished(flight, i, oldest_label(answer["meta_info"]))
+        return answer
 
-    answers = await asyncio.gather(*(one() for _ in range(config.group_size)))
+    answers = await asyncio.gather(*(one(i) for i in range(config.group_size)))
     group.samples = [_sample(task, prompt, ids, answer, next(next_index)) for answer in answers]
     aborted = any(s.status == SampleStatus.ABORTED for s in group.samples)
     group.status = SampleStatus.ABORTED if aborted else SampleStatus.COMPLETED
@@ -169,6 +187,11 @@ class _Rollout:
         self.announced = asyncio.Event()
         self.lags: dict[int, float] = {}
         self.tracker: VersionTracker | None = None
+        # Request ids must be unique on the engines: a consumer id set in the config may be shared or reused.
+        self.rid_prefix = f"{consumer}-{uuid.uuid4().hex[:8]}"
+        self.inflight: InFlightGroups | None = None
+        self.early_aborts = 0
+        self.tokens_saved = 0
         self.budget = (
             SharedBudget(bus, config.policy, name=consumer, lease_s=config.admission_lease_s)
             if config.admission_shared and config.admission != "off"  # off has nothing to share
@@ -199,12 +222,17 @@ class _Rollout:
         if self.config.follow_lora:
             await self.announced.wait()
         async with httpx.AsyncClient(base_url=self.config.router_url, timeout=30.0) as http:
+            inflight = self._inflight(tracker, http)
             while True:
                 group = self.retry.get_nowait() if not self.retry.empty() else Group(prompt_index=next(self.prompts))
                 prompt = group.metadata.get("prompt") or self.task.prompt(self.rng)
-                async with self.admission.slot() as slot:  # released on leaving unless accepted
+                async with self.admission.slot() as slot:  # released on leaving unless accepted or released
+                    flight = inflight.open(self.rid_prefix, self.config.group_size) if inflight is not None else None
+                    started = time.time()
                     try:
-                        await generate_group(http, self.config, self.task, group, prompt, self.next_index, self.adapter)
+                        await generate_group(
+                            http, self.config, self.task, group, prompt, self.next_index, self.adapter, flight, inflight
+                        )
                     except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
                         log.warning("generation failed; retrying the group", extra={"error": repr(exc)})
                         slot.release("recycled")
@@ -213,9 +241,51 @@ class _Rollout:
                         await asyncio.sleep(_RETRY_DELAY)
                         self.retry.put_nowait(group)
                         continue
-                    slot.accept()  # it counts until a drain takes or filters it
+                    finally:
+                        if flight is not None and inflight is not None:
+                            inflight.close(flight)
+                    if flight is not None and flight.aborted:
+                        slot.release("aborted")  # never enters the buffer; its prompt asks for a new slot
+                    else:
+                        slot.accept()  # it counts until a drain takes or filters it
                 self.generated += sum(s.response_length for s in group.samples)
+                group.started_at = started
+                group.generated_at = time.time()
+                group.generated_version = _current_or_none(tracker)
+                if flight is not None and flight.aborted:
+                    self._aborted_early(group)
+                    continue
                 await self.buffer.put(group)
+
+    def _inflight(self, tracker: VersionTracker, http: httpx.AsyncClient) -> InFlightGroups | None:
+        # One registry for every producer of this rollout, made by the first that starts.
+        if not self.config.early_abort or self.config.max_staleness is None:
+            return None
+        if self.inflight is None:
+            aborter = EngineAborter(self.config.router_url, http)
+            self.inflight = InFlightGroups(self.config.max_staleness, lambda: tracker.current, aborter)
+        return self.inflight
+
+    def _aborted_early(self, group: Group) -> None:
+        """A group aborted because it had to be stale: counted with the tokens saved, its prompt recycled."""
+        limit = self.task.max_new_tokens
+        saved = sum(max(0, limit - s.response_length) for s in group.samples if s.status == SampleStatus.ABORTED)
+        self.early_aborts += 1
+        self.tokens_saved += saved
+        # Through the drain window: counted (generated, not trained: aborted) and routed to on_recycle.
+        self.buffer.window.early_abort(group, saved)
+
+    async def abort_on_changes(self, tracker: VersionTracker) -> None:
+        """Each version change: abort the groups in flight that it makes certain to be stale."""
+        while True:
+            try:
+                async for change in tracker.changes():
+                    if self.inflight is not None and change.version is not None:
+                        self.inflight.check(change.version)
+                return  # the tracker stopped
+            except SlowConsumerError as exc:
+                # A missed change only delays an abort: the next change or finished request checks again.
+                log.warning("abort listener fell behind; resubscribing", extra={"error": str(exc)})
 
     async def follow_lags(self, tracker: VersionTracker) -> None:
         while True:
@@ -241,7 +311,9 @@ class _Rollout:
         drain = await timer
         stats = drain.stats
         try:
-            self.admission.drained(stats.kept, stats.recycled + stats.dropped, at=stats.current)
+            # Early aborts are counted by the window but released their slots when aborted (never accepted).
+            filtered = stats.recycled + stats.dropped - stats.early_aborts
+            self.admission.drained(stats.kept, filtered, at=stats.current)
         except AdmissionError as exc:
             log.error("admission count out of step with the drain", extra={"error": str(exc)})
         self.delivered += sum(s.response_length for g in drain.groups for s in g.samples)
@@ -256,6 +328,8 @@ class _Rollout:
                     dropped=stats.dropped,
                     staleness_max=stats.staleness_max,
                     tokens_generated=self.generated,
+                    early_aborts=self.early_aborts,
+                    tokens_saved=self.tokens_saved,
                 )
             )
         return BatchReply(
@@ -287,6 +361,8 @@ class _Rollout:
             await self.budget.start()
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
+        if self.config.early_abort:
+            tasks.append(asyncio.create_task(self.abort_on_changes(tracker)))
         if self.config.follow_lora:
             tasks.append(asyncio.create_task(self.follow_adapter()))
         try:
@@ -296,6 +372,13 @@ class _Rollout:
                 task.cancel()
             if self.budget is not None:
                 await self.budget.close()
+
+
+def _current_or_none(tracker: VersionTracker) -> int | None:
+    try:
+        return tracker.current
+    except WeightbusError:
+        return None  # not ready: no split for this group rather than a guess
 
 
 async def run_rollout(

@@ -3,11 +3,13 @@
 * ``chain``: the version-chain rule (``decide``): which weights events a follower accepts, the
   trainer's resume rule too.
 * ``staleness``: the staleness rule (``judge``) and its one per-sample scan.
+* ``abort``: the early-abort rule (``certain_stale``): a group still generating that must be stale.
 * ``history``: the fold of a stored weights history with the chain rule.
 
 Producers and consumers import these; these import only ``weightbus.schemas`` and ``weightbus.errors``.
 """
 
+from weightbus.rules.abort import certain_stale, oldest_bound
 from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState, WeightsEvent, decide
 from weightbus.rules.history import RejectedEvent, StoredEvent, WeightsHistory, fold_history
 from weightbus.rules.staleness import (
@@ -38,11 +40,13 @@ __all__ = [
     "Verdict",
     "WeightsEvent",
     "WeightsHistory",
+    "certain_stale",
     "decide",
     "fold_history",
     "group_versions",
     "judge",
     "min_fresh_version",
+    "oldest_bound",
     "raw_scan",
     "scan_group",
     "staleness",

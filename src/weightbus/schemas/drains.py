@@ -1,7 +1,9 @@
 """Drain reports, rollout side → monitors (``weightbus.<policy>.drains``).
 
 One ``DrainReport`` per drain of the fully-async buffer (or per call of the staleness helper):
-counts by action and reason and the staleness statistics of the window, in versions.
+counts by action and reason and the staleness statistics of the window, in versions; the tokens
+generated, trained and not trained; the staleness split into time in flight and in queue; and the
+groups by outcome and response-length or reward bucket (the filter's selection bias).
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ class DrainReport(DrainEvent, tag="drain.report"):
         version_state: where ``current`` came from: ``current`` (a tracker's known version),
             ``never_published`` (the policy never announced a version: the filter was off),
             ``given`` (the caller passed the version, or None, directly).
+        tokens_generated, tokens_trained: response tokens of the groups admitted, and of those kept.
+        tokens_not_trained: response tokens of the groups not kept, by reason.
+        early_aborts, tokens_saved: groups aborted while generating because they had to be stale,
+            and at most how many tokens that saved.
+        in_flight_versions_avg, in_queue_versions_avg, in_flight_s_avg, in_queue_s_avg: the judged
+            groups' staleness split into generating and buffered time, in versions and in seconds.
+        by_length, by_reward: groups by outcome (``kept``, ``recycled``, ``dropped``, ``aborted``) and
+            by mean response-length or mean reward bucket.
     """
 
     policy: PolicyId
@@ -52,6 +62,17 @@ class DrainReport(DrainEvent, tag="drain.report"):
     tracker_behind: Count = 0
     queue_size: Count = 0
     version_state: str | None = None
+    tokens_generated: Count = 0
+    tokens_trained: Count = 0
+    tokens_not_trained: dict[str, Count] = {}
+    early_aborts: Count = 0
+    tokens_saved: Count = 0
+    in_flight_versions_avg: float | None = None
+    in_queue_versions_avg: float | None = None
+    in_flight_s_avg: float | None = None
+    in_queue_s_avg: float | None = None
+    by_length: dict[str, dict[str, Count]] = {}
+    by_reward: dict[str, dict[str, Count]] = {}
 
 
 DrainMessage = DrainReport

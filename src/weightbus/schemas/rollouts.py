@@ -233,6 +233,10 @@ class Group(msgspec.Struct, kw_only=True):
         trajectories: multi-agent rollouts: one list of samples per trajectory; empty otherwise.
         status: the group's status; ``aborted`` here or on any sample makes the group aborted.
         metadata: free-form host data.
+        started_at: Unix time its generation started (the host sets it; None: unknown).
+        generated_at: Unix time its generation ended, when the host handed it to the buffer.
+        generated_version: the version the host's tracker held when generation ended: it splits the
+            group's staleness into versions in flight (``generated_version - oldest``) and in queue.
     """
 
     prompt_index: int
@@ -240,6 +244,9 @@ class Group(msgspec.Struct, kw_only=True):
     trajectories: list[list[Sample]] = []
     status: SampleStatus = SampleStatus.PENDING
     metadata: dict[str, Any] = {}
+    started_at: float | None = None
+    generated_at: float | None = None
+    generated_version: int | None = None
 
     def iter_samples(self) -> Iterator[Sample]:
         """Every sample: the flat group, then each trajectory's samples in order."""
@@ -270,4 +277,5 @@ class Group(msgspec.Struct, kw_only=True):
             sample.reset_for_retry()
         self.trajectories = []
         self.status = SampleStatus.PENDING
+        self.started_at = self.generated_at = self.generated_version = None
         return self

@@ -218,7 +218,7 @@ class FullyAsyncBuffer:
         if self._dynamic_filter is not None:
             reject = self._dynamic_filter(group)
             if reject is not None:
-                self.window.filtered(reject)
+                self.window.filtered(reject, group)
                 return False
         async with self._changed:
             await self._changed.wait_for(lambda: len(self._items) < self.capacity or self._error is not None)

@@ -65,6 +65,19 @@ class DrainStats:
             never announced a version) or ``given`` (passed directly by the caller, or miles' own
             version while the tracker was not ready); a window of several judgements reports the
             least trusted (``VERSION_STATES``).
+        tokens_generated: response tokens of the groups admitted in the window.
+        tokens_trained: response tokens of the groups kept.
+        tokens_not_trained: response tokens of the groups not kept, by reason (``stale``,
+            ``unknown_version``, ``aborted``, ``filtered``), counted before a recycled group is reset.
+        early_aborts, tokens_saved: groups the host aborted while generating because they had to be
+            stale (``rules.abort``), and at most how many tokens that saved.
+        in_flight_versions_avg, in_queue_versions_avg: the judged groups' staleness split into versions
+            that passed while generating and while waiting in the buffer (they add up to the staleness);
+            None without host stamps (``Group.generated_version``).
+        in_flight_s_avg, in_queue_s_avg: the same split in seconds (``Group.started_at``/``generated_at``).
+        by_length, by_reward: groups by outcome (``kept``, ``recycled``, ``dropped``, ``aborted``) and by
+            mean response-length bucket or mean reward bucket (``ledger.LENGTH_BUCKETS``,
+            ``ledger.REWARD_BUCKETS``): whether the filter starves long or hard prompts.
     """
 
     current: int | None
@@ -83,6 +96,22 @@ class DrainStats:
     buffer_max_staleness: int | None = None
     dynamic_filter: dict[str, int] = field(default_factory=dict)
     version_state: str = "given"
+    tokens_generated: int = 0
+    tokens_trained: int = 0
+    tokens_not_trained: dict[str, int] = field(default_factory=dict)
+    early_aborts: int = 0
+    tokens_saved: int = 0
+    in_flight_versions_avg: float | None = None
+    in_queue_versions_avg: float | None = None
+    in_flight_s_avg: float | None = None
+    in_queue_s_avg: float | None = None
+    by_length: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_reward: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def tokens_not_trained_total(self) -> int:
+        """Every response token of the window not trained on (every reason)."""
+        return sum(self.tokens_not_trained.values())
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -112,6 +141,22 @@ class DrainStats:
         for reason, n in self.dynamic_filter.items():
             if reason:
                 out[f"rollout/dynamic_filter/drop_{reason}"] = n
+        out["weightbus/tokens_generated"] = self.tokens_generated
+        out["weightbus/tokens_trained"] = self.tokens_trained
+        out["weightbus/tokens_not_trained"] = self.tokens_not_trained_total
+        for reason, n in self.tokens_not_trained.items():
+            out[f"weightbus/tokens_not_trained/{reason}"] = n
+        if self.early_aborts:
+            out["weightbus/early_aborts"] = self.early_aborts
+            out["weightbus/tokens_saved"] = self.tokens_saved
+        for key, value in (
+            ("in_flight_versions", self.in_flight_versions_avg),
+            ("in_queue_versions", self.in_queue_versions_avg),
+            ("in_flight_seconds", self.in_flight_s_avg),
+            ("in_queue_seconds", self.in_queue_s_avg),
+        ):
+            if value is not None:
+                out[f"weightbus/staleness/{key}"] = value
         return out
 
 

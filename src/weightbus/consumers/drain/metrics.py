@@ -10,6 +10,15 @@ Families (prefix ``weightbus_``, label ``policy``; no version numbers or group i
 * ``weightbus_drain_report_failures_total`` drain reports that could not be published.
 * ``weightbus_drain_reports_dropped_total`` drain reports dropped because the reporter's bounded
   queue was full (the bus was away for longer than the queue covers).
+* ``weightbus_tokens_generated_total``, ``weightbus_tokens_trained_total`` and
+  ``weightbus_tokens_not_trained_total{action, reason}``: response tokens admitted, kept, and not kept;
+* ``weightbus_early_aborts_total`` groups aborted while generating because they had to be stale, and
+  ``weightbus_tokens_saved_total`` at most how many tokens that saved;
+* ``weightbus_group_wait_versions{phase}`` and ``weightbus_group_wait_seconds{phase}`` histograms: each
+  judged group's staleness split into ``in_flight`` (generating) and ``in_queue`` (buffered);
+* ``weightbus_groups_by_length_total{outcome, length}`` and ``weightbus_groups_by_reward_total{outcome,
+  reward}``: kept against recycled, dropped and aborted groups by mean response-length and reward bucket
+  (``ledger.LENGTH_BUCKETS``, ``ledger.REWARD_BUCKETS``: a few fixed names).
 
 Everything is updated once per drain from its tallies (``DrainWindow.finish``), never per group or
 per put; the buffer-size gauge is read at scrape time from the buffer (``track_buffer``): prometheus-client's
@@ -28,10 +37,65 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["STALENESS_BUCKETS", "DrainMetrics", "StalenessMetrics"]
+from weightbus.consumers.drain.ledger import WasteLedger
+
+__all__ = ["STALENESS_BUCKETS", "WAIT_SECONDS_BUCKETS", "DrainMetrics", "StalenessMetrics"]
 
 #: Upper bounds of the staleness histogram, in versions (+Inf is implied).
 STALENESS_BUCKETS: Final = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+#: Upper bounds of the wait histogram in seconds (+Inf is implied).
+WAIT_SECONDS_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_PHASES: Final = ("in_flight", "in_queue")
+
+
+class _PhaseHistogram(Collector):
+    """A ``{policy, phase}`` histogram fed with whole windows of observations (as ``_StalenessHistogram``)."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self._name = name
+        self._doc = documentation
+        self._buckets = buckets
+        self._lock = Lock()
+        self._series: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+
+    def add_policy(self, policy: str) -> None:
+        with self._lock:
+            for phase in _PHASES:
+                self._series.setdefault((policy, phase), ([0] * (len(self._buckets) + 1), [0.0, 0]))
+
+    def observe_many(self, policy: str, phase: str, values: Iterable[float]) -> None:
+        buckets, totals = self._series[(policy, phase)]
+        added = [0] * len(buckets)
+        s = 0.0
+        n = 0
+        for v in values:
+            added[bisect_left(self._buckets, v)] += 1
+            s += v
+            n += 1
+        if not n:
+            return
+        with self._lock:
+            for i, c in enumerate(added):
+                buckets[i] += c
+            totals[0] += s
+            totals[1] += n
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._doc, labels=["policy", "phase"])
+        with self._lock:
+            snapshot = [(k, list(b), list(t)) for k, (b, t) in self._series.items()]
+        bounds = (*map(str, map(float, self._buckets)), "+Inf")
+        for key, buckets, (total, _count) in snapshot:
+            cumulative = 0
+            rows = []
+            for bound, c in zip(bounds, buckets, strict=True):
+                cumulative += c
+                rows.append((bound, cumulative))
+            family.add_metric(list(key), rows, total)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self._name, self._doc, labels=["policy", "phase"])
 
 
 class _StalenessHistogram(Collector):
@@ -139,6 +203,60 @@ class StalenessMetrics:
             ["policy"],
             registry=registry,
         )
+        self.tokens_generated = Counter(
+            f"{prefix}_tokens_generated",
+            "Response tokens of the groups admitted to the drain.",
+            ["policy"],
+            registry=registry,
+        )
+        self.tokens_trained = Counter(
+            f"{prefix}_tokens_trained",
+            "Response tokens of the groups kept (handed to the trainer).",
+            ["policy"],
+            registry=registry,
+        )
+        self.tokens_not_trained = Counter(
+            f"{prefix}_tokens_not_trained",
+            "Response tokens of the groups not kept, by action (recycled, dropped) and reason.",
+            ["policy", "action", "reason"],
+            registry=registry,
+        )
+        self.early_aborts = Counter(
+            f"{prefix}_early_aborts",
+            "Groups aborted at the engine while generating because they had to be stale.",
+            ["policy"],
+            registry=registry,
+        )
+        self.tokens_saved = Counter(
+            f"{prefix}_tokens_saved",
+            "At most how many tokens early aborts saved (what the aborted requests could still have generated).",
+            ["policy"],
+            registry=registry,
+        )
+        self.wait_versions = _PhaseHistogram(
+            f"{prefix}_group_wait_versions",
+            "Judged groups' staleness split into versions in flight (generating) and in queue (buffered).",
+            tuple(float(b) for b in STALENESS_BUCKETS),
+        )
+        registry.register(self.wait_versions)
+        self.wait_seconds = _PhaseHistogram(
+            f"{prefix}_group_wait_seconds",
+            "Judged groups' seconds in flight (generating) and in queue (buffered).",
+            WAIT_SECONDS_BUCKETS,
+        )
+        registry.register(self.wait_seconds)
+        self.by_length = Counter(
+            f"{prefix}_groups_by_length",
+            "Groups by outcome (kept, recycled, dropped, aborted) and mean response-length bucket.",
+            ["policy", "outcome", "length"],
+            registry=registry,
+        )
+        self.by_reward = Counter(
+            f"{prefix}_groups_by_reward",
+            "Groups by outcome (kept, recycled, dropped, aborted) and mean reward bucket.",
+            ["policy", "outcome", "reward"],
+            registry=registry,
+        )
         self._bound: dict[str, DrainMetrics] = {}
 
     def for_policy(self, policy: str) -> DrainMetrics:
@@ -156,6 +274,12 @@ class DrainMetrics:
         self.policy = policy
         self._families = families
         families.staleness.add_policy(policy)
+        families.wait_versions.add_policy(policy)
+        families.wait_seconds.add_policy(policy)
+        self._tokens_generated = families.tokens_generated.labels(policy)
+        self._tokens_trained = families.tokens_trained.labels(policy)
+        self._early_aborts = families.early_aborts.labels(policy)
+        self._tokens_saved = families.tokens_saved.labels(policy)
         self._groups: dict[tuple[str, str], Counter] = {}
         self._buffer_groups = families.buffer_groups.labels(policy)
         self._buffer_avg = families.buffer_avg_staleness.labels(policy)
@@ -207,3 +331,27 @@ class DrainMetrics:
     def report_dropped(self) -> None:
         """Count one drain report dropped at a full reporter queue."""
         self._reports_dropped.inc()
+
+    def record_ledger(self, ledger: WasteLedger) -> None:
+        """Add one window's token, wait and bias accounts (``DrainWindow.finish``)."""
+        f = self._families
+        p = self.policy
+        if ledger.generated:
+            self._tokens_generated.inc(ledger.generated)
+        if ledger.trained:
+            self._tokens_trained.inc(ledger.trained)
+        for (action, reason), n in ledger.not_trained.items():
+            if n:
+                f.tokens_not_trained.labels(p, action, reason).inc(n)
+        if ledger.early_aborts:
+            self._early_aborts.inc(ledger.early_aborts)
+        if ledger.saved:
+            self._tokens_saved.inc(ledger.saved)
+        f.wait_versions.observe_many(p, "in_flight", ledger.flight_versions)
+        f.wait_versions.observe_many(p, "in_queue", ledger.queue_versions)
+        f.wait_seconds.observe_many(p, "in_flight", ledger.flight_seconds)
+        f.wait_seconds.observe_many(p, "in_queue", ledger.queue_seconds)
+        for (outcome, bucket), n in ledger.by_length.items():
+            f.by_length.labels(p, outcome, bucket).inc(n)
+        for (outcome, bucket), n in ledger.by_reward.items():
+            f.by_reward.labels(p, outcome, bucket).inc(n)

@@ -60,6 +60,17 @@ def to_drain_report(
         tracker_behind=stats.tracker_behind,
         queue_size=stats.queue_size,
         version_state=stats.version_state,
+        tokens_generated=stats.tokens_generated,
+        tokens_trained=stats.tokens_trained,
+        tokens_not_trained=dict(stats.tokens_not_trained),
+        early_aborts=stats.early_aborts,
+        tokens_saved=stats.tokens_saved,
+        in_flight_versions_avg=stats.in_flight_versions_avg,
+        in_queue_versions_avg=stats.in_queue_versions_avg,
+        in_flight_s_avg=stats.in_flight_s_avg,
+        in_queue_s_avg=stats.in_queue_s_avg,
+        by_length={outcome: dict(buckets) for outcome, buckets in stats.by_length.items()},
+        by_reward={outcome: dict(buckets) for outcome, buckets in stats.by_reward.items()},
     )
 
 

@@ -11,7 +11,10 @@ and folds the tally into its statistics. Invariants:
 * any label newer than ``current``, an aborted group's included (and ``evidence`` from groups that
   never reached the drain), raises ``current``; groups already kept are judged again against it
   and the ones now too stale move to ``evicted`` for the caller to route;
-* staleness values are taken against the final ``current`` (``staleness_values``).
+* staleness values are taken against the final ``current`` (``staleness_values``);
+* the inlined paths also note, per group they judge, its response tokens, sample count, reward sum and
+  oldest version (``sums``, by ``id(group)``) for the window's waste accounts, so that accounting does not walk the
+  samples a second time; a group not noted there is summed by the accounts themselves.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class DrainTally:
         "n_aborted",
         "behind",
         "unknown_labels",
+        "sums",
     )
 
     def __init__(self, current: int | None, max_staleness: int | None, unknown: UnknownPolicy = "stale") -> None:
@@ -70,6 +74,8 @@ class DrainTally:
         self.n_aborted = 0
         self.behind = 0
         self.unknown_labels = 0
+        # id(group) -> (response tokens, samples, reward sum, rewarded samples, oldest), by the inlined paths
+        self.sums: dict[int, tuple[int, int, float, int, float]] = {}
 
     def add(self, group: Group) -> Reason:
         """Judge one group; a kept group is recorded here, any other is the caller's to route.
@@ -81,7 +87,8 @@ class DrainTally:
         if snap is not None and not group.trajectories and group.status != _ABORTED:
             lo = NO_OLDEST
             hi = NO_NEWEST
-            flags = 0
+            flags = tokens = rewarded = 0
+            reward_sum = 0.0
             try:
                 for s in group.samples:
                     f, o, n = s._v
@@ -90,9 +97,15 @@ class DrainTally:
                     if n > hi:
                         hi = n
                     flags |= f
+                    tokens += s.response_length
+                    r = s.reward
+                    if r is not None:
+                        reward_sum += r
+                        rewarded += 1
             except AttributeError:
                 flags = -1
             if flags == HAS_VERSION and hi <= snap:
+                self.sums[id(group)] = (tokens, len(group.samples), reward_sum, rewarded, lo)
                 mx = self.max_staleness
                 if mx is not None and self.current - lo > mx:  # type: ignore[operator]  # current >= snapshot
                     self.stale_oldest.append(lo)  # type: ignore[arg-type]  # lo is an int with HAS_VERSION
@@ -186,10 +199,12 @@ class DrainTally:
         stale_append = self.stale_oldest.append
         mx = math.inf if self.max_staleness is None else self.max_staleness
         n_stale = 0
+        sums = self.sums
         for group in groups:
             lo = NO_OLDEST
             hi = NO_NEWEST
-            flags = 0
+            flags = tokens = rewarded = 0
+            reward_sum = 0.0
             try:
                 for s in group.samples:
                     f, o, n = s._v
@@ -198,6 +213,11 @@ class DrainTally:
                     if n > hi:
                         hi = n
                     flags |= f
+                    tokens += s.response_length
+                    r = s.reward
+                    if r is not None:
+                        reward_sum += r
+                        rewarded += 1
             except AttributeError:
                 flags = -1
             if flags != HAS_VERSION or hi > snap or group.trajectories or group.status == _ABORTED:
@@ -209,6 +229,7 @@ class DrainTally:
                 if reason is not Reason.FRESH and reason is not Reason.UNMEASURED:
                     unused_append(group)
                 continue
+            sums[id(group)] = (tokens, len(group.samples), reward_sum, rewarded, lo)
             st = self.current - lo
             if st > mx:
                 stale_append(lo)

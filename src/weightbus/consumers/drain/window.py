@@ -24,18 +24,22 @@ Invariants:
   routed (``DrainTally.evicted``);
 * ``abandon`` returns every group the judgement kept, in order, for the host to put back at its
   head; what the judgement filtered stays counted in the window: nothing drained is lost;
+* every group's tokens and fate go to the window's ``WasteLedger`` (``ledger.py``) once: generated at
+  ``admit``, trained at ``close``, not trained when routed (before the host resets it);
 * Prometheus is updated in ``finish`` only: once per window, never per group or per put.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final, Protocol
 
 from weightbus.consumers.drain.decisions import Action, DrainStats
+from weightbus.consumers.drain.ledger import WasteLedger
 from weightbus.consumers.drain.tally import DrainTally
 from weightbus.rules.staleness import Reason, raw_scan
-from weightbus.schemas.rollouts import HAS_VERSION, Group
+from weightbus.schemas.rollouts import HAS_VERSION, Group, SampleStatus
 
 if TYPE_CHECKING:
     from weightbus.consumers.drain.metrics import DrainMetrics
@@ -97,6 +101,7 @@ class DrainWindow:
         "_dropped",
         "_behind",
         "_unknown_labels",
+        "_ledger",
     )
 
     def __init__(
@@ -129,6 +134,7 @@ class DrainWindow:
         self._dropped = 0
         self._behind = 0
         self._unknown_labels = 0
+        self._ledger = WasteLedger()
 
     @property
     def evidence(self) -> int | None:
@@ -149,22 +155,36 @@ class DrainWindow:
         _, hi, flags = raw_scan(group)
         if flags & HAS_VERSION:
             self._see(hi)
+        self._ledger.admitted(group)
         if not group.is_aborted:
             return True
         if flags & HAS_VERSION and (self._held is None or hi > self._held):
             self._held = hi
         self._count(Reason.ABORTED, 1)
-        self._route(group)
+        self._route(group, Reason.ABORTED, judged=False)
         return False
 
-    def filtered(self, reason: str) -> None:
+    def filtered(self, reason: str, group: Group | None = None) -> None:
         """The host's dynamic filter rejected an admitted group: dropped, counted by ``reason``.
 
         An empty ``reason`` is counted as ``filtered`` but gets no ``rollout/dynamic_filter/drop_*``
-        key (miles skips reason-less drops).
+        key (miles skips reason-less drops). ``group``, when given, has its tokens counted as not trained.
         """
         self._filtered[reason] = self._filtered.get(reason, 0) + 1
         self._dropped += 1
+        if group is not None:
+            self._ledger.settle(group, Action.DROPPED.value, Reason.FILTERED.value)
+
+    def early_abort(self, group: Group, tokens_saved: int) -> None:
+        """The host aborted ``group`` while it was generating because it had to be stale (``rules.abort``).
+
+        The group is marked aborted and goes through ``admit`` (its tokens generated, not trained, reason
+        ``aborted``; routed to ``on_unused``); ``tokens_saved`` is at most what its unfinished requests
+        could still have generated.
+        """
+        self._ledger.early_abort(tokens_saved)
+        group.status = SampleStatus.ABORTED
+        self.admit(group)
 
     # -- judging ---------------------------------------------------------------------------------
 
@@ -198,10 +218,10 @@ class DrainWindow:
         reason = t.add(group)
         kept = reason is Reason.FRESH or reason is Reason.UNMEASURED
         if not kept:
-            self._route(group)
+            self._route(group, reason, current=t.current, sums=t.sums)
         if t.evicted:
             for evicted in t.evicted:
-                self._route(evicted)
+                self._route(evicted, Reason.STALE, current=t.current, sums=t.sums)
             t.evicted.clear()
         return kept
 
@@ -210,14 +230,11 @@ class DrainWindow:
         unused = t.add_many(groups)
         unused.extend(t.evicted)
         t.evicted.clear()
-        if self._on_unused is None:
-            if self._recycles:
-                self._recycled += len(unused)
-            else:
-                self._dropped += len(unused)
-        else:
+        if unused:
+            now = time.time()
+            strict = t.strict
             for group in unused:
-                self._route(group)
+                self._route(group, None, current=t.current, now=now, strict=strict, sums=t.sums)
         return unused
 
     def close(self, t: DrainTally) -> list[Group]:
@@ -229,6 +246,7 @@ class DrainWindow:
         self._merge(t)
         self._behind += t.behind
         self._unknown_labels += t.unknown_labels
+        self._ledger.settle_kept(t.kept, t.kept_oldest, t.current, time.time(), t.sums)
         if t.current is not None:
             self._see(t.current)
             if self._current is None or t.current > self._current:
@@ -297,8 +315,11 @@ class DrainWindow:
             buffer_max_staleness=buf_max,
             dynamic_filter=dict(self._filtered),
             version_state=self._state or version_state,
+            **_ledger_fields(self._ledger),
         )
         self._record(stats, n_filtered, buffered=held is not None)
+        if self.stage.metrics is not None:
+            self.stage.metrics.record_ledger(self._ledger)
         if self.reporter is not None:
             self.reporter.submit(stats)
         self._reset(newest)
@@ -319,11 +340,31 @@ class DrainWindow:
         self._count(Reason.UNKNOWN_VERSION, t.n_unknown)
         self._count(Reason.ABORTED, t.n_aborted)
 
-    def _route(self, group: Group) -> None:
+    def _route(
+        self,
+        group: Group,
+        reason: Reason | None,
+        *,
+        current: int | None = None,
+        judged: bool = True,
+        now: float | None = None,
+        strict: bool = True,
+        sums: dict[int, tuple[int, int, float, int, float]] | None = None,
+    ) -> None:
+        """Count and hand on a group not kept; ``reason`` None: derived from its labels, in the rule's order."""
         if self._recycles:
             self._recycled += 1
         else:
             self._dropped += 1
+        # Settled before on_unused: a recycled group is reset there, and its tokens with it.
+        action = self.stage.unused_action.value
+        if judged:
+            when = time.time() if now is None else now
+            self._ledger.settle_judged(
+                group, action, None if reason is None else reason.value, strict, current, when, sums
+            )
+        else:
+            self._ledger.settle(group, action, reason.value if reason is not None else Reason.ABORTED.value)
         if self._on_unused is not None:
             self._on_unused(group)
 
@@ -342,3 +383,30 @@ class DrainWindow:
         m.set_current(stats.current)
         if buffered:
             m.set_buffer(stats.queue_size, stats.buffer_avg_staleness, stats.buffer_max_staleness)
+
+
+def _mean(values: list[int] | list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _nest(counts: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (outcome, bucket), n in counts.items():
+        out.setdefault(outcome, {})[bucket] = n
+    return out
+
+
+def _ledger_fields(ledger: WasteLedger) -> dict[str, object]:
+    return {
+        "tokens_generated": ledger.generated,
+        "tokens_trained": ledger.trained,
+        "tokens_not_trained": ledger.tokens_not_trained_by_reason(),
+        "early_aborts": ledger.early_aborts,
+        "tokens_saved": ledger.saved,
+        "in_flight_versions_avg": _mean(ledger.flight_versions),
+        "in_queue_versions_avg": _mean(ledger.queue_versions),
+        "in_flight_s_avg": _mean(ledger.flight_seconds),
+        "in_queue_s_avg": _mean(ledger.queue_seconds),
+        "by_length": _nest(ledger.by_length),
+        "by_reward": _nest(ledger.by_reward),
+    }

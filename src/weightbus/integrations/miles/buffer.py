@@ -79,18 +79,24 @@ def _status(sample: Any) -> SampleStatus:
 def _convert(sample: Any, fallback_index: int) -> Sample:
     index = getattr(sample, "index", None)
     labels = [v if isinstance(v, str) else str(v) for v in (getattr(sample, "weight_versions", None) or [])]
+    length = getattr(sample, "response_length", 0)
+    reward = getattr(sample, "reward", None)
     return Sample(
         index=index if isinstance(index, int) else fallback_index,
         weight_versions=labels,
         status=_status(sample),
+        # For the waste and bias accounts only; a reward that is not one number (a dict of rewards) is left out.
+        response_length=length if isinstance(length, int) and not isinstance(length, bool) and length >= 0 else 0,
+        reward=float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
     )
 
 
 def to_weightbus_group(group: list[Any], metadata: dict[str, Any] | None = None) -> Group:
     """A miles group (``list[Sample | list[Sample]]``; a nested list is one trajectory) as a weightbus ``Group``.
 
-    Only what the staleness rule reads is carried over: each sample's ``index``, ``weight_versions``
-    (one label per generate call or turn) and ``status``; ``metadata`` goes on the group as is.
+    Only what the staleness rule and the waste accounts read is carried over: each sample's ``index``,
+    ``weight_versions`` (one label per generate call or turn), ``status``, ``response_length`` and a numeric
+    ``reward``; ``metadata`` goes on the group as is.
     """
     flat: list[Sample] = []
     trajectories: list[list[Sample]] = []
@@ -272,7 +278,7 @@ class WeightbusDataBuffer:
             verdict = self._dynamic_filter(self._args, input.group)
             if not getattr(verdict, "keep", True):
                 # Counted under its reason; miles emits no drop_<reason> key for a reason-less drop.
-                self._window.filtered(str(getattr(verdict, "reason", None) or ""))
+                self._window.filtered(str(getattr(verdict, "reason", None) or ""), group)
                 return
         async with self._cond:
             while len(self._buffer) >= self.capacity:
