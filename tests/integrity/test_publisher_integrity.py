@@ -250,7 +250,8 @@ async def test_a_purged_history_is_resumed_above_the_counter_mark_and_trackers_h
         assert _stamped_numbers(engines, url) == ["1", "2", "3", "7"]
     alerts = [e.event for e in await history(nats_bus, subjects.alerts(policy))]
     reasons = {getattr(a, "reason", type(a).__name__) for a in alerts}
-    assert "counter_reset" in reasons  # the blind claim names 2 (the mark's announced), below the held 3
+    # The blind claim names 3, the mark's announced (written once 3 was stored): what trackers hold, no reset.
+    assert "counter_reset" not in reasons
     assert not any(type(a).__name__ == "VersionRegressed" for a in alerts)  # no version went backwards
 
 
@@ -470,8 +471,8 @@ async def test_history_evicted_by_low_writes_is_resumed_above_the_counter_mark_a
     async with VersionTracker(nats_bus, policy, registry=first, observer="r1", check_interval=0.2) as tracker:
         assert tracker.current == 1  # all the history still says
         (alert,) = await _alerts_of(nats_bus, policy, "counter_reset")
-        # The mark written beside the announcement of 5 names 4 as announced and acknowledged.
-        assert (alert.event_type, alert.current, alert.incoming, alert.publisher) == ("CounterHighWater", 1, 4, "t")
+        # The mark written once the announcement of 5 was stored names 5 as announced and acknowledged.
+        assert (alert.event_type, alert.current, alert.incoming, alert.publisher) == ("CounterHighWater", 1, 5, "t")
         assert _rejected_total(first, policy, "counter_reset") == 1
         # A restarted trainer without a fleet resumes above the mark (6, reserved by the announcement of 5).
         restarted = await VersionPublisher(nats_bus, policy, trainer_id="t-restarted").start()
@@ -497,7 +498,7 @@ async def test_a_tracker_of_a_purged_history_reports_the_counter_reset(nats_bus:
     async with VersionTracker(nats_bus, policy, registry=registry) as tracker:
         assert tracker.current is None  # never published, as far as the weights subject knows: filter off
         (alert,) = await _alerts_of(nats_bus, policy, "counter_reset")
-        assert (alert.current, alert.incoming) == (None, 2)
+        assert (alert.current, alert.incoming) == (None, 3)  # the mark names the last announced version
     assert _rejected_total(registry, policy, "counter_reset") == 1
 
 

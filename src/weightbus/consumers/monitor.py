@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from weightbus.bus.subjects import policy_of
-from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerState, decide
+from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerState, WeightsEvent, decide
 from weightbus.schemas.alerts import EngineOutOfSync, FleetQuarantined, VersionRegressed, VersionRejected
 from weightbus.schemas.codec import Event
 from weightbus.schemas.drains import DrainReport
@@ -187,47 +187,7 @@ def _push(items: tuple[_T, ...], item: _T, limit: int) -> tuple[_T, ...]:
 def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit: int) -> PolicyView:
     match event:
         case WeightUpdated() | PublisherClaimed() | VersionReserved():
-            d = decide(view.weights, event, RegressionMode.HOLD)
-            lag = view.lag
-            if d.is_update and live:
-                lag = max(0.0, received_at - event.published_at)
-            out = replace(view, weights=d.state, lag=lag, last_action=d.action)
-            if d.is_regression:
-                summary = (
-                    f"v{d.previous.version} → v{d.incoming} on the weights subject "
-                    f"(epoch {event.epoch}, by {event.trainer_id}): rejected, v{d.previous.version} held"
-                )
-                alert = AlertView("regression_seen", summary, event.published_at)
-                rejected = RejectedView(
-                    d.incoming if d.incoming is not None else -1,
-                    d.previous.version,
-                    event.epoch,
-                    event.trainer_id,
-                    event.published_at,
-                )
-                out = replace(
-                    out,
-                    regressions=view.regressions + 1,
-                    rejected=rejected,
-                    alerts=_push(view.alerts, alert, limit),
-                    alert_count=view.alert_count + 1,
-                )
-            elif d.reason is not None:
-                summary = (
-                    f"{type(event).__name__} v{d.incoming} (epoch {event.epoch}, by {event.trainer_id}) "
-                    f"{'not accepted' if d.reason != 'counter_reset' else 'names a lower counter'}: {d.reason}"
-                )
-                out = _alert(out, AlertView("rejected_seen", summary, event.published_at), limit)
-                if d.reason != "counter_reset":
-                    rejected = RejectedView(
-                        d.incoming if d.incoming is not None else -1,
-                        d.previous.version,
-                        event.epoch,
-                        event.trainer_id,
-                        event.published_at,
-                    )
-                    out = replace(out, rejected=rejected)
-            return out
+            return _apply_weights(view, event, received_at, live, limit)
         case WeightApplied():
             if view.applied_version is None or event.version > view.applied_version:
                 view = replace(view, applied_version=event.version, applied_ok=0, applied_failed=0)
@@ -237,63 +197,112 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
                 return replace(view, applied_failed=view.applied_failed + 1)
             return view
         case DrainReport():
-            drain = DrainView(
-                consumer=event.consumer,
-                seq=event.seq,
-                current=event.current,
-                kept=event.kept,
-                recycled=event.recycled,
-                dropped=event.dropped,
-                staleness_avg=event.staleness_avg,
-                staleness_max=event.staleness_max,
-                published_at=event.published_at,
-                tokens_generated=event.tokens_generated,
-                tokens_not_trained=sum(event.tokens_not_trained.values()),
-                early_aborts=event.early_aborts,
-                in_flight_versions_avg=event.in_flight_versions_avg,
-                in_queue_versions_avg=event.in_queue_versions_avg,
-                in_flight_s_avg=event.in_flight_s_avg,
-                in_queue_s_avg=event.in_queue_s_avg,
-            )
-            return replace(
-                view,
-                drains=_push(view.drains, drain, limit),
-                kept=view.kept + event.kept,
-                recycled=view.recycled + event.recycled,
-                dropped=view.dropped + event.dropped,
-                tokens_generated=view.tokens_generated + event.tokens_generated,
-                tokens_trained=view.tokens_trained + event.tokens_trained,
-                tokens_not_trained=_add(view.tokens_not_trained, event.tokens_not_trained),
-                early_aborts=view.early_aborts + event.early_aborts,
-                tokens_saved=view.tokens_saved + event.tokens_saved,
-                by_length=_add_nested(view.by_length, event.by_length),
-                by_reward=_add_nested(view.by_reward, event.by_reward),
-            )
+            return _apply_drain(view, event, limit)
+        case VersionRegressed() | VersionRejected() | FleetQuarantined() | EngineOutOfSync():
+            return _alert(view, _alert_view(event), limit)
+    return view
+
+
+def _apply_weights(view: PolicyView, event: WeightsEvent, received_at: float, live: bool, limit: int) -> PolicyView:
+    """The chain rule on one weights event; a regression or a rejection is kept and shown as an alert."""
+    d = decide(view.weights, event, RegressionMode.HOLD)
+    lag = view.lag
+    if d.is_update and live:
+        lag = max(0.0, received_at - event.published_at)
+    out = replace(view, weights=d.state, lag=lag, last_action=d.action)
+    rejected = RejectedView(
+        d.incoming if d.incoming is not None else -1,
+        d.previous.version,
+        event.epoch,
+        event.trainer_id,
+        event.published_at,
+    )
+    if d.is_regression:
+        summary = (
+            f"v{d.previous.version} → v{d.incoming} on the weights subject "
+            f"(epoch {event.epoch}, by {event.trainer_id}): rejected, v{d.previous.version} held"
+        )
+        alert = AlertView("regression_seen", summary, event.published_at)
+        return replace(
+            out,
+            regressions=view.regressions + 1,
+            rejected=rejected,
+            alerts=_push(view.alerts, alert, limit),
+            alert_count=view.alert_count + 1,
+        )
+    if d.reason is not None:
+        summary = (
+            f"{type(event).__name__} v{d.incoming} (epoch {event.epoch}, by {event.trainer_id}) "
+            f"{'not accepted' if d.reason != 'counter_reset' else 'names a lower counter'}: {d.reason}"
+        )
+        out = _alert(out, AlertView("rejected_seen", summary, event.published_at), limit)
+        if d.reason != "counter_reset":
+            out = replace(out, rejected=rejected)
+    return out
+
+
+def _apply_drain(view: PolicyView, event: DrainReport, limit: int) -> PolicyView:
+    """One drain report: the newest drains, and the totals of groups, tokens and the bias buckets."""
+    drain = DrainView(
+        consumer=event.consumer,
+        seq=event.seq,
+        current=event.current,
+        kept=event.kept,
+        recycled=event.recycled,
+        dropped=event.dropped,
+        staleness_avg=event.staleness_avg,
+        staleness_max=event.staleness_max,
+        published_at=event.published_at,
+        tokens_generated=event.tokens_generated,
+        tokens_not_trained=sum(event.tokens_not_trained.values()),
+        early_aborts=event.early_aborts,
+        in_flight_versions_avg=event.in_flight_versions_avg,
+        in_queue_versions_avg=event.in_queue_versions_avg,
+        in_flight_s_avg=event.in_flight_s_avg,
+        in_queue_s_avg=event.in_queue_s_avg,
+    )
+    return replace(
+        view,
+        drains=_push(view.drains, drain, limit),
+        kept=view.kept + event.kept,
+        recycled=view.recycled + event.recycled,
+        dropped=view.dropped + event.dropped,
+        tokens_generated=view.tokens_generated + event.tokens_generated,
+        tokens_trained=view.tokens_trained + event.tokens_trained,
+        tokens_not_trained=_add(view.tokens_not_trained, event.tokens_not_trained),
+        early_aborts=view.early_aborts + event.early_aborts,
+        tokens_saved=view.tokens_saved + event.tokens_saved,
+        by_length=_add_nested(view.by_length, event.by_length),
+        by_reward=_add_nested(view.by_reward, event.by_reward),
+    )
+
+
+def _alert_view(event: VersionRegressed | VersionRejected | FleetQuarantined | EngineOutOfSync) -> AlertView:
+    """An alert event as one line of the view."""
+    match event:
         case VersionRegressed():
             summary = (
                 f"v{event.current} → v{event.incoming} (epoch {event.incoming_epoch}, by {event.publisher}): "
                 f"{event.action} at {event.observer}"
             )
-            return _alert(view, AlertView("version_regressed", summary, event.published_at), limit)
+            return AlertView("version_regressed", summary, event.published_at)
         case VersionRejected():
             summary = (
                 f"{event.event_type} v{event.incoming} (epoch {event.incoming_epoch}, by {event.publisher}) "
                 f"not accepted at {event.observer}: {event.reason}"
             )
-            return _alert(view, AlertView("version_rejected", summary, event.published_at), limit)
+            return AlertView("version_rejected", summary, event.published_at)
         case FleetQuarantined():
             summary = (
                 f"engines relabelled {event.label} after v{event.version} failed ({event.reason}); "
                 f"{len(event.engines)} relabelled, {len(event.failed)} failed, resumed={event.resumed}"
             )
-            return _alert(view, AlertView("fleet_quarantined", summary, event.published_at), limit)
-        case EngineOutOfSync():
-            got = event.actual if event.actual is not None else "nothing"
-            summary = f"engine {event.engine}: stamped {event.expected}, reports {got}"
-            if event.error:
-                summary += f" ({event.error})"
-            return _alert(view, AlertView("engine_out_of_sync", summary, event.published_at), limit)
-    return view
+            return AlertView("fleet_quarantined", summary, event.published_at)
+    got = event.actual if event.actual is not None else "nothing"
+    summary = f"engine {event.engine}: stamped {event.expected}, reports {got}"
+    if event.error:
+        summary += f" ({event.error})"
+    return AlertView("engine_out_of_sync", summary, event.published_at)
 
 
 def _alert(view: PolicyView, alert: AlertView, limit: int) -> PolicyView:

@@ -398,33 +398,38 @@ class FencedCounter:
             reserves_next=self._reserve_next and version < MAX_VERSION,
         )
         msg_id = f"{self._policy}:{self._epoch}:{version}:{self._incarnation}"
-        ahead = version + 1 if event.reserves_next else version
-        if ahead > self._mark.covers:
-            # Beside the announcement, off the critical path. A failed write is not a failed update: the
-            # engines carry ``version``, which the take covered; the next take covers ``ahead`` first.
-            announced, marked = await asyncio.gather(
-                self._conditional(event, msg_id),
-                self._mark.cover(ahead, epoch=self._epoch, announced=self._version),
-                return_exceptions=True,
-            )
-            if isinstance(announced, BaseException):
-                raise announced
-            if isinstance(marked, BaseException):
-                if not isinstance(marked, BusError):
-                    raise marked
-                log.error(
-                    "the counter's mark was not written beside the announcement; the next take writes it",
-                    extra={"policy": self._policy, "version": version, "error": repr(marked)},
-                )
-            ack = announced
-        else:
-            ack = await self._conditional(event, msg_id)
+        ack = await self._conditional(event, msg_id)
         self._adopt_announced(event)
         log.info(
             "published weight version",
             extra={"policy": self._policy, "version": version, "epoch": self._epoch, "seq": ack.seq},
         )
         return event
+
+    async def cover_announced(self) -> None:
+        """Write the mark for the number the last announcement reserved ahead, unless it already covers it.
+
+        Called after the announcement is acknowledged, beside the fleet's resume: off the path from the
+        push to the trackers. A write that fails is logged and not raised: the engines carry the
+        announced version, which its take covered, and the next take covers the reserved number before
+        any engine may carry it.
+
+        Raises:
+            BaseException: anything but a ``BusError`` (a cancellation).
+        """
+        event = self._last_event
+        if event is None or self._epoch is None:
+            return
+        ahead = event.version + 1 if event.reserves_next else event.version
+        if ahead <= self._mark.covers:
+            return
+        try:
+            await self._mark.cover(ahead, epoch=self._epoch, announced=self._version)
+        except BusError as exc:
+            log.error(
+                "the counter's mark was not written after the announcement; the next take writes it",
+                extra={"policy": self._policy, "version": event.version, "error": repr(exc)},
+            )
 
     async def check_owner(self) -> None:
         """One read: raise ``FencedError`` if another owner has written since our last event (resolving doubt)."""

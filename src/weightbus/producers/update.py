@@ -32,11 +32,11 @@ The order, and why (docs/design.md has the long form):
    push. Only if some engine still needs ``v`` is ownership checked (one read) before
    ``/update_weight_version``; then read back;
 6. **announce** ``WeightUpdated(v, reserves_next=True, engines=<the stamped ones>)``: the only bus
-   round trip after the engines carry ``v`` (the mark for ``v + 1`` is written beside it). The
-   announcement is conditional on our previous event, so it is the fence check of the push;
+   round trip after the engines carry ``v``. The announcement is conditional on our previous event,
+   so it is the fence check of the push;
 7. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
-   drain before ``v`` is on the bus. The engines' ``WeightApplied`` read-backs (monitoring) are
-   published beside the resume, off the update's critical path.
+   drain before ``v`` is on the bus. The engines' ``WeightApplied`` read-backs (monitoring) and the
+   counter's mark for ``v + 1`` are written beside the resume, off the update's critical path.
 
 On any failure after the take (a pending relabel that did not take, an exception in the block, a
 push that covers no engine, a stamp that did not take, an announcement refused, lost or cancelled),
@@ -316,6 +316,8 @@ class VersionUpdate:
                 raise
             if fleet is not None:
                 await self._resume_and_report()
+            else:
+                await counter.cover_announced()
         finally:
             self._slot.active = False
 
@@ -335,17 +337,22 @@ class VersionUpdate:
         await alert_uncovered(self._bus, counter.policy, counter.trainer_id, version, labels, label)
 
     async def _resume_and_report(self) -> None:
-        """Resume the fleet and publish the engines' ``WeightApplied`` read-backs beside it (monitoring only)."""
+        """Resume the fleet; beside it, publish the engines' ``WeightApplied`` read-backs (monitoring only) and
+        the counter's mark for the number the announcement reserved ahead."""
         counter, fleet = self._counter, self._fleet
         assert fleet is not None and self.version is not None
         applied = publish_applied(self._bus, counter.policy, counter.trainer_id, self.version, self.lora, self.stamps)
+        marked = counter.cover_announced()
         if not self._paused:
-            resumed, reported = None, (await asyncio.gather(applied, return_exceptions=True))[0]
+            resumed = None
+            reported, covered = await asyncio.gather(applied, marked, return_exceptions=True)
         else:
             self._paused = False
             # Shielded: the version is announced, so a cancellation here must not leave the fleet paused.
             resume = asyncio.shield(fleet.resume())
-            resumed, reported = await asyncio.gather(resume, applied, return_exceptions=True)
+            resumed, reported, covered = await asyncio.gather(resume, applied, marked, return_exceptions=True)
+        if isinstance(covered, BaseException):
+            raise covered  # cover_announced raises only what is not a bus failure (a cancellation)
         if isinstance(reported, BaseException):
             if not isinstance(reported, Exception):
                 raise reported

@@ -1,6 +1,6 @@
 """The tracker's check against the counter's high-water mark: a version held below it is a counter reset.
 
-The owner writes ``CounterHighWater`` on ``weightbus.<policy>.counter`` with each announcement; its
+The owner writes ``CounterHighWater`` on ``weightbus.<policy>.counter`` after each announcement; its
 ``announced`` is a version that was announced and acknowledged. The weights subject keeps 256
 events, so enough writes there (a rogue's, a replayed trace) evict the real history and a tracker
 that starts afterwards would adopt whatever is left, silently. Invariants:
