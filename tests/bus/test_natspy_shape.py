@@ -35,12 +35,16 @@ async def client(nats_url: str) -> AsyncIterator[NatsClient]:
     await nc.close()
 
 
-def test_the_installed_nats_py_is_one_the_shapes_were_checked_on() -> None:
-    installed = importlib.metadata.version("nats-py")
-    assert installed in _natspy.CHECKED_ON, (
-        f"nats-py {installed} is installed; the private shapes were checked on {_natspy.CHECKED_ON}: run this file, "
-        "and add the version to weightbus.bus._natspy.CHECKED_ON when it passes"
-    )
+def test_the_dependency_range_starts_at_a_version_the_shapes_were_checked_on() -> None:
+    # The shapes below are the guard for any installed version; the range must not admit one never checked.
+    import re
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    (requirement,) = [r for r in project["dependencies"] if r.startswith("nats-py")]
+    lower = re.search(r">=([0-9.]+)", requirement)
+    assert lower is not None and lower.group(1) == min(_natspy.CHECKED_ON, key=lambda v: tuple(map(int, v.split("."))))
 
 
 async def test_client_status_buffer_and_tasks(client: NatsClient) -> None:

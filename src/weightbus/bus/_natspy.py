@@ -13,10 +13,10 @@ nats-py has no public handle on what weightbus needs at these points:
   reconnection task keeps retrying every ``reconnect_time_wait`` on a closed client;
 * whether nats-py parses headers with ``fast_mail_parser`` (``parse_email``), which breaks direct gets.
 
-Checked on nats-py 2.16.0 (``CHECKED_ON``) with CPython 3.11: ``tests/bus/test_natspy_shape.py`` asserts each
-of these shapes on a client connected to a real nats-server, so a nats-py release that changes one fails there,
-by name, rather than in a hang or a wrong count. A version added to the supported range must pass that test
-and be added to ``CHECKED_ON``.
+Checked on nats-py 2.14.0 and 2.16.0 (``CHECKED_ON``; the lowest is the dependency's lower bound) with CPython
+3.11: ``tests/bus/test_natspy_shape.py`` asserts each of these shapes on the installed version, on a client
+connected to a real nats-server, so a nats-py release that changes one fails there, by name, rather than in a
+hang or a wrong count.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ __all__ = [
 
 log = logging.getLogger("weightbus.bus")
 
-CHECKED_ON: Final = ("2.16.0",)
+CHECKED_ON: Final = ("2.14.0", "2.16.0")
 """The nats-py versions whose private shapes this module was checked against."""
 
 _CLIENT_TASKS: Final = ("_reading_task", "_ping_interval_task", "_flusher_task", "_reconnection_task")
