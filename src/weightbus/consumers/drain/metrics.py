@@ -48,27 +48,34 @@ WAIT_SECONDS_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 
 _PHASES: Final = ("in_flight", "in_queue")
 
 
-class _PhaseHistogram(Collector):
-    """A ``{policy, phase}`` histogram fed with whole windows of observations (as ``_StalenessHistogram``)."""
+class _BatchHistogram(Collector):
+    """A histogram fed with whole drains of observations at once, one series per label values.
 
-    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+    prometheus-client's ``Histogram`` takes one observation per call under a lock; a drain observes
+    hundreds, so the counts are added in one pass and exported at scrape time.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], labels: tuple[str, ...]) -> None:
         self._name = name
         self._doc = documentation
         self._buckets = buckets
+        self._labels = list(labels)
+        self._bounds = (*map(str, map(float, buckets)), "+Inf")
         self._lock = Lock()
-        self._series: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+        # label values -> (bucket counts, non-cumulative, last = +Inf; [sum, count])
+        self._series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
 
-    def add_policy(self, policy: str) -> None:
+    def add(self, *values: str) -> None:
+        """Export the series of ``values`` from 0, before its first observation."""
         with self._lock:
-            for phase in _PHASES:
-                self._series.setdefault((policy, phase), ([0] * (len(self._buckets) + 1), [0.0, 0]))
+            self._series.setdefault(values, ([0] * (len(self._buckets) + 1), [0.0, 0]))
 
-    def observe_many(self, policy: str, phase: str, values: Iterable[float]) -> None:
-        buckets, totals = self._series[(policy, phase)]
+    def observe_many(self, values: tuple[str, ...], observations: Iterable[float]) -> None:
+        buckets, totals = self._series[values]
         added = [0] * len(buckets)
         s = 0.0
         n = 0
-        for v in values:
+        for v in observations:
             added[bisect_left(self._buckets, v)] += 1
             s += v
             n += 1
@@ -81,68 +88,20 @@ class _PhaseHistogram(Collector):
             totals[1] += n
 
     def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self._name, self._doc, labels=["policy", "phase"])
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labels)
         with self._lock:
             snapshot = [(k, list(b), list(t)) for k, (b, t) in self._series.items()]
-        bounds = (*map(str, map(float, self._buckets)), "+Inf")
         for key, buckets, (total, _count) in snapshot:
             cumulative = 0
             rows = []
-            for bound, c in zip(bounds, buckets, strict=True):
+            for bound, c in zip(self._bounds, buckets, strict=True):
                 cumulative += c
                 rows.append((bound, cumulative))
             family.add_metric(list(key), rows, total)
         yield family
 
     def describe(self) -> Iterator[Metric]:
-        yield HistogramMetricFamily(self._name, self._doc, labels=["policy", "phase"])
-
-
-class _StalenessHistogram(Collector):
-    """A per-policy histogram fed with whole drains of integer observations."""
-
-    def __init__(self, name: str, documentation: str) -> None:
-        self._name = name
-        self._doc = documentation
-        self._lock = Lock()
-        # policy -> [bucket counts (non-cumulative, last = +Inf), sum, count]
-        self._series: dict[str, tuple[list[int], list[int]]] = {}
-
-    def add_policy(self, policy: str) -> None:
-        with self._lock:
-            self._series.setdefault(policy, ([0] * (len(STALENESS_BUCKETS) + 1), [0, 0]))
-
-    def observe_many(self, policy: str, values: Iterable[int]) -> None:
-        buckets, totals = self._series[policy]
-        added = [0] * len(buckets)
-        s = n = 0
-        for v in values:
-            added[bisect_left(STALENESS_BUCKETS, v)] += 1
-            s += v
-            n += 1
-        if not n:
-            return
-        with self._lock:
-            for i, c in enumerate(added):
-                buckets[i] += c
-            totals[0] += s
-            totals[1] += n
-
-    def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self._name, self._doc, labels=["policy"])
-        with self._lock:
-            snapshot = [(p, list(b), list(t)) for p, (b, t) in self._series.items()]
-        for policy, buckets, (total, _count) in snapshot:
-            cumulative = 0
-            rows = []
-            for bound, c in zip((*map(str, map(float, STALENESS_BUCKETS)), "+Inf"), buckets, strict=True):
-                cumulative += c
-                rows.append((bound, cumulative))
-            family.add_metric([policy], rows, total)
-        yield family
-
-    def describe(self) -> Iterator[Metric]:
-        yield HistogramMetricFamily(self._name, self._doc, labels=["policy"])
+        yield HistogramMetricFamily(self._name, self._doc, labels=self._labels)
 
 
 class StalenessMetrics:
@@ -154,8 +113,11 @@ class StalenessMetrics:
 
     def __init__(self, registry: CollectorRegistry, *, prefix: str = "weightbus") -> None:
         self.registry = registry
-        self.staleness = _StalenessHistogram(
-            f"{prefix}_group_staleness", "Staleness of groups judged at drain time, in versions."
+        self.staleness = _BatchHistogram(
+            f"{prefix}_group_staleness",
+            "Staleness of groups judged at drain time, in versions.",
+            STALENESS_BUCKETS,
+            ("policy",),
         )
         registry.register(self.staleness)
         self.groups = Counter(
@@ -233,16 +195,18 @@ class StalenessMetrics:
             ["policy"],
             registry=registry,
         )
-        self.wait_versions = _PhaseHistogram(
+        self.wait_versions = _BatchHistogram(
             f"{prefix}_group_wait_versions",
             "Judged groups' staleness split into versions in flight (generating) and in queue (buffered).",
             tuple(float(b) for b in STALENESS_BUCKETS),
+            ("policy", "phase"),
         )
         registry.register(self.wait_versions)
-        self.wait_seconds = _PhaseHistogram(
+        self.wait_seconds = _BatchHistogram(
             f"{prefix}_group_wait_seconds",
             "Judged groups' seconds in flight (generating) and in queue (buffered).",
             WAIT_SECONDS_BUCKETS,
+            ("policy", "phase"),
         )
         registry.register(self.wait_seconds)
         self.by_length = Counter(
@@ -273,9 +237,10 @@ class DrainMetrics:
     def __init__(self, families: StalenessMetrics, policy: str) -> None:
         self.policy = policy
         self._families = families
-        families.staleness.add_policy(policy)
-        families.wait_versions.add_policy(policy)
-        families.wait_seconds.add_policy(policy)
+        families.staleness.add(policy)
+        for phase in _PHASES:
+            families.wait_versions.add(policy, phase)
+            families.wait_seconds.add(policy, phase)
         self._tokens_generated = families.tokens_generated.labels(policy)
         self._tokens_trained = families.tokens_trained.labels(policy)
         self._early_aborts = families.early_aborts.labels(policy)
@@ -300,7 +265,7 @@ class DrainMetrics:
 
     def observe_staleness(self, values: Iterable[int]) -> None:
         """Add a drain's staleness values to the histogram."""
-        self._families.staleness.observe_many(self.policy, values)
+        self._families.staleness.observe_many((self.policy,), values)
 
     def tracker_behind(self, n: int) -> None:
         """Count ``n`` groups that were newer than the tracker."""
@@ -347,10 +312,10 @@ class DrainMetrics:
             self._early_aborts.inc(ledger.early_aborts)
         if ledger.saved:
             self._tokens_saved.inc(ledger.saved)
-        f.wait_versions.observe_many(p, "in_flight", ledger.flight_versions)
-        f.wait_versions.observe_many(p, "in_queue", ledger.queue_versions)
-        f.wait_seconds.observe_many(p, "in_flight", ledger.flight_seconds)
-        f.wait_seconds.observe_many(p, "in_queue", ledger.queue_seconds)
+        f.wait_versions.observe_many((p, "in_flight"), ledger.flight_versions)
+        f.wait_versions.observe_many((p, "in_queue"), ledger.queue_versions)
+        f.wait_seconds.observe_many((p, "in_flight"), ledger.flight_seconds)
+        f.wait_seconds.observe_many((p, "in_queue"), ledger.queue_seconds)
         for (outcome, bucket), n in ledger.by_length.items():
             f.by_length.labels(p, outcome, bucket).inc(n)
         for (outcome, bucket), n in ledger.by_reward.items():
