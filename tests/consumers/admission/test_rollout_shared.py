@@ -43,6 +43,12 @@ async def _request(bus: object, rollout: asyncio.Task[None], request: BatchReque
 
 
 async def test_the_rollout_shares_its_budget_and_serves_its_batches(nats_url: str) -> None:
+    # Bounded: a hang (seen once in a full CI run, not reproduced alone) fails here with its traceback.
+    async with asyncio.timeout(120):
+        await _shares_its_budget(nats_url)
+
+
+async def _shares_its_budget(nats_url: str) -> None:
     state = EngineState(model=WindowLM(seed=0), weight_version="1")
     with ServedEngine(create_app(state)) as engine:
         bus = await connect(nats_url, name="adm-test")
