@@ -70,7 +70,8 @@ bench: venv $(BENCH_STAMP)
 	echo "make bench: all benchmarks took $$(( $$(date +%s) - start )) s"
 
 lint: venv lint-imports
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .import_linter_cache
