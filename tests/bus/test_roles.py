@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from nats.js.api import ConsumerConfig, StreamConfig, SubjectTransform
 
+from tests.roles import AUTH_CONF, ENV, PASSWORDS
 from weightbus.bus import ConnectOptions, Deliver, NatsBus, connect, subjects
 from weightbus.bus.stream import StreamRequirements, create_or_upgrade
 from weightbus.consumers import VersionTracker
@@ -28,21 +29,6 @@ from weightbus.schemas import DrainReport
 
 pytestmark = pytest.mark.nats
 
-AUTH_CONF = Path(__file__).parents[2] / "ops" / "nats" / "auth.conf"
-PASSWORDS = {
-    "trainer": "tr-pw-1",
-    "trainer-policy-a": "tra-pw-2",
-    "rollout": "ro-pw-3",
-    "monitor": "mo-pw-4",
-    "admin": "ad-pw-5",
-}
-ENV = {
-    "TRAINER_PASSWORD": PASSWORDS["trainer"],
-    "TRAINER_A_PASSWORD": PASSWORDS["trainer-policy-a"],
-    "ROLLOUT_PASSWORD": PASSWORDS["rollout"],
-    "MONITOR_PASSWORD": PASSWORDS["monitor"],
-    "ADMIN_PASSWORD": PASSWORDS["admin"],
-}
 ROLES = ("trainer", "trainer-policy-a", "rollout", "monitor")
 
 

@@ -8,7 +8,6 @@ instead of a warning per attempt and a loop that never trains.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -18,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.bus.test_roles import AUTH_CONF, ENV, PASSWORDS
+from tests.roles import PASSWORDS, roles_server
 from weightbus.bus import ConnectOptions, connect
-from weightbus.bus.stream import StreamRequirements, create_or_upgrade
 from weightbus.embedded.server import EmbeddedNats, free_port
 from weightbus.errors import PermissionDeniedError
 from weightbus.rl.batches import BatchRequest, batch_subject, request_batch
@@ -33,18 +31,9 @@ def _as(role: str) -> dict[str, str]:
     return {"WEIGHTBUS_USER": role, "WEIGHTBUS_PASSWORD": PASSWORDS[role]}
 
 
-async def _create_stream(url: str) -> None:
-    admin = await connect(url, options=ConnectOptions(user="admin", password=PASSWORDS["admin"]), ensure_stream=False)
-    try:
-        await create_or_upgrade(admin.js, "WEIGHTBUS", StreamRequirements(), replicas=1)
-    finally:
-        await admin.close()
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    with EmbeddedNats(config=AUTH_CONF, env=ENV, store_dir=tmp_path / "js") as srv:
-        asyncio.run(_create_stream(srv.url))
+    with roles_server(tmp_path / "js") as srv:
         yield srv
 
 

@@ -3,15 +3,13 @@ that may not publish it is told at ``start`` with ``PermissionDeniedError`` inst
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.bus.test_roles import AUTH_CONF, ENV, PASSWORDS
+from tests.roles import PASSWORDS, roles_server
 from weightbus.bus import ConnectOptions, connect, subjects
-from weightbus.bus.stream import StreamRequirements, create_or_upgrade
 from weightbus.consumers.admission import Admission, SharedBudget
 from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import PermissionDeniedError
@@ -20,18 +18,9 @@ from weightbus.schemas import AdmissionLedger
 pytestmark = pytest.mark.nats
 
 
-async def _create_stream(url: str) -> None:
-    admin = await connect(url, options=ConnectOptions(user="admin", password=PASSWORDS["admin"]), ensure_stream=False)
-    try:
-        await create_or_upgrade(admin.js, "WEIGHTBUS", StreamRequirements(), replicas=1)
-    finally:
-        await admin.close()
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    with EmbeddedNats(config=AUTH_CONF, env=ENV, store_dir=tmp_path / "js") as srv:
-        asyncio.run(_create_stream(srv.url))
+    with roles_server(tmp_path / "js") as srv:
         yield srv
 
 
