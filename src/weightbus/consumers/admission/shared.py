@@ -13,7 +13,8 @@ fence (not a lock server, not a read before the write) orders the writers. Invar
   after it *sent* the write (its own monotonic clock), and other writers take it back only ``skew_s``
   after ``expires_at``: with host clocks within ``skew_s`` of each other, a holder has stopped using its
   slots before anyone else can be granted them. A process killed with ``kill -9`` gets its slots back to
-  the others within ``lease_s + skew_s`` of its last renewal (plus one poll of a waiting writer). A
+  the others within ``lease_s + skew_s`` of its last renewal, plus the time until another holder next writes
+  (at once when it waits for slots, else its next renewal, ``lease_s / 3``). A
   process that cannot reach the bus holds no slots once its lease lapses and admits nothing.
 * **One round trip per write, writes per group below one.** The newest ledger is followed by a
   subscription, so a write is one conditional publish. A process asks for ``grant`` slots at a time and
