@@ -43,6 +43,7 @@ def test_admission_and_early_abort_reach_the_rollout(tmp_path: Path, config: Dem
         (["--admission", "sometimes"], "--admission must be off, cap or bounded"),
         (["--compare-admission", "0,x"], "--compare-admission takes bounds like 0,1,2,4"),
         (["--compare-admission", "-1"], "--compare-admission needs one or more bounds >= 0"),
+        (["--repeats", "3"], "--repeats only applies to --compare-admission"),
     ],
 )
 def test_bad_admission_flags_are_refused(args: list[str], message: str) -> None:

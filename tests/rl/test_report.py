@@ -319,20 +319,35 @@ def test_waste_and_bias_come_from_the_drain_reports(tmp_path: Path) -> None:
     assert s["kept_share_by_reward"] == {"<=0": 0.0}
 
 
+def _admission_run(tmp_path: Path, wasted: int, step_s: float, reward_shift: float = 0.0, wait_s: float = 0.1) -> Any:
+    config = DemoConfig(steps=4, out_dir=None, faults=False)
+    recording = _write(tmp_path / "bus.jsonl", _healthy())
+    rows = [
+        _row(i, i + 1, [i + 1])
+        | {
+            "tokens_wasted": wasted,
+            "step_s": step_s,
+            "batch_wait_s": wait_s,
+            "time": 1000.0 + i * step_s,
+            "reward": 0.1 * i + reward_shift,
+        }
+        for i in range(1, 5)
+    ]
+    return analyse(config, rows=rows, recording=recording, faults=[], engines=ENGINES, wall_s=1.0)
+
+
 def test_admission_numbers_compare_each_mode_with_the_filter_alone(tmp_path: Path) -> None:
     from weightbus.rl.writers import admission_numbers, write_admission_tradeoff
 
-    config = DemoConfig(steps=4, out_dir=None, faults=False)
-    recording = _write(tmp_path / "bus.jsonl", _healthy())
-
     def run(wasted: int, step_s: float) -> Any:
-        rows = [
-            _row(i, i + 1, [i + 1]) | {"tokens_wasted": wasted, "step_s": step_s, "time": 1000.0 + i * step_s}
-            for i in range(1, 5)
-        ]
-        return analyse(config, rows=rows, recording=recording, faults=[], engines=ENGINES, wall_s=1.0)
+        return _admission_run(tmp_path, wasted, step_s)
 
-    results = {("off", 0): run(40, 1.0), ("bounded", 0): run(2, 2.0), ("cap", 0): run(10, 1.0), ("off", 1): run(5, 1.0)}
+    results = {
+        ("off", 0): [run(40, 1.0)],
+        ("bounded", 0): [run(2, 2.0)],
+        ("cap", 0): [run(10, 1.0)],
+        ("off", 1): [run(5, 1.0)],
+    }
     numbers = admission_numbers(results)
     assert list(numbers["runs"]) == ["off", "cap", "bounded"]
     off, bounded = numbers["runs"]["off"]["0"], numbers["runs"]["bounded"]["0"]
@@ -343,18 +358,25 @@ def test_admission_numbers_compare_each_mode_with_the_filter_alone(tmp_path: Pat
     assert off["generated_tokens_per_s"] == pytest.approx(25.0) and bounded["generated_tokens_per_s"] == pytest.approx(
         12.5
     )
+    assert bounded["batch_wait_share"] == pytest.approx(0.05)  # 0.1 s of each 2 s step waited for the batch
     versus = numbers["versus_off"]["0"]
-    assert versus["common_s"] == pytest.approx(4.0)
+    assert versus["common_s"] == pytest.approx(4.0) and versus["repeats"] == 1
     assert versus["bounded"]["rate_vs_off"] == pytest.approx(0.5)
     # After the same 4 s, the slower run has trained 2 steps (rewards 0.1, 0.2) against off's 4 (0.1 .. 0.4).
     assert versus["bounded"]["reward_at_common_s"] == pytest.approx(0.15)
     assert versus["bounded"]["reward_vs_off"] == pytest.approx(0.15 - 0.25)
+    assert versus["bounded"]["reward_vs_off_se"] is None  # one repeat: no spread to judge the gap against
     assert versus["off"]["rate_vs_off"] == pytest.approx(1.0)
-    assert set(numbers["versus_off"]) == {"0", "1"} and set(numbers["versus_off"]["1"]) == {"common_s", "off"}
+    assert set(numbers["versus_off"]) == {"0", "1"} and set(numbers["versus_off"]["1"]) == {
+        "repeats",
+        "common_s",
+        "common_s_each",
+        "off",
+    }
     assert versus["bounded"]["trained_rate_vs_off"] == pytest.approx((12.5 * 0.98) / (25.0 * 0.6))
     assert numbers["targets"]["0"]["bounded"] == {
         "tokens_not_trained": True,  # 2 % < 5 %
-        "reward_no_lower": False,
+        "reward_no_lower": "not met",
         "rate_at_least_90_percent": False,
     }
     assert numbers["targets"]["0"]["cap"]["tokens_not_trained"] is False  # 10 %
@@ -362,3 +384,54 @@ def test_admission_numbers_compare_each_mode_with_the_filter_alone(tmp_path: Pat
     assert (tmp_path / "out" / "admission-tradeoff.png").stat().st_size > 0
     written = json.loads((tmp_path / "out" / "admission-tradeoff.json").read_text())
     assert written["versus_off"]["0"]["cap"]["tokens_not_trained_share"] == pytest.approx(0.1)
+
+
+def test_repeats_are_paired_with_off_run_by_run(tmp_path: Path) -> None:
+    from weightbus.rl.writers import admission_numbers, write_admission_tradeoff
+
+    # Repeat 1 is a slow machine for both modes, repeat 2 a fast one: pairing compares like with like.
+    results = {
+        ("off", 1): [_admission_run(tmp_path, 5, 2.0), _admission_run(tmp_path, 5, 1.0)],
+        ("bounded", 1): [
+            _admission_run(tmp_path, 0, 2.0, reward_shift=-0.05),
+            _admission_run(tmp_path, 1, 1.0, reward_shift=0.03, wait_s=0.5),
+        ],
+    }
+    numbers = admission_numbers(results)
+    bounded = numbers["runs"]["bounded"]["1"]
+    assert len(bounded["repeats"]) == 2 and bounded["tokens_generated"] == 200  # summed over the repeats
+    assert bounded["tokens_not_trained_share_range"] == pytest.approx([0.0, 0.01])
+    assert bounded["batch_wait_share"] == pytest.approx((0.05 + 0.5) / 2)
+    versus = numbers["versus_off"]["1"]
+    assert versus["repeats"] == 2 and versus["common_s_each"] == pytest.approx([8.0, 4.0])
+    # Same speed as off in each repeat: the rate ratio is 1 in both, though the repeats' rates differ by 2x.
+    assert versus["bounded"]["rate_vs_off_each"] == pytest.approx([1.0, 1.0])
+    assert versus["bounded"]["reward_vs_off_each"] == pytest.approx([-0.05, 0.03])
+    assert versus["bounded"]["reward_vs_off"] == pytest.approx(-0.01)
+    assert versus["bounded"]["reward_vs_off_se"] == pytest.approx(0.04)
+    assert versus["bounded"]["tokens_not_trained_share_max"] == pytest.approx(0.01)
+    target = numbers["targets"]["1"]["bounded"]
+    assert target == {
+        "tokens_not_trained": False,  # 1 % in repeat 2 is not below 1 %
+        "reward_no_lower": "within noise",  # -0.01 with a standard error of 0.04
+        "rate_at_least_90_percent": True,
+    }
+    write_admission_tradeoff(results, tmp_path / "out")
+    assert (tmp_path / "out" / "admission-tradeoff.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("mean", "se", "verdict"),
+    [
+        (0.0, None, "met"),
+        (0.01, 0.5, "met"),
+        (-0.01, 0.01, "within noise"),
+        (-0.03, 0.01, "not met"),
+        (-0.01, None, "not met"),
+        (None, None, "unknown"),
+    ],
+)
+def test_reward_verdict(mean: float | None, se: float | None, verdict: str) -> None:
+    from weightbus.rl.writers import reward_verdict
+
+    assert reward_verdict(mean, se) == verdict

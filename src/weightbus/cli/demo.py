@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -66,6 +66,15 @@ def demo_command(
             "OUT/admission-tradeoff.png and .json.",
         ),
     ] = None,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            "--repeats",
+            min=1,
+            help="With --compare-admission: run every bound and mode this many times (seeds SEED, SEED+1, ...), "
+            "interleaved, and compare each mode with off repeat by repeat.",
+        ),
+    ] = 1,
     compare_staleness: Annotated[
         str | None,
         typer.Option(
@@ -89,6 +98,8 @@ def demo_command(
     if admission not in ("off", "cap", "bounded"):
         raise fail("--admission must be off, cap or bounded", 2)
     compare_bounds = None if compare_admission is None else _bounds(compare_admission, "--compare-admission")
+    if repeats > 1 and compare_bounds is None:
+        raise fail("--repeats only applies to --compare-admission", 2)
     missing = [name for name in _EXTRAS if importlib.util.find_spec(name) is None]
     if missing:
         raise fail(
@@ -99,7 +110,7 @@ def demo_command(
     from weightbus.demo import DemoConfig, DemoError, run_demo
 
     if compare_bounds is not None:
-        _compare_admission(compare_bounds, steps=steps, on_stale=on_stale, seed=seed, out=out)
+        _compare_admission(compare_bounds, steps=steps, on_stale=on_stale, seed=seed, out=out, repeats=repeats)
         return
     if compare_staleness is not None:
         bounds = _bounds(compare_staleness, "--compare-staleness")
@@ -214,36 +225,49 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
         raise typer.Exit(1)
 
 
-def _compare_admission(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path) -> None:
-    """One run per bound and mode; ``off`` is the filter alone (no admission, no early abort), as before."""
+def _compare_admission(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path, repeats: int) -> None:
+    """Each repeat runs every bound and mode once, so the modes compared at a bound ran minutes apart at most;
+    ``off`` is the filter alone (no admission, no early abort), as before admission."""
     from weightbus.demo import DemoConfig, DemoError, run_demo
     from weightbus.rl.writers import ADMISSION_MODES, write_admission_tradeoff
 
-    results = {}
-    for bound in bounds:
-        for mode in ADMISSION_MODES:
-            typer.echo(f"== max_staleness {bound}, admission {mode}")
-            config = DemoConfig(
-                steps=steps,
-                max_staleness=bound,
-                on_stale=on_stale,  # type: ignore[arg-type]
-                seed=seed,
-                out_dir=str(out / f"admission-{mode}-{bound}"),
-                faults=False,  # the trade-off compares admission, not recoveries
-                admission=mode,  # type: ignore[arg-type]
-                early_abort=mode != "off",
-            )
-            try:
-                results[(mode, bound)] = run_demo(config, emit=lambda line: None)
-            except DemoError as exc:
-                raise fail(str(exc), 1) from None
-            s = results[(mode, bound)].summary
-            typer.echo(
-                f"   reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, {s['wall_s']:.0f} s, "
-                f"{(s['tokens_wasted_share'] or 0) * 100:.1f}% of tokens not trained on, "
-                f"{s['early_aborts']} early aborts"
-            )
+    results: dict[tuple[str, int], list[DemoResult]] = {}
+    for repeat in range(repeats):
+        for bound in bounds:
+            for mode in ADMISSION_MODES:
+                typer.echo(f"== repeat {repeat + 1}/{repeats}, max_staleness {bound}, admission {mode}")
+                suffix = "" if repeats == 1 else f"-r{repeat + 1}"
+                config = DemoConfig(
+                    steps=steps,
+                    max_staleness=bound,
+                    on_stale=on_stale,  # type: ignore[arg-type]
+                    seed=seed + repeat,
+                    out_dir=str(out / f"admission-{mode}-{bound}{suffix}"),
+                    faults=False,  # the trade-off compares admission, not recoveries
+                    admission=mode,  # type: ignore[arg-type]
+                    early_abort=mode != "off",
+                )
+                try:
+                    result = run_demo(config, emit=lambda line: None)
+                except DemoError as exc:
+                    raise fail(str(exc), 1) from None
+                results.setdefault((mode, bound), []).append(result)
+                s = result.summary
+                typer.echo(
+                    f"   reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, {s['wall_s']:.0f} s, "
+                    f"{(s['tokens_wasted_share'] or 0) * 100:.1f}% of tokens not trained on, "
+                    f"{s['early_aborts']} early aborts"
+                )
     numbers = write_admission_tradeoff(results, out)
+    _admission_table(numbers)
+    typer.echo(f"report: {out / 'admission-tradeoff.png'}, {out / 'admission-tradeoff.json'}")
+    if not all(r.ok for each in results.values() for r in each):
+        raise typer.Exit(1)
+
+
+def _admission_table(numbers: dict[str, Any]) -> None:
+    from weightbus.rl.writers import ADMISSION_MODES
+
     typer.echo("")
     typer.echo(
         "bound  mode     not trained  generated/s  (vs off)  trained/s  (vs off)  reward at common time  (vs off)"
@@ -256,15 +280,16 @@ def _compare_admission(bounds: list[int], *, steps: int, on_stale: str, seed: in
             vs_rate = "" if row["rate_vs_off"] is None else f"{row['rate_vs_off'] * 100:.0f}%"
             vs_trained = "" if row["trained_rate_vs_off"] is None else f"{row['trained_rate_vs_off'] * 100:.0f}%"
             vs_reward = "" if row["reward_vs_off"] is None else f"{row['reward_vs_off']:+.3f}"
+            if row["reward_vs_off_se"] is not None and mode != "off":
+                vs_reward += f" ±{row['reward_vs_off_se']:.3f}"
             typer.echo(
                 f"{bound:>5}  {mode:<7}  {(row['tokens_not_trained_share'] or 0) * 100:>10.1f}%  "
                 f"{row['generated_tokens_per_s'] or 0:>11.0f}  {vs_rate:>8}  "
                 f"{row['trained_tokens_per_s'] or 0:>9.0f}  {vs_trained:>8}  "
                 f"{row['reward_at_common_s'] or 0:>21.3f}  {vs_reward:>8}"
             )
-    typer.echo(f"report: {out / 'admission-tradeoff.png'}, {out / 'admission-tradeoff.json'}")
-    if not all(r.ok for r in results.values()):
-        raise typer.Exit(1)
+    if any(rows.get("repeats", 1) > 1 for rows in numbers["versus_off"].values()):
+        typer.echo("(means over the repeats, each mode paired with off's run of the same repeat; ± one standard error)")
 
 
 def register(app: typer.Typer) -> None:
