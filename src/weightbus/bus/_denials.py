@@ -97,7 +97,14 @@ class Denials:
         return lambda action, refused: action == "publish" and refused.lower() == wanted
 
     @staticmethod
-    def api_or_inbox(api_prefix: str) -> Match:
-        """Refusals of a publish under ``api_prefix`` (a JetStream API call) or of any subscription."""
-        prefix = api_prefix.lower()
-        return lambda action, refused: action == "subscribe" or refused.lower().startswith(prefix)
+    def api_or_inbox(api_prefix: str, inbox_prefix: str = "_INBOX.") -> Match:
+        """Refusals of a publish under ``api_prefix`` (a JetStream API call) or of a subscription under
+        ``inbox_prefix`` (where JetStream's replies and a push consumer's deliveries arrive).
+
+        A refusal of another subscription on the same connection (another task's subject) is not this
+        operation's, and must not fail it.
+        """
+        api, inbox = api_prefix.lower(), inbox_prefix.lower()
+        return lambda action, refused: (
+            refused.lower().startswith(inbox) if action == "subscribe" else refused.lower().startswith(api)
+        )
