@@ -2,7 +2,7 @@
 # miles fully-async GRPO (Qwen3-30B-A3B, one 8-GPU node) with weightbus in charge of the weight versions.
 #
 # Arguments only: this is miles' own fully-async recipe (examples/infra_features/fully_async in miles) plus
-# the two weightbus flags and two environment variables. Run it from a miles checkout, in an image where
+# the three weightbus flags and two environment variables. Run it from a miles checkout, in an image where
 # `pip install weightbus` was done (training actors and RolloutManager alike), with a Ray cluster up.
 #
 #   MILES_DIR=~/miles MODEL_DIR=/models DATA_DIR=/data ./run_fully_async_weightbus.sh
@@ -32,6 +32,7 @@ ray job submit --address "${RAY_ADDRESS:-http://127.0.0.1:8265}" \
   -- python train_async.py \
   --custom-megatron-init-path weightbus.integrations.miles.install \
   --custom-async-data-buffer-path weightbus.integrations.miles.WeightbusDataBuffer \
+  --custom-generate-function-path weightbus.integrations.miles.generate \
   --max-weight-staleness 2 \
   --async-unused-samples-handler retry \
   --fully-async \

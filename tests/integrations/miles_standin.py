@@ -6,16 +6,25 @@ loaded with ``--custom-async-data-buffer-path`` is driven the way miles drives i
 * ``FullyAsyncRolloutFn`` builds the buffer from ``args.custom_async_data_buffer_path`` with a
   ``DataBufferConstructorInput(args, unused_handler_fn)`` (``_recycle`` under
   ``--async-unused-samples-handler retry``, a drop otherwise);
-* its worker starts on the first train call: ``data_source.get_samples(1)`` →
-  ``generate_and_rm_group`` → ``DataBuffer.put(DataBufferInput(prompt_group, group))``, at most
-  ``max_in_flight`` groups at a time (miles: ``rollout_batch_size``);
+* its worker starts on the first train call and runs miles' loop (main@31f1ca9,
+  ``FullyAsyncRolloutFn._worker_loop``): while fewer than ``max_in_flight`` groups are pending it
+  submits ``data_source.get_samples(1)`` → ``generate_and_rm_group``; it waits for the first to finish
+  and awaits ``DataBuffer.put(DataBufferInput(prompt_group, group))`` for each finished one in the loop
+  itself, so a blocked ``put`` stops further submissions;
+* with ``args.custom_generate_function_path`` set, ``generate_and_rm_group`` is miles': one task per
+  sample, each calling ``GenerateState.generate_function`` (loaded with ``load_generate_function``) with a
+  ``GenerateFnInput(state, sample, sampling_params, evaluation)`` under the ``generate_fn_semaphore``
+  (``sglang_server_concurrency`` permits), skipping samples already completed, siblings cancelled when
+  one raises;
 * each train call drains: ``rollout_batch_size`` × ``DataBuffer.get(current_version=input.weight_version)``,
   each group checked for ``n_samples_per_prompt`` samples, sorted by the first sample's ``index``,
   then ``DataBuffer.get_metrics()`` once → ``RolloutFnTrainOutput(samples, metrics)``;
 * a dead worker fails the next train call at once, even with groups buffered.
 
-``install_miles_helpers`` registers the two miles helpers the weightbus buffer imports to load a
-dynamic filter (``miles.utils.misc.load_function``, ``miles.rollout.filter_hub.base_types``).
+``install_miles_helpers`` registers the miles helpers weightbus imports: to load a dynamic filter
+(``miles.utils.misc.load_function``, ``miles.rollout.filter_hub.base_types``) and a generate function
+(``miles.rollout.inference_rollout.compatibility.load_generate_function``), and miles' default generate
+function (``miles.rollout.generate_hub.single_turn.generate``: here, it completes the sample as is).
 Kept small and reusable: the trainer half (``RolloutManager.set_weight_version``, the updaters) is
 for a later stand-in to add.
 """
@@ -39,6 +48,9 @@ __all__ = [
     "DataBufferInput",
     "DynamicFilterOutput",
     "FullyAsyncRolloutFn",
+    "GenerateFnInput",
+    "GenerateFnOutput",
+    "GenerateState",
     "RolloutFnTrainInput",
     "RolloutFnTrainOutput",
     "Sample",
@@ -61,6 +73,7 @@ class Sample:
         ABORTED = "aborted"
         FAILED = "failed"
 
+    group_index: int | None = None
     index: int | None = None
     weight_versions: list[str] = field(default_factory=list)
     status: Status = Status.PENDING
@@ -104,6 +117,60 @@ class RolloutFnTrainOutput:
     metrics: dict[str, float]
 
 
+class GenerateState:
+    """``GenerateState``: the arguments, the generate function and the semaphore its calls run under."""
+
+    def __init__(self, args: Namespace) -> None:
+        self.args = args
+        self.generate_fn_semaphore = asyncio.Semaphore(getattr(args, "sglang_server_concurrency", 64))
+        path = getattr(args, "custom_generate_function_path", None)
+        self.generate_function = load_function(path) if path else single_turn_generate
+
+
+@dataclass(frozen=True)
+class GenerateFnInput:
+    state: GenerateState
+    sample: Sample
+    sampling_params: dict[str, Any]
+    evaluation: bool
+
+    @property
+    def args(self) -> Namespace:
+        return self.state.args
+
+
+@dataclass(frozen=True)
+class GenerateFnOutput:
+    samples: Sample | list[Sample]
+
+
+async def single_turn_generate(input: GenerateFnInput) -> GenerateFnOutput:
+    """miles' default generate function, standing in: the sample completes as it is."""
+    await asyncio.sleep(0)
+    input.sample.status = Sample.Status.COMPLETED
+    return GenerateFnOutput(samples=input.sample)
+
+
+async def generate_and_rm_group(state: GenerateState, group: list[Sample]) -> list[Sample]:
+    """miles' ``generate_and_rm_group``: one task per sample under the semaphore; siblings cancelled on an error."""
+
+    async def one(sample: Sample) -> Sample:
+        if sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED):
+            return sample
+        async with state.generate_fn_semaphore:
+            out = await state.generate_function(GenerateFnInput(state, sample, {}, False))
+        return out.samples  # type: ignore[return-value]
+
+    tasks = [asyncio.create_task(one(sample)) for sample in group]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 @dataclass(frozen=True)
 class DynamicFilterOutput:
     """``miles.rollout.filter_hub.base_types.DynamicFilterOutput``."""
@@ -129,9 +196,13 @@ def install_miles_helpers() -> Iterator[None]:
     """Make ``miles.utils.misc`` and ``miles.rollout.filter_hub.base_types`` importable (this module's stand-ins)."""
     names = ["miles", "miles.utils", "miles.utils.misc", "miles.rollout", "miles.rollout.filter_hub"]
     names.append("miles.rollout.filter_hub.base_types")
+    names += ["miles.rollout.inference_rollout", "miles.rollout.inference_rollout.compatibility"]
+    names += ["miles.rollout.generate_hub", "miles.rollout.generate_hub.single_turn"]
     saved = {n: sys.modules.get(n) for n in names}
     modules = {n: types.ModuleType(n) for n in names}
     modules["miles.utils.misc"].load_function = load_function  # type: ignore[attr-defined]
+    modules["miles.rollout.inference_rollout.compatibility"].load_generate_function = load_function  # type: ignore[attr-defined]
+    modules["miles.rollout.generate_hub.single_turn"].generate = single_turn_generate  # type: ignore[attr-defined]
     base_types = modules["miles.rollout.filter_hub.base_types"]
     base_types.call_dynamic_filter = call_dynamic_filter  # type: ignore[attr-defined]
     base_types.DynamicFilterOutput = DynamicFilterOutput  # type: ignore[attr-defined]
@@ -165,7 +236,10 @@ def make_group(
     group_index: int, labels: list[str], *, status: Sample.Status = Sample.Status.COMPLETED, n: int = 2
 ) -> list[Sample]:
     """``n`` samples with ``index = group_index * 10 + i``, each labelled ``labels`` (miles' tests' ``make_group``)."""
-    return [Sample(index=group_index * 10 + i, weight_versions=list(labels), status=status) for i in range(n)]
+    return [
+        Sample(group_index=group_index, index=group_index * 10 + i, weight_versions=list(labels), status=status)
+        for i in range(n)
+    ]
 
 
 class ScriptedDataSource:
@@ -230,6 +304,8 @@ class FullyAsyncRolloutFn:
         self.data_source = data_source
         self.generate_and_rm_group = generate_and_rm_group
         self.max_in_flight = max_in_flight or args.rollout_batch_size
+        # miles' own generate_and_rm_group (per-sample generate function calls) when a generate function is set.
+        self.state = GenerateState(args) if getattr(args, "custom_generate_function_path", None) else None
         self.dropped: list[list[Sample]] = []
         handler = self._recycle if args.async_unused_samples_handler == "retry" else self._drop
         cls = load_function(args.custom_async_data_buffer_path)
@@ -244,36 +320,30 @@ class FullyAsyncRolloutFn:
     def _drop(self, prompt_group: list[Sample]) -> None:
         self.dropped.append(prompt_group)
 
+    async def _generate(self, prompt_group: list[Sample]) -> DataBufferInput:
+        if self.state is not None:
+            group = await generate_and_rm_group(self.state, prompt_group)
+        else:
+            group = await self.generate_and_rm_group(self.args, prompt_group)
+        return DataBufferInput(prompt_group=prompt_group, group=group)
+
     async def _run_worker(self) -> None:
-        slots = asyncio.Semaphore(self.max_in_flight)
-        pending: set[asyncio.Task[None]] = set()
-        errors: list[BaseException] = []
-
-        async def one(prompt_group: list[Sample]) -> None:
-            try:
-                group = await self.generate_and_rm_group(self.args, prompt_group)
-                await self.buffer.put(DataBufferInput(prompt_group=prompt_group, group=group))
-            except Exception as exc:  # the worker dies with it (miles: the next drain raises it)
-                errors.append(exc)
-            finally:
-                slots.release()
-
+        active: set[asyncio.Task[DataBufferInput]] = set()
         try:
             while True:
-                await slots.acquire()
-                if errors:
-                    raise errors[0]
-                got = self.data_source.get_samples(1)
-                if not got:
-                    slots.release()
-                    await asyncio.sleep(0.01)
+                while len(active) < self.max_in_flight:
+                    got = self.data_source.get_samples(1)
+                    if not got:
+                        break
+                    active.add(asyncio.create_task(self._generate(got[0])))
+                if not active:
+                    await asyncio.sleep(0.01)  # nothing to generate yet: ask the data source again
                     continue
-                task = asyncio.create_task(one(got[0]))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                await asyncio.sleep(0)
+                done, active = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    await self.buffer.put(task.result())  # an error ends the worker (the next drain raises it)
         finally:
-            for task in pending:
+            for task in active:
                 task.cancel()
 
     async def __call__(self, input: RolloutFnTrainInput) -> RolloutFnTrainOutput:

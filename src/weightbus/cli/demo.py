@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from weightbus.cli._common import VerboseOption, fail, setup_logging
+from weightbus.cli.exits import signal_exit_code
 
 if TYPE_CHECKING:
     from weightbus.rl.report import DemoResult
@@ -136,8 +138,9 @@ def demo_command(
         result = run_demo(config, emit=typer.echo)
     except DemoError as exc:
         raise fail(str(exc), 1) from None
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        sig = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+        raise typer.Exit(signal_exit_code(sig)) from None
     s = result.summary
     typer.echo("")
     typer.echo(

@@ -68,7 +68,7 @@ def _terminate_as_interrupt() -> Any:
     """Make SIGTERM unwind like Ctrl-C, so the cleanup runs; returns the previous handler (None off the main thread)."""
 
     def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt(signum)  # the signal travels with it: the CLI exits 143, not Ctrl-C's 130
 
     try:
         return signal.signal(signal.SIGTERM, interrupt)

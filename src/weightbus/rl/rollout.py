@@ -67,6 +67,7 @@ __all__ = ["RolloutConfig", "RolloutProgress", "generate_group", "run_rollout"]
 log = logging.getLogger("weightbus.rl")
 
 _RETRY_DELAY = 0.2
+_STOP_S = 5.0
 _LAGS_KEPT = 64
 
 
@@ -370,6 +371,14 @@ class _Rollout:
         finally:
             for task in tasks:
                 task.cancel()
+            # The producers leave their admission slots on the way out; the budget's last write must come after.
+            # Bounded: a task that swallows its cancel must not hold the shutdown.
+            done, pending = await asyncio.wait(tasks, timeout=_STOP_S)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.debug("rollout task ended with an error", extra={"error": repr(task.exception())})
+            if pending:
+                log.error("rollout tasks did not stop within the bound", extra={"tasks": len(pending)})
             if self.budget is not None:
                 await self.budget.close()
 

@@ -30,6 +30,10 @@ training step. This class keeps miles' contract and replaces its staleness contr
   ``weightbus.<policy>.drains``.
 * The capacity is miles' ``floor(async_data_buffer_capacity_factor * rollout_batch_size)`` groups; a full
   buffer blocks ``put``.
+* **Admission** (with ``--custom-generate-function-path weightbus.integrations.miles.generate``, module
+  ``admission``): ``put`` accepts the slot a group took before it started generating, or releases it when
+  the group is aborted or dropped; each ``get`` frees what it filtered and counts what it kept, against
+  the same version it judges with.
 
 The judging, the evidence (a label newer than the current version in any group buffered, taken or
 refused since the window opened raises the current version of every later ``get``), the window's
@@ -57,67 +61,20 @@ from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
 from weightbus.errors import TrackerNotReadyError
+from weightbus.integrations.miles.admission import MilesAdmission, check_semaphore, register_buffer
 from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings
 from weightbus.integrations.miles.config import setting as _setting
-from weightbus.rules.staleness import UNKNOWN_POLICIES, group_versions
-from weightbus.schemas.rollouts import Group, Sample, SampleStatus
+from weightbus.integrations.miles.groups import group_key, miles_group_versions, to_weightbus_group
+from weightbus.rules.staleness import UNKNOWN_POLICIES
+from weightbus.schemas.rollouts import Group
 
 __all__ = ["WeightbusDataBuffer", "miles_group_versions", "to_weightbus_group"]
 
 log = logging.getLogger("weightbus.integrations.miles")
 
-_STATUSES: Final = {s.value for s in SampleStatus}
 _ENTRY: Final = "miles_entry"  # a converted group's metadata key for miles' DataBufferInput
-
-
-def _status(sample: Any) -> SampleStatus:
-    status = getattr(sample, "status", None)
-    value = getattr(status, "value", status)
-    return SampleStatus(value) if isinstance(value, str) and value in _STATUSES else SampleStatus.PENDING
-
-
-def _convert(sample: Any, fallback_index: int) -> Sample:
-    index = getattr(sample, "index", None)
-    labels = [v if isinstance(v, str) else str(v) for v in (getattr(sample, "weight_versions", None) or [])]
-    length = getattr(sample, "response_length", 0)
-    reward = getattr(sample, "reward", None)
-    return Sample(
-        index=index if isinstance(index, int) else fallback_index,
-        weight_versions=labels,
-        status=_status(sample),
-        # For the waste and bias accounts only; a reward that is not one number (a dict of rewards) is left out.
-        response_length=length if isinstance(length, int) and not isinstance(length, bool) and length >= 0 else 0,
-        reward=float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
-    )
-
-
-def to_weightbus_group(group: list[Any], metadata: dict[str, Any] | None = None) -> Group:
-    """A miles group (``list[Sample | list[Sample]]``; a nested list is one trajectory) as a weightbus ``Group``.
-
-    Only what the staleness rule and the waste accounts read is carried over: each sample's ``index``,
-    ``weight_versions`` (one label per generate call or turn), ``status``, ``response_length`` and a numeric
-    ``reward``; ``metadata`` goes on the group as is.
-    """
-    flat: list[Sample] = []
-    trajectories: list[list[Sample]] = []
-    n = 0
-    for item in group:
-        if isinstance(item, list):
-            trajectory = []
-            for sample in item:
-                trajectory.append(_convert(sample, n))
-                n += 1
-            trajectories.append(trajectory)
-        else:
-            flat.append(_convert(item, n))
-            n += 1
-    first = flat[0].index if flat else trajectories[0][0].index if trajectories and trajectories[0] else 0
-    return Group(prompt_index=first, samples=flat, trajectories=trajectories, metadata=metadata or {})
-
-
-def miles_group_versions(group: list[Any]) -> Any:
-    """``group_versions`` of a miles group: the oldest and newest version over every sample and turn."""
-    return group_versions(to_weightbus_group(group))
+_ADMITTED: Final = "miles_admitted"  # set on a group that holds an accepted admission slot
+_UNSET: Final = object()
 
 
 class WeightbusDataBuffer:
@@ -200,6 +157,8 @@ class WeightbusDataBuffer:
         self._buffer: deque[Group] = deque()
         self._passed: int | None = None  # the highest version miles has passed (get or put)
         self._waited = False  # this window already waited for a tracker that is not ready
+        self._admission: MilesAdmission | None | object = _UNSET  # made by the first generate call
+        register_buffer(self)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -241,6 +200,9 @@ class WeightbusDataBuffer:
 
     async def aclose(self) -> None:
         """Publish pending drain reports, stop the tracker, and close the bus if this buffer connected it."""
+        admission, self._admission = self._admission, _UNSET
+        if isinstance(admission, MilesAdmission):
+            await admission.aclose()
         reporter, self._reporter = self._reporter, None
         self._window.reporter = None
         if reporter is not None:
@@ -257,6 +219,26 @@ class WeightbusDataBuffer:
         """The version tracker, once started."""
         return self._tracker
 
+    async def admission(self) -> MilesAdmission | None:
+        """The admission slots of this buffer's groups (None when ``WEIGHTBUS_ADMISSION=off``), made on first use.
+
+        Raises:
+            ValueError: bad admission settings, or miles' semaphore too small for it (``check_semaphore``).
+        """
+        await self.start()
+        if self._admission is _UNSET:
+            assert self._bus is not None
+            made = MilesAdmission.from_settings(
+                self._args, version=self._version_now, bus=self._bus, policy=self.policy, name=self.consumer
+            )
+            if made.gate.mode == "off":
+                self._admission = None
+            else:
+                check_semaphore(self._args)
+                await made.start()
+                self._admission = made
+        return self._admission  # type: ignore[return-value]
+
     def __len__(self) -> int:
         return len(self._buffer)
 
@@ -272,18 +254,27 @@ class WeightbusDataBuffer:
         assert self._cond is not None
         self._pass(getattr(input, "weight_version", None))  # older miles: the engine version at finish
         group = to_weightbus_group(input.group, {_ENTRY: input})
+        admission = self._admission if isinstance(self._admission, MilesAdmission) else None
+        slot = admission.finished(group_key(input.group)) if admission is not None else None
         if not self._window.admit(group):
+            if slot is not None:
+                slot.release("aborted")
             return
         if self._dynamic_filter is not None:
             verdict = self._dynamic_filter(self._args, input.group)
             if not getattr(verdict, "keep", True):
                 # Counted under its reason; miles emits no drop_<reason> key for a reason-less drop.
                 self._window.filtered(str(getattr(verdict, "reason", None) or ""), group)
+                if slot is not None:
+                    slot.release("finished")
                 return
         async with self._cond:
             while len(self._buffer) >= self.capacity:
                 await self._cond.wait()
             self._buffer.append(group)
+            if slot is not None:
+                slot.accept()
+                group.metadata[_ADMITTED] = True
             self._cond.notify_all()
 
     async def get(self, current_version: int | None = None, **context: Any) -> Any:
@@ -316,6 +307,8 @@ class WeightbusDataBuffer:
                     except BaseException:
                         buffer.appendleft(group)
                         raise
+                    if group.metadata.get(_ADMITTED) and isinstance(self._admission, MilesAdmission):
+                        self._admission.drained(int(kept), int(not kept), at=current)
                     if kept:
                         w.close(t)
                         return group.metadata[_ENTRY]
@@ -351,23 +344,42 @@ class WeightbusDataBuffer:
             except TimeoutError:
                 self._waited = True  # once per window: a drain of n gets does not wait n times
         try:
-            tracked = tracker.current
+            current, state = self._judged_at()
         except TrackerNotReadyError as exc:
-            if self._passed is None:
-                raise TrackerNotReadyError(
-                    self.policy, exc.status, "miles passed no version either; every group is still buffered"
-                ) from exc
+            raise TrackerNotReadyError(
+                self.policy, exc.status, "miles passed no version either; every group is still buffered"
+            ) from exc
+        if state == "given" and not tracker.ready:
             log.warning(
                 "the version tracker is not ready (%s); judging against the highest version miles passed, %d",
-                exc.status,
-                self._passed,
-                extra={"policy": self.policy, "status": exc.status, "version": self._passed},
+                tracker.status.value,
+                current,
+                extra={"policy": self.policy, "status": tracker.status.value, "version": current},
             )
-            return self._passed, "given"
+        return current, state
+
+    def _judged_at(self) -> tuple[int | None, str]:
+        """The version a ``get`` judges against now and its ``version_state``; admission reads the same.
+
+        Raises:
+            TrackerNotReadyError: the tracker cannot say and miles never passed a version.
+        """
+        tracker = self._tracker
+        if tracker is None:
+            raise TrackerNotReadyError(self.policy, "starting")
+        try:
+            tracked = tracker.current
+        except TrackerNotReadyError:
+            if self._passed is None:
+                raise
+            return self._passed, "given"  # a lower bound: judges no group fresher than it is
         passed = self._passed
         if tracked is None:
             return passed, "never_published" if passed is None else "given"
         return (tracked if passed is None else max(tracked, passed)), "current"
+
+    def _version_now(self) -> int | None:
+        return self._judged_at()[0]
 
     def _unused(self, group: Group) -> None:
         self._unused_handler(group.metadata[_ENTRY].prompt_group)

@@ -1,0 +1,242 @@
+"""Admission for miles' fully-async worker: a group starts generating only while it can still be trained.
+
+Loaded with a third flag beside the buffer's, ``--custom-generate-function-path
+weightbus.integrations.miles.generate``. miles (main@31f1ca9, ``inference_rollout_common.generate_and_rm``)
+calls the generate function once per sample, under its ``generate_fn_semaphore``, before the sample's
+first engine call; the fully-async worker goes through it like every driver. This function waits there
+for the group's slot in the staleness budget, then calls the real generate function (miles'
+``single_turn.generate``, or the user's own: ``WEIGHTBUS_GENERATE_FUNCTION``):
+
+* **One slot per prompt group**, keyed by the samples' ``group_index`` (miles' data source gives every
+  sample of a group the same one): the first sample to arrive takes it, its siblings share it.
+* **The gate is weightbus' ``Admission``** (``consumers.admission``), the one ``weightbus rollout``
+  uses: ``bounded`` (default) by ``rules.admission`` over the version the buffer judges against (the
+  tracker's, or the highest miles passed when the tracker cannot say: a lower bound, so it admits less,
+  never more), ``cap`` at most ``WEIGHTBUS_ADMISSION_CAP`` groups generating, ``off``. With
+  ``WEIGHTBUS_ADMISSION_SHARED=1`` the budget is one for every rollout process of the policy
+  (``SharedBudget`` on ``weightbus.<policy>.admission``).
+* **The buffer closes each slot**: ``put`` accepts it when the group enters the buffer, releases it when
+  the group is aborted or dropped there; each ``get`` reports what it kept and what it filtered
+  (``Admission.drained``). A generation that raises releases its group's slot (``aborted``).
+* **No deadlock on miles' semaphore**: a sample waiting for its slot holds one of miles'
+  ``generate_fn_semaphore`` permits, so the first call refuses (``ValueError``) a configuration whose
+  permits are fewer than the samples the worker may keep in flight.
+
+Early abort is not offered here: miles' ``/generate`` payload carries no ``rid`` (see
+``docs/integrations/miles.md``). Importing this module never imports miles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from weightbus.consumers.admission import Admission, SharedBudget, Slot
+from weightbus.errors import AdmissionError
+from weightbus.integrations.miles.config import setting
+
+if TYPE_CHECKING:
+    from weightbus.bus.protocol import Bus
+
+__all__ = ["MilesAdmission", "PacedBuffer", "active_buffer", "check_semaphore", "generate", "register_buffer"]
+
+log = logging.getLogger("weightbus.integrations.miles")
+
+#: miles' own generate function, wrapped unless ``WEIGHTBUS_GENERATE_FUNCTION`` names another.
+DEFAULT_GENERATE: Final = "miles.rollout.generate_hub.single_turn.generate"
+
+
+class PacedBuffer(Protocol):
+    """What the generate function needs of the data buffer (``WeightbusDataBuffer``)."""
+
+    async def admission(self) -> MilesAdmission | None:
+        """The buffer's admission slots, or None when admission is off."""
+        ...
+
+
+_active: weakref.ref[PacedBuffer] | None = None
+
+
+def register_buffer(buffer: PacedBuffer) -> None:
+    """Make ``buffer`` the one this process's generate calls are paced by (the data buffer does, when made)."""
+    global _active
+    _active = weakref.ref(buffer)
+
+
+def active_buffer() -> PacedBuffer | None:
+    """The buffer registered last in this process (miles builds one per RolloutManager), if still alive."""
+    return _active() if _active is not None else None
+
+
+class _Entry:
+    __slots__ = ("lock", "slot")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.slot: Slot | None = None
+
+
+class MilesAdmission:
+    """The slots of the groups miles is generating, on one ``Admission`` gate; owned by the data buffer.
+
+    Args:
+        gate: the gate (its version source is the buffer's).
+        budget: the shared budget behind the gate, started and closed with it (None: this process alone).
+    """
+
+    def __init__(self, gate: Admission, budget: SharedBudget | None = None) -> None:
+        self.gate = gate
+        self.budget = budget
+        self._entries: dict[int, _Entry] = {}
+
+    @classmethod
+    def from_settings(
+        cls, args: Any, *, version: Callable[[], int | None], bus: Bus, policy: str, name: str
+    ) -> MilesAdmission:
+        """The gate ``args`` and the environment ask for: ``weightbus_admission`` / ``WEIGHTBUS_ADMISSION``
+        (``bounded``, ``cap``, ``off``), ``WEIGHTBUS_ADMISSION_CAP``, ``WEIGHTBUS_ADMISSION_SHARED``.
+
+        Raises:
+            ValueError: an unknown mode, a cap that is not a positive int, no ``rollout_batch_size``.
+        """
+        mode = setting(args, "weightbus_admission", "WEIGHTBUS_ADMISSION", "bounded")
+        raw_cap = setting(args, "weightbus_admission_cap", "WEIGHTBUS_ADMISSION_CAP")
+        cap = None
+        if mode == "cap":
+            try:
+                cap = int(raw_cap) if raw_cap is not None else _max_in_flight_groups(args)
+            except ValueError:
+                raise ValueError(f"WEIGHTBUS_ADMISSION_CAP must be a number of groups, not {raw_cap!r}") from None
+        shared = setting(args, "weightbus_admission_shared", "WEIGHTBUS_ADMISSION_SHARED", "0")
+        budget = None
+        if mode != "off" and (shared or "").lower() in ("1", "true", "yes"):
+            budget = SharedBudget(bus, policy, name=name)
+        gate = Admission(
+            mode,  # type: ignore[arg-type]  # Admission checks it
+            current=version,
+            max_staleness=getattr(args, "max_weight_staleness", None),
+            batch=args.rollout_batch_size,
+            cap=cap,
+            budget=budget,
+        )
+        return cls(gate, budget)
+
+    async def start(self) -> None:
+        """Start the shared budget, if any."""
+        if self.budget is not None:
+            await self.budget.start()
+
+    async def aclose(self) -> None:
+        """Return the shared budget's slots, if any."""
+        if self.budget is not None:
+            await self.budget.close()
+
+    @asynccontextmanager
+    async def generating(self, key: int) -> AsyncIterator[Slot]:
+        """Hold group ``key``'s slot while one of its samples generates; the first sample waits for it.
+
+        A generation that raises (or is cancelled) releases the slot as ``aborted``.
+        """
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry()
+        async with entry.lock:  # a cancelled waiter takes nothing; the next sibling asks again
+            if entry.slot is None:
+                entry.slot = await self.gate.acquire()
+        slot = entry.slot
+        try:
+            yield slot
+        except BaseException:
+            if slot.open:
+                slot.release("aborted")
+            raise
+
+    def finished(self, key: int | None) -> Slot | None:
+        """Group ``key`` reached the buffer: its slot if it holds an open one (to accept or release), else None."""
+        entry = self._entries.pop(key, None) if key is not None else None
+        slot = entry.slot if entry is not None else None
+        return slot if slot is not None and slot.open else None
+
+    def drained(self, kept: int, filtered: int, *, at: int | None) -> None:
+        """A ``get`` judged at ``at`` took ``kept`` accepted groups and filtered ``filtered``."""
+        try:
+            self.gate.drained(kept, filtered, at=at)
+        except AdmissionError as exc:
+            log.error("admission count out of step with the buffer", extra={"error": str(exc)})
+
+
+def _max_in_flight_groups(args: Any) -> int:
+    """The groups miles' fully-async worker keeps in flight (its ``_max_in_flight_groups``)."""
+    n = getattr(args, "n_samples_per_prompt", 1) or 1
+    samples = getattr(args, "async_max_concurrent_samples", None)
+    return max(1, samples // n) if samples else args.rollout_batch_size
+
+
+def check_semaphore(args: Any) -> None:
+    """Refuse a configuration where samples waiting for a slot could hold every one of miles' permits.
+
+    Raises:
+        ValueError: miles' ``generate_fn_semaphore`` has fewer permits than the samples in flight.
+    """
+    try:
+        permits = args.sglang_server_concurrency * args.rollout_num_gpus // args.rollout_num_gpus_per_engine
+    except (AttributeError, TypeError, ZeroDivisionError):
+        return  # not miles' arguments: nothing to compare
+    samples = _max_in_flight_groups(args) * (getattr(args, "n_samples_per_prompt", 1) or 1)
+    if permits < samples:
+        raise ValueError(
+            f"weightbus admission needs miles' generate_fn_semaphore ({permits} permits: "
+            f"--sglang-server-concurrency x engines) to cover the {samples} samples the fully-async worker keeps "
+            "in flight: samples waiting for their group's slot hold permits. Raise --sglang-server-concurrency, "
+            "or set WEIGHTBUS_ADMISSION=off"
+        )
+
+
+_inner: dict[str, Callable[[Any], Any]] = {}
+
+
+def _generate_function(args: Any) -> Callable[[Any], Any]:
+    path = setting(args, "weightbus_generate_function", "WEIGHTBUS_GENERATE_FUNCTION", DEFAULT_GENERATE)
+    assert path is not None
+    fn = _inner.get(path)
+    if fn is None:
+        from miles.rollout.inference_rollout.compatibility import (  # type: ignore[import-not-found]
+            load_generate_function,
+        )
+
+        fn = load_generate_function(path)
+        if fn is None:
+            raise ValueError(f"WEIGHTBUS_GENERATE_FUNCTION {path!r} names no function")
+        _inner[path] = fn
+    return fn
+
+
+async def generate(input: Any) -> Any:
+    """miles' generate-function contract (``GenerateFnInput`` -> ``GenerateFnOutput``), paced by admission.
+
+    Waits for the sample's group's slot in the budget of this process's ``WeightbusDataBuffer``, then calls
+    the wrapped generate function with ``input`` unchanged.
+
+    Raises:
+        RuntimeError: no ``WeightbusDataBuffer`` was constructed in this process (the buffer flag is missing).
+        ValueError: a sample without ``group_index``, or miles' semaphore too small (``check_semaphore``).
+    """
+    buffer = active_buffer()
+    if buffer is None:
+        raise RuntimeError(
+            "weightbus.integrations.miles.generate paces the groups of a WeightbusDataBuffer: add "
+            "--custom-async-data-buffer-path weightbus.integrations.miles.WeightbusDataBuffer"
+        )
+    inner = _generate_function(input.args)
+    admission = await buffer.admission()
+    if admission is None or getattr(input, "evaluation", False):
+        return await inner(input)  # admission off, or an eval sample: never trained, never paced
+    key = getattr(input.sample, "group_index", None)
+    if not isinstance(key, int) or isinstance(key, bool):
+        raise ValueError("weightbus admission needs miles' Sample.group_index on every sample (its data source)")
+    async with admission.generating(key):
+        return await inner(input)

@@ -1,0 +1,209 @@
+"""Admission inside miles' fully-async worker (``--custom-generate-function-path
+weightbus.integrations.miles.generate``), driven by miles' own loop and per-sample generate calls
+(``miles_standin``) on a real nats-server.
+
+The trainer steps and pushes while the worker keeps twice a batch of groups in flight; an "engine" labels
+each sample with the version it holds when the sample starts, and aborts one group in nine. From what was
+recorded (every sample start inside its slot, every batch trained, every group the data source served):
+
+* at no sample start do running plus accepted groups exceed what the bound allows;
+* no trained group exceeds the bound; with admission, none is even filtered as stale, while the same
+  run without it (``WEIGHTBUS_ADMISSION=off``) throws groups away, so the check can fail;
+* nothing is lost: every group served is trained, recycled, or still buffered or in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import pytest
+
+from tests.integrations.miles_standin import (
+    FullyAsyncRolloutFn,
+    GenerateFnOutput,
+    RolloutFnTrainInput,
+    Sample,
+    ScriptedDataSource,
+    install_miles_helpers,
+    make_args,
+    make_group,
+)
+from weightbus.bus import NatsBus, subjects
+from weightbus.integrations.miles import admission as miles_admission
+from weightbus.integrations.miles.admission import MilesAdmission
+from weightbus.schemas import WeightUpdated
+
+pytestmark = pytest.mark.nats
+
+BATCH, N, IN_FLIGHT_GROUPS = 4, 2, 8
+
+
+class Engine:
+    """The engines, as the generate function sees them: the version they hold, and what was seen at each start."""
+
+    def __init__(self) -> None:
+        self.version = 1
+        self.rng = random.Random(7)
+        self.starts: list[dict[str, Any]] = []
+        self.aborted: set[int] = set()
+
+
+ENGINE = Engine()
+
+
+async def engine_generate(input: Any) -> GenerateFnOutput:
+    """The wrapped generate function: records the budget at the start, labels the sample, sometimes aborts it."""
+    sample = input.sample
+    buffer = miles_admission.active_buffer()
+    assert buffer is not None
+    admission = await buffer.admission()
+    gate = admission.gate if admission is not None else None
+    ENGINE.starts.append(
+        {
+            "group": sample.group_index,
+            "engine": ENGINE.version,
+            "used": gate.used if gate is not None else None,
+            "allowance": gate.allowance if gate is not None else None,
+        }
+    )
+    label = ENGINE.version
+    await asyncio.sleep(ENGINE.rng.uniform(0.001, 0.01))
+    sample.weight_versions.append(str(label))
+    if sample.group_index % 9 == 4 and sample.group_index not in ENGINE.aborted:
+        ENGINE.aborted.add(sample.group_index)
+        sample.status = Sample.Status.ABORTED  # miles: the engine aborted it; the buffer hands it back
+    else:
+        sample.status = Sample.Status.COMPLETED
+    return GenerateFnOutput(samples=sample)
+
+
+async def announce(bus: NatsBus, policy: str, version: int) -> None:
+    event = WeightUpdated(policy=policy, version=version, epoch=1, trainer_id="trainer", published_at=time.time())
+    await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:1:{version}")
+
+
+@pytest.fixture
+def miles_env(nats_url: str, policy: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("WEIGHTBUS_NATS", nats_url)
+    monkeypatch.setenv("WEIGHTBUS_POLICY", policy)
+    monkeypatch.setenv("WEIGHTBUS_GENERATE_FUNCTION", f"{__name__}.engine_generate")
+    global ENGINE
+    ENGINE = Engine()
+    return policy
+
+
+def _args(bound: int, **overrides: Any) -> Any:
+    settings: dict[str, Any] = dict(
+        rollout_batch_size=BATCH,
+        n_samples_per_prompt=N,
+        max_weight_staleness=bound,
+        async_unused_samples_handler="retry",
+        async_max_concurrent_samples=IN_FLIGHT_GROUPS * N,
+        custom_generate_function_path="weightbus.integrations.miles.generate",
+        sglang_server_concurrency=IN_FLIGHT_GROUPS * N,  # one permit per sample in flight: just enough
+        rollout_num_gpus=1,
+        rollout_num_gpus_per_engine=1,
+    )
+    return make_args(**(settings | overrides))
+
+
+async def _train(nats_bus: NatsBus, policy: str, bound: int, steps: int) -> tuple[Any, list[tuple[int, list[Any]]]]:
+    await announce(nats_bus, policy, 1)
+    source = ScriptedDataSource([], fresh=lambda i: make_group(i, [], status=Sample.Status.PENDING, n=N))
+    trained: list[tuple[int, list[Any]]] = []
+    with install_miles_helpers():
+        fn = FullyAsyncRolloutFn(_args(bound), source, max_in_flight=IN_FLIGHT_GROUPS)
+        try:
+            for step in range(steps):
+                version = step + 1
+                out = await fn(RolloutFnTrainInput(rollout_id=step, weight_version=version))
+                trained += [(version, group) for group in out.samples]
+                fn.metrics = getattr(fn, "metrics", []) + [out.metrics]
+                ENGINE.version = version + 1  # the push, then the announcement
+                await asyncio.sleep(0.005)
+                await announce(nats_bus, policy, version + 1)
+            return fn, trained
+        finally:
+            await fn.aclose()
+
+
+@pytest.mark.parametrize("bound", [0, 1])
+async def test_admission_keeps_miles_within_the_budget_and_wastes_nothing(
+    nats_bus: NatsBus, miles_env: str, bound: int
+) -> None:
+    fn, trained = await _train(nats_bus, miles_env, bound, steps=12)
+    starts = [s for s in ENGINE.starts if s["used"] is not None]
+    assert len(starts) == len(ENGINE.starts) > 0
+    over = [s for s in starts if s["used"] > s["allowance"]]
+    assert over == [], over[:3]
+    for version, group in trained:
+        oldest = min(int(label) for sample in group for label in sample.weight_versions)
+        assert version - oldest <= bound, (version, group)
+    stale = sum(m.get("rollout/fully_async/stale_groups_filtered", 0) for m in fn.metrics)
+    assert stale == 0
+    aborted = sum(m.get("rollout/fully_async/aborted_groups_filtered", 0) for m in fn.metrics)
+    assert aborted == len(ENGINE.aborted) > 0  # the aborted groups' slots came back, or the run would stall
+    # Nothing lost: each group served was trained, handed back for a retry, or is still buffered or in flight.
+    served = {g[0].group_index for g in fn.data_source.served}
+    accounted = {g[0].group_index for _, g in trained} | {g[0].group_index for g in fn.data_source.recycled}
+    accounted |= {entry.group[0].group_index for entry in fn.buffer.buffered()}
+    assert accounted <= served
+    assert len(served - accounted) <= IN_FLIGHT_GROUPS  # the worker's groups still in flight at the end
+
+
+async def test_without_admission_the_same_run_throws_groups_away(
+    nats_bus: NatsBus, miles_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WEIGHTBUS_ADMISSION", "off")
+    fn, trained = await _train(nats_bus, miles_env, 0, steps=12)
+    assert all(s["used"] is None for s in ENGINE.starts)  # no gate at all
+    assert all(version - min(int(x) for s in g for x in s.weight_versions) <= 0 for version, g in trained)
+    assert sum(m.get("rollout/fully_async/stale_groups_filtered", 0) for m in fn.metrics) > 0
+
+
+async def test_a_semaphore_smaller_than_the_samples_in_flight_is_refused(nats_bus: NatsBus, miles_env: str) -> None:
+    await announce(nats_bus, miles_env, 1)
+    source = ScriptedDataSource([], fresh=lambda i: make_group(i, [], status=Sample.Status.PENDING, n=N))
+    with install_miles_helpers():
+        fn = FullyAsyncRolloutFn(_args(1, sglang_server_concurrency=4), source, max_in_flight=IN_FLIGHT_GROUPS)
+        try:
+            with pytest.raises(ValueError, match="generate_fn_semaphore"):
+                await fn(RolloutFnTrainInput(rollout_id=0, weight_version=1))
+        finally:
+            await fn.aclose()
+
+
+async def test_without_the_buffer_the_generate_function_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from weightbus.integrations.miles import generate
+
+    monkeypatch.setattr(miles_admission, "_active", None)
+    with pytest.raises(RuntimeError, match="custom-async-data-buffer-path"):
+        await generate(object())
+
+
+async def test_a_group_shares_one_slot_and_a_failed_generation_returns_it() -> None:
+    from weightbus.consumers.admission import Admission
+
+    admission = MilesAdmission(Admission("bounded", current=3, max_staleness=0, batch=2))
+    gate = admission.gate
+    entered = asyncio.Event()
+
+    async def sibling() -> None:
+        async with admission.generating(7):
+            entered.set()
+            await asyncio.sleep(0.01)
+
+    await asyncio.gather(sibling(), sibling())
+    assert gate.running == 1  # two samples, one group, one slot
+    slot = admission.finished(7)
+    assert slot is not None and slot.open
+    slot.accept()
+    assert (gate.running, gate.ready) == (0, 1)
+    with pytest.raises(OSError):
+        async with admission.generating(8):
+            raise OSError("the engine went away")
+    assert gate.running == 0 and gate.counts["aborted"] == 1
+    assert admission.finished(8) is None  # nothing left to accept for the failed group
