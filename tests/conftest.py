@@ -10,6 +10,10 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+# Imported here, at a shallow stack: hypothesis' pytest plugin imports it lazily at the end of a session that
+# never needed it, deep in pytest's hooks, where CPython 3.11.7's parser fails with "AST constructor recursion
+# depth mismatch" while pytest rewrites it, and the run exits 1 after every test passed.
+import hypothesis  # noqa: F401
 import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry

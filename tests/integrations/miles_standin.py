@@ -341,6 +341,10 @@ class FullyAsyncRolloutFn:
                     continue
                 done, active = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
+                    if not task.cancelled() and task.exception() is not None:
+                        for other in done:
+                            if not other.cancelled():
+                                other.exception()  # retrieved: one error ends the worker, the others go with it
                     await self.buffer.put(task.result())  # an error ends the worker (the next drain raises it)
         finally:
             for task in active:

@@ -227,16 +227,17 @@ class WeightbusDataBuffer:
         """
         await self.start()
         if self._admission is _UNSET:
-            assert self._bus is not None
-            made = MilesAdmission.from_settings(
-                self._args, version=self._version_now, bus=self._bus, policy=self.policy, name=self.consumer
-            )
-            if made.gate.mode == "off":
-                self._admission = None
-            else:
-                check_semaphore(self._args)
-                await made.start()
-                self._admission = made
+            assert self._start_lock is not None
+            async with self._start_lock:  # every sample of the first groups asks at once: one gate, one budget
+                if self._admission is _UNSET:
+                    assert self._bus is not None
+                    made = MilesAdmission.from_settings(
+                        self._args, version=self._version_now, bus=self._bus, policy=self.policy, name=self.consumer
+                    )
+                    if made.gate.mode != "off":
+                        check_semaphore(self._args)
+                        await made.start()
+                    self._admission = made if made.gate.mode != "off" else None
         return self._admission  # type: ignore[return-value]
 
     def __len__(self) -> int:
