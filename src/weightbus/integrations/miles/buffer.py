@@ -60,7 +60,7 @@ from weightbus.bus.protocol import Bus
 from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
-from weightbus.errors import TrackerNotReadyError
+from weightbus.errors import SlowConsumerError, TrackerNotReadyError
 from weightbus.integrations.miles.admission import MilesAdmission, check_semaphore, register_buffer
 from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings
 from weightbus.integrations.miles.config import setting as _setting
@@ -158,6 +158,7 @@ class WeightbusDataBuffer:
         self._passed: int | None = None  # the highest version miles has passed (get or put)
         self._waited = False  # this window already waited for a tracker that is not ready
         self._admission: MilesAdmission | None | object = _UNSET  # made by the first generate call
+        self._wake: asyncio.Task[None] | None = None
         register_buffer(self)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -201,6 +202,10 @@ class WeightbusDataBuffer:
     async def aclose(self) -> None:
         """Publish pending drain reports, stop the tracker, and close the bus if this buffer connected it."""
         admission, self._admission = self._admission, _UNSET
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            wake.cancel()
+            await asyncio.gather(wake, return_exceptions=True)
         if isinstance(admission, MilesAdmission):
             await admission.aclose()
         reporter, self._reporter = self._reporter, None
@@ -237,6 +242,7 @@ class WeightbusDataBuffer:
                     if made.gate.mode != "off":
                         check_semaphore(self._args)
                         await made.start()
+                        self._wake = asyncio.create_task(self._wake_on_changes(made))
                     self._admission = made if made.gate.mode != "off" else None
         return self._admission  # type: ignore[return-value]
 
@@ -333,7 +339,22 @@ class WeightbusDataBuffer:
 
     def _pass(self, version: Any) -> None:
         if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
-            self._passed = version if self._passed is None else max(self._passed, version)
+            if self._passed is None or version > self._passed:
+                self._passed = version
+                if isinstance(self._admission, MilesAdmission):
+                    self._admission.gate.notify()  # the window may have moved
+
+    async def _wake_on_changes(self, admission: MilesAdmission) -> None:
+        """Wake the groups waiting for a slot at each version change, not at the gate's next poll."""
+        tracker = self._tracker
+        assert tracker is not None
+        while True:
+            try:
+                async for _ in tracker.changes():
+                    admission.gate.notify()
+                return  # the tracker stopped
+            except SlowConsumerError as exc:
+                log.warning("admission's version listener fell behind; resubscribing", extra={"error": str(exc)})
 
     async def _read_version(self) -> tuple[int | None, str]:
         """The version to judge a ``get`` against, and where it came from (``DrainStats.version_state``)."""
