@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from weightbus.bus import connect, subjects
 from weightbus.cli import app
 from weightbus.consumers import VersionTracker
+from weightbus.producers import VersionPublisher
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
 from weightbus.schemas import WeightUpdated
@@ -89,3 +90,24 @@ def test_status_and_publish_send_the_api_key(nats_url: str, policy: str, monkeyp
         shown = runner.invoke(app, ["status", *base])
         # The refused attempt used up (and quarantined) version 1; the next one is 2.
         assert shown.exit_code == 0 and f"{engine.url}  2  ok" in shown.stdout
+
+
+async def _publish_updates(url: str, policy: str, n: int) -> None:
+    bus = await connect(url)
+    try:
+        pub = await VersionPublisher(bus, policy, trainer_id="trainer-a").start()
+        for _ in range(n):
+            async with pub.update():
+                pass
+    finally:
+        await bus.close()
+
+
+def test_status_shows_the_counter_high_water_mark(nats_url: str, policy: str) -> None:
+    asyncio.run(_publish_updates(nats_url, policy, 3))
+    shown = runner.invoke(app, ["status", "--policy", policy, "--nats", nats_url])
+    assert shown.exit_code == 0, shown.output
+    # Each announcement reserves the next number: after v3 the mark covers v4.
+    assert "version    3" in shown.stdout and "counter    v4 (every number up to it issued or reserved)" in shown.stdout
+    doc = json.loads(runner.invoke(app, ["status", "--policy", policy, "--nats", nats_url, "--json"]).stdout)
+    assert (doc["version"], doc["counter_issued"]) == (3, 4)

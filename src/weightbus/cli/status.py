@@ -105,6 +105,7 @@ class _Status:
             "age_s": None if last is None else max(0.0, now() - last.published_at),
             "lora": None if lora is None else {"name": lora.name, "path": lora.path},
             "seq": h.last_accepted_seq,
+            "counter_issued": h.issued,
             "engines": [
                 {"engine": e.engine, "weight_version": e.weight_version, "error": e.error} for e in self.engines
             ],
@@ -194,6 +195,9 @@ def _render(status: _Status) -> str:
             f"publisher  {doc['publisher']}",
             f"last event {doc['last_event']} {_age(doc['age_s'])}",
         ]
+    if h.issued is not None:
+        # Above the version: each announcement reserves the next number; failed updates burn theirs.
+        lines.append(f"counter    v{h.issued} (every number up to it issued or reserved)")
     for r in h.rejected:
         latest = ", the newest stored event" if h.latest_rejected and r is h.rejected[-1] else ""
         why = (
@@ -234,7 +238,9 @@ def status_command(
 ) -> None:
     """Show what every tracker holds for POLICY: version, epoch, publisher, age; read-only (never claims).
 
-    The stored history is checked with the trackers' rule: a rejected (lower) version is flagged.
+    The stored history is checked with the trackers' rule: a rejected (lower) version is flagged. The
+    counter line is the trainer's high-water mark: every number up to it was issued or reserved (each
+    announcement reserves the next one), so no trainer will ever publish one of them again.
 
     Exit codes (lowest wins): 0 ok, 2 bad arguments, 3 engine out of sync or unreadable, 4 never
     published, 5 NATS unreachable or without JetStream, 6 newest stored event invalid, 7 newest stored

@@ -71,6 +71,8 @@ class WeightsHistory:
         last_update: the newest accepted ``WeightUpdated`` (its ``lora`` names the adapter served).
         epoch_high: the highest epoch of any valid event, accepted or not (a claimant must go above it).
         invalid_count: stored payloads that failed the decode (skipped).
+        issued: the counter's high-water mark read with the history: every number up to it was issued or
+            reserved (None: no mark stored).
     """
 
     policy: str
@@ -84,6 +86,7 @@ class WeightsHistory:
     last_update: WeightUpdated | None = None
     epoch_high: int = -1
     invalid_count: int = 0
+    issued: int | None = None
 
 
 def fold_history(
@@ -144,4 +147,5 @@ def fold_history(
         last_update,
         epoch_high,
         invalid_count,
+        issued,
     )
