@@ -90,3 +90,12 @@ def test_demo_overhead_keeps_each_steps_split_from_a_real_demo_run(tmp_path: Pat
     share = sum(r["weightbus_ms"] for r in result["steps"]) / sum(r["step_ms"] for r in result["steps"])
     assert result["summary"]["weightbus_share"] == pytest.approx(share)
     assert "weightbus's own" in (tmp_path / "demo-overhead.md").read_text()
+
+
+def test_admission_measures_the_check_and_the_shared_round_trips(tmp_path: Path) -> None:
+    _run("admission.py", "--n", "2000", "--seconds", "0.5", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "admission.json").read_text())
+    assert result["in_process"]["try_acquire_release_us"] > result["in_process"]["noop_call_us"] > 0
+    for run in result["shared"].values():
+        assert run["groups"] > 0 and run["round_trips_per_group"] > 0
+        assert run["peak_used"] <= run["allowance"]  # three processes sharing one budget never over-admitted

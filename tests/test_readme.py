@@ -152,6 +152,17 @@ def test_readme_headline_figures_come_from_the_committed_results() -> None:
     assert f"{default['reward_first']:.2f} → {default['reward_last']:.2f}" in text
     assert f"trained in {default['wall_s']:.0f} s" in text
     assert f"threw away {tradeoff['0']['tokens_wasted_share'] * 100:.0f} %" in text
+    admission = json.loads((results / "admission-tradeoff.json").read_text())["versus_off"]
+    zero, one = admission["0"], admission["1"]
+    assert f"untrained at bound 0 (against {zero['off']['tokens_not_trained_share'] * 100:.0f} %" in text
+    assert f"{zero['bounded']['tokens_not_trained_share'] * 100:.1f} % of the generated tokens untrained" in text
+    assert f"{one['bounded']['tokens_not_trained_share'] * 100:.1f} % at bound 1" in text
+    rates = {f"{row['bounded']['rate_vs_off'] * 100:.0f}" for row in (zero, one)}
+    assert rates == {"98"} and "generated 98 % as many tokens per second at both bounds" in text
+    assert f"({zero['bounded']['trained_rate_vs_off'] * 100:.0f} % per trained token" in text
+    for row, bound in ((one, 1), (zero, 0)):
+        vs = row["bounded"]
+        assert f"{vs['reward_vs_off']:+.3f} ± {vs['reward_vs_off_se']:.3f} at bound {bound}".replace("-", "−") in text
 
 
 def test_the_group_example_runs_as_written() -> None:
