@@ -212,6 +212,10 @@ async def test_a_group_shares_one_slot_and_a_failed_generation_returns_it() -> N
             raise OSError("the engine went away")
     assert gate.running == 0 and gate.counts["aborted"] == 1
     assert admission.finished(8) is None  # nothing left to accept for the failed group
+    async with admission.generating(8) as retry:  # miles retries the group: it waits for a slot of its own
+        assert retry.open and gate.running == 1
+    retried = admission.finished(8)
+    assert retried is retry and retried.open
 
 
 async def test_a_shared_budget_is_kept_on_the_bus_and_returned_at_close(

@@ -139,7 +139,8 @@ class MilesAdmission:
     async def generating(self, key: int) -> AsyncIterator[Slot]:
         """Hold group ``key``'s slot while one of its samples generates; the first sample waits for it.
 
-        A generation that raises (or is cancelled) releases the slot as ``aborted``.
+        A generation that raises (or is cancelled) releases the slot as ``aborted`` and forgets the group, so
+        a retry of it (the same ``group_index``) waits for a new slot.
         """
         entry = self._entries.get(key)
         if entry is None:
@@ -153,6 +154,8 @@ class MilesAdmission:
         except BaseException:
             if slot.open:
                 slot.release("aborted")
+            if self._entries.get(key) is entry:
+                del self._entries[key]
             raise
 
     def finished(self, key: int | None) -> Slot | None:
