@@ -234,3 +234,30 @@ async def test_a_shared_budget_is_kept_on_the_bus_and_returned_at_close(
     assert all(sum(h.slots for h in ledger.holders.values()) <= ledger.total for ledger in ledgers)
     assert len({ledger.writer for ledger in mine}) == 1  # one budget for the process, not one per first sample
     assert not any(holder.startswith(fn.buffer.consumer) for holder in ledgers[-1].holders)  # given back
+
+
+async def test_a_put_cancelled_while_the_buffer_is_full_returns_its_slot(nats_bus: NatsBus, miles_env: str) -> None:
+    from tests.integrations.miles_standin import DataBufferConstructorInput, DataBufferInput
+    from weightbus.integrations.miles import WeightbusDataBuffer
+
+    await announce(nats_bus, miles_env, 1)
+    args = _args(1, async_data_buffer_capacity_factor=0.25)  # room for one group
+    buffer = WeightbusDataBuffer(DataBufferConstructorInput(args=args, unused_handler_fn=lambda group: None))
+    try:
+        admission = await buffer.admission()
+        assert admission is not None
+        first, second = make_group(1, ["1"], n=N), make_group(2, ["1"], n=N)
+        for group in (first, second):
+            async with admission.generating(group[0].group_index):
+                pass
+        await buffer.put(DataBufferInput(prompt_group=first, group=first))
+        assert (admission.gate.running, admission.gate.ready) == (1, 1)
+        blocked = asyncio.create_task(buffer.put(DataBufferInput(prompt_group=second, group=second)))
+        await asyncio.sleep(0.05)
+        assert not blocked.done()  # the buffer is full
+        blocked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocked
+        assert admission.gate.running == 0 and admission.gate.counts["aborted"] == 1  # not held for ever
+    finally:
+        await buffer.aclose()

@@ -275,14 +275,19 @@ class WeightbusDataBuffer:
                 if slot is not None:
                     slot.release("finished")
                 return
-        async with self._cond:
-            while len(self._buffer) >= self.capacity:
-                await self._cond.wait()
-            self._buffer.append(group)
-            if slot is not None:
-                slot.accept()
-                group.metadata[_ADMITTED] = True
-            self._cond.notify_all()
+        try:
+            async with self._cond:
+                while len(self._buffer) >= self.capacity:
+                    await self._cond.wait()
+                self._buffer.append(group)
+                if slot is not None:
+                    slot.accept()
+                    group.metadata[_ADMITTED] = True
+                self._cond.notify_all()
+        except BaseException:
+            if slot is not None and slot.open:
+                slot.release("aborted")  # cancelled while the buffer was full: the group never entered
+            raise
 
     async def get(self, current_version: int | None = None, **context: Any) -> Any:
         """Return the next group fresh enough to train on, waiting for one; unused groups go to the handler.
