@@ -146,6 +146,9 @@ async def test_admission_keeps_miles_within_the_budget_and_wastes_nothing(
         assert version - oldest <= bound, (version, group)
     stale = sum(m.get("rollout/fully_async/stale_groups_filtered", 0) for m in fn.metrics)
     assert stale == 0
+    # Paced groups carry their start: the drain splits staleness into time in flight and in queue.
+    split = ("weightbus/staleness/in_flight_seconds", "weightbus/staleness/in_flight_versions")
+    assert all(key in m for m in fn.metrics for key in split), fn.metrics[-1]
     aborted = sum(m.get("rollout/fully_async/aborted_groups_filtered", 0) for m in fn.metrics)
     assert 0 < aborted <= len(ENGINE.aborted)  # their slots came back, or the run would have stalled
     # Nothing lost: each group served was trained, handed back for a retry, or is still buffered or in flight.
@@ -203,18 +206,18 @@ async def test_a_group_shares_one_slot_and_a_failed_generation_returns_it() -> N
 
     await asyncio.gather(sibling(), sibling())
     assert gate.running == 1  # two samples, one group, one slot
-    slot = admission.finished(7)
-    assert slot is not None and slot.open
+    slot, started = admission.finished(7)
+    assert slot is not None and slot.open and started is not None
     slot.accept()
     assert (gate.running, gate.ready) == (0, 1)
     with pytest.raises(OSError):
         async with admission.generating(8):
             raise OSError("the engine went away")
     assert gate.running == 0 and gate.counts["aborted"] == 1
-    assert admission.finished(8) is None  # nothing left to accept for the failed group
+    assert admission.finished(8) == (None, None)  # nothing left to accept for the failed group
     async with admission.generating(8) as retry:  # miles retries the group: it waits for a slot of its own
         assert retry.open and gate.running == 1
-    retried = admission.finished(8)
+    retried, _ = admission.finished(8)
     assert retried is retry and retried.open
 
 

@@ -16,8 +16,10 @@ for the group's slot in the staleness budget, then calls the real generate funct
   ``WEIGHTBUS_ADMISSION_SHARED=1`` the budget is one for every rollout process of the policy
   (``SharedBudget`` on ``weightbus.<policy>.admission``).
 * **The buffer closes each slot**: ``put`` accepts it when the group enters the buffer, releases it when
-  the group is aborted or dropped there; each ``get`` reports what it kept and what it filtered
-  (``Admission.drained``). A generation that raises releases its group's slot (``aborted``).
+  the group is aborted or dropped there (or the ``put`` is cancelled); each ``get`` reports what it kept
+  and what it filtered (``Admission.drained``). A generation that raises releases its group's slot
+  (``aborted``). The slot's grant is the group's start, its ``put`` the end: the drain splits its
+  staleness into time in flight and in queue, as for ``weightbus rollout``'s groups.
 * **No deadlock on miles' semaphore**: a sample waiting for its slot holds one of miles'
   ``generate_fn_semaphore`` permits, so the first call refuses (``ValueError``) a configuration whose
   permits are fewer than the samples the worker may keep in flight.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -73,11 +76,12 @@ def active_buffer() -> PacedBuffer | None:
 
 
 class _Entry:
-    __slots__ = ("lock", "slot")
+    __slots__ = ("lock", "slot", "started_at")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.slot: Slot | None = None
+        self.started_at: float | None = None
 
 
 class MilesAdmission:
@@ -148,6 +152,7 @@ class MilesAdmission:
         async with entry.lock:  # a cancelled waiter takes nothing; the next sibling asks again
             if entry.slot is None:
                 entry.slot = await self.gate.acquire()
+                entry.started_at = time.time()  # the group's generation starts now: its time in flight
         slot = entry.slot
         try:
             yield slot
@@ -158,11 +163,13 @@ class MilesAdmission:
                 del self._entries[key]
             raise
 
-    def finished(self, key: int | None) -> Slot | None:
-        """Group ``key`` reached the buffer: its slot if it holds an open one (to accept or release), else None."""
+    def finished(self, key: int | None) -> tuple[Slot | None, float | None]:
+        """Group ``key`` reached the buffer: its slot if it holds an open one (to accept or release), else None,
+        and when its generation started (None: never paced here)."""
         entry = self._entries.pop(key, None) if key is not None else None
-        slot = entry.slot if entry is not None else None
-        return slot if slot is not None and slot.open else None
+        if entry is None or entry.slot is None or not entry.slot.open:
+            return None, None
+        return entry.slot, entry.started_at
 
     def drained(self, kept: int, filtered: int, *, at: int | None) -> None:
         """A ``get`` judged at ``at`` took ``kept`` accepted groups and filtered ``filtered``."""

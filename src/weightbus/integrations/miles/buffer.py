@@ -51,6 +51,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -262,7 +263,11 @@ class WeightbusDataBuffer:
         self._pass(getattr(input, "weight_version", None))  # older miles: the engine version at finish
         group = to_weightbus_group(input.group, {_ENTRY: input})
         admission = self._admission if isinstance(self._admission, MilesAdmission) else None
-        slot = admission.finished(group_key(input.group)) if admission is not None else None
+        slot, started = admission.finished(group_key(input.group)) if admission is not None else (None, None)
+        if slot is not None:
+            # Stamped like weightbus rollout's groups: the drain splits their staleness into in flight and in queue.
+            group.started_at, group.generated_at = started, time.time()
+            group.generated_version = self._version_or_none()
         if not self._window.admit(group):
             if slot is not None:
                 slot.release("aborted")
@@ -407,6 +412,12 @@ class WeightbusDataBuffer:
 
     def _version_now(self) -> int | None:
         return self._judged_at()[0]
+
+    def _version_or_none(self) -> int | None:
+        try:
+            return self._judged_at()[0]
+        except TrackerNotReadyError:
+            return None  # no split for this group rather than a guess
 
     def _unused(self, group: Group) -> None:
         self._unused_handler(group.metadata[_ENTRY].prompt_group)
