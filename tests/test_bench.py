@@ -99,3 +99,16 @@ def test_admission_measures_the_check_and_the_shared_round_trips(tmp_path: Path)
     for run in result["shared"].values():
         assert run["groups"] > 0 and run["round_trips_per_group"] > 0
         assert run["peak_used"] <= run["allowance"]  # three processes sharing one budget never over-admitted
+
+
+def test_admission_pooled_pools_the_committed_runs_pair_by_pair(tmp_path: Path) -> None:
+    _run("admission_pooled.py", "--out", str(tmp_path / "pooled.json"))
+    pooled = json.loads((tmp_path / "pooled.json").read_text())["pooled"]
+    runs = [
+        json.loads((BENCH / "results" / name).read_text())["versus_off"]
+        for name in ("admission-tradeoff.json", "admission-repeats/admission-tradeoff.json")
+    ]
+    for bound in ("0", "1"):
+        diffs = [d for run in runs for d in run[bound]["bounded"]["reward_vs_off_each"]]
+        assert pooled[bound]["bounded"]["pairs"] == len(diffs)
+        assert abs(pooled[bound]["bounded"]["reward_vs_off"] - sum(diffs) / len(diffs)) < 1e-12

@@ -163,6 +163,11 @@ def test_readme_headline_figures_come_from_the_committed_results() -> None:
     for row, bound in ((one, 1), (zero, 0)):
         vs = row["bounded"]
         assert f"{vs['reward_vs_off']:+.3f} ± {vs['reward_vs_off_se']:.3f} at bound {bound}".replace("-", "−") in text
+    pooled = json.loads((results / "admission-repeats" / "pooled.json").read_text())["pooled"]
+    for bound in ("0", "1"):
+        vs = pooled[bound]["bounded"]
+        figure = f"{vs['reward_vs_off']:+.3f} ± {vs['reward_vs_off_se']:.3f} at bound {bound}".replace("-", "−")
+        assert figure in text and vs["pairs"] == 9
 
 
 def test_the_group_example_runs_as_written() -> None:

@@ -21,6 +21,7 @@ from weightbus.rl.report import TIME_FIELDS, DemoResult
 __all__ = [
     "ADMISSION_MODES",
     "admission_numbers",
+    "plot_admission_tradeoff",
     "plot_report",
     "reward_verdict",
     "tradeoff_numbers",
@@ -384,6 +385,12 @@ def write_admission_tradeoff(results: dict[tuple[str, int], list[DemoResult]], o
     numbers = admission_numbers(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "admission-tradeoff.json").write_text(json.dumps(numbers, indent=2) + "\n")
+    plot_admission_tradeoff(numbers, out_dir / "admission-tradeoff.png")
+    return numbers
+
+
+def plot_admission_tradeoff(numbers: dict[str, Any], path: Path) -> None:
+    """Draw ``admission-tradeoff.png`` from the numbers (``admission_numbers``, or a written JSON) to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -430,11 +437,11 @@ def write_admission_tradeoff(results: dict[tuple[str, int], list[DemoResult]], o
             ax.bar(xs, heights, width, color=color, label=mode, yerr=errors, capsize=2)
     for ax, label in ((waste, "% of generated tokens not trained on"), (rate, "generated tokens per second")):
         ax.set_xticks(range(len(bounds)), [str(b) for b in bounds])
-        ax.set_xlabel("max_staleness (bars: mean; whiskers: range over the repeats)")
+        ax.set_xlabel("max_staleness")
         ax.set_ylabel(label)
+        ax.set_title("bars: mean over the repeats; whiskers: their range", fontsize=8)
         ax.legend(fontsize=7)
     fig.suptitle("weightbus: admission against the filter alone (off), per staleness bound")
     fig.tight_layout()
-    fig.savefig(out_dir / "admission-tradeoff.png", dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return numbers
