@@ -7,6 +7,7 @@ by pid; the machine's own NATS on 4222 is never used.
 from __future__ import annotations
 
 import logging
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -20,6 +21,13 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus import BusMetrics, MemoryBus, NatsBus, connect
 from weightbus.embedded.server import EmbeddedNats
+
+# A suite started in the background by a non-interactive shell (`make test &`, nohup in a script) inherits SIGINT
+# ignored, and every process it starts would too: Python then never raises KeyboardInterrupt, and the tests that
+# interrupt a command with SIGINT hang until their timeout. A caught signal is reset to its default across exec,
+# so the commands under test get the disposition a terminal gives them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
