@@ -50,6 +50,8 @@ from typing import Any
 
 import msgspec
 
+from weightbus.consumers.monitor import kept_share
+
 __all__ = [
     "FAILED",
     "HELD",
@@ -306,17 +308,6 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _kept_share(counts: dict[str, dict[str, int]]) -> dict[str, float]:
-    totals: dict[str, int] = {}
-    kept: dict[str, int] = {}
-    for outcome, buckets in counts.items():
-        for bucket, n in buckets.items():
-            totals[bucket] = totals.get(bucket, 0) + n
-            if outcome == "kept":
-                kept[bucket] = kept.get(bucket, 0) + n
-    return {bucket: kept.get(bucket, 0) / n for bucket, n in sorted(totals.items()) if n}
-
-
 def waste_summary(drains: list[dict[str, Any]]) -> dict[str, Any]:
     """Waste and bias over a run's drain reports (wire JSON): see the module docstring."""
     not_trained: dict[str, int] = {}
@@ -345,8 +336,8 @@ def waste_summary(drains: list[dict[str, Any]]) -> dict[str, Any]:
         "in_queue_versions_avg": _mean(values("in_queue_versions_avg")),
         "in_flight_s_avg": _mean(values("in_flight_s_avg")),
         "in_queue_s_avg": _mean(values("in_queue_s_avg")),
-        "kept_share_by_length": _kept_share(by_length),
-        "kept_share_by_reward": _kept_share(by_reward),
+        "kept_share_by_length": dict(sorted(kept_share(by_length).items())),
+        "kept_share_by_reward": dict(sorted(kept_share(by_reward).items())),
     }
 
 

@@ -276,19 +276,17 @@ class _Rollout:
         # Through the drain window: counted (generated, not trained: aborted) and routed to on_recycle.
         self.buffer.window.early_abort(group, saved)
 
-    async def on_changes(self, tracker: VersionTracker) -> None:
-        """Each version change: wake the producers waiting for a slot (the window moved), and abort the
-        groups in flight that it makes certain to be stale."""
+    async def abort_on_changes(self, tracker: VersionTracker) -> None:
+        """Each version change: abort the groups in flight that it makes certain to be stale."""
         while True:
             try:
                 async for change in tracker.changes():
-                    self.admission.notify()  # at once, not at the gate's next poll: the engines wait meanwhile
                     if self.inflight is not None and change.version is not None:
                         self.inflight.check(change.version)
                 return  # the tracker stopped
             except SlowConsumerError as exc:
-                # A missed change only delays a wake-up or an abort: the gate polls, the next change checks again.
-                log.warning("version-change listener fell behind; resubscribing", extra={"error": str(exc)})
+                # A missed change only delays an abort: the next change or finished request checks again.
+                log.warning("abort listener fell behind; resubscribing", extra={"error": str(exc)})
 
     async def follow_lags(self, tracker: VersionTracker) -> None:
         while True:
@@ -364,7 +362,9 @@ class _Rollout:
             await self.budget.start()
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
-        tasks.append(asyncio.create_task(self.on_changes(tracker)))
+        tasks.append(asyncio.create_task(self.admission.follow(tracker.changes)))
+        if self.config.early_abort:
+            tasks.append(asyncio.create_task(self.abort_on_changes(tracker)))
         if self.config.follow_lora:
             tasks.append(asyncio.create_task(self.follow_adapter()))
         try:

@@ -4,11 +4,12 @@ a version source that cannot say, and a tracker moving on that frees the window.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from weightbus.consumers.admission import Admission
-from weightbus.errors import TrackerNotReadyError
+from weightbus.errors import SlowConsumerError, TrackerNotReadyError
 
 
 class _Tracker:
@@ -107,3 +108,31 @@ async def test_the_iterator_and_the_modes() -> None:
         Admission("sometimes", batch=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         Admission("bounded", current="7", batch=1)
+
+
+async def test_follow_wakes_a_waiting_acquire_at_each_change_and_survives_falling_behind() -> None:
+    held = {"v": 1}
+    # A poll of a minute: only a change can wake the waiter within the test's bound.
+    gate = Admission("bounded", current=lambda: held["v"], max_staleness=0, batch=1, poll_s=60.0)
+    gate.try_acquire().accept()  # v1's one slot is taken
+    gate.drained(1, at=1)
+    changed = asyncio.Event()
+    subscriptions = 0
+
+    async def changes() -> Any:
+        nonlocal subscriptions
+        subscriptions += 1
+        if subscriptions == 1:
+            raise SlowConsumerError("weightbus.p.weights", 10)  # the first subscription fell behind
+        await changed.wait()
+        held["v"] = 2
+        yield object()
+
+    waiter = asyncio.create_task(gate.acquire())
+    follower = asyncio.create_task(gate.follow(changes))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # v1's window is full
+    changed.set()
+    slot = await asyncio.wait_for(waiter, timeout=5)
+    assert slot.version == 2 and subscriptions == 2
+    await asyncio.wait_for(follower, timeout=5)  # the iterator ended: so does follow

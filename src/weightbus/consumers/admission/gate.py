@@ -28,11 +28,12 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from weightbus.errors import AdmissionError, TrackerNotReadyError
+from weightbus.errors import AdmissionError, SlowConsumerError, TrackerNotReadyError
 from weightbus.rules.admission import (
     ADMISSION_MODES,
     UNLIMITED,
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from weightbus.consumers.admission.shared import SharedBudget
 
 __all__ = ["Admission", "Outcome", "Slot"]
+
+log = logging.getLogger("weightbus.consumers")
 
 Outcome = Literal["finished", "aborted", "recycled"]
 _OUTCOMES: Final = ("accepted", "finished", "aborted", "recycled")
@@ -326,6 +329,19 @@ class Admission:
     def notify(self) -> None:
         """Wake waiting ``acquire`` calls now (e.g. on a version change) instead of at the next poll."""
         self._notify()
+
+    async def follow(self, changes: Callable[[], AsyncIterator[object]]) -> None:
+        """Wake waiting ``acquire`` calls at every item of ``changes()`` (a tracker's ``changes``): a new version
+        moves the window, and the engines should not idle until the next poll. Resubscribes when the iterator
+        falls behind (``SlowConsumerError``: a missed change only waits for the poll); returns when it ends.
+        """
+        while True:
+            try:
+                async for _ in changes():
+                    self._notify()
+                return
+            except SlowConsumerError as exc:
+                log.warning("admission's version listener fell behind; resubscribing", extra={"error": str(exc)})
 
     # -- internals ---------------------------------------------------------------------------------
 

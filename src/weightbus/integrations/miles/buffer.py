@@ -61,7 +61,7 @@ from weightbus.bus.protocol import Bus
 from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
-from weightbus.errors import SlowConsumerError, TrackerNotReadyError
+from weightbus.errors import TrackerNotReadyError
 from weightbus.integrations.miles.admission import MilesAdmission, check_semaphore, register_buffer
 from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings
 from weightbus.integrations.miles.config import setting as _setting
@@ -243,7 +243,8 @@ class WeightbusDataBuffer:
                     if made.gate.mode != "off":
                         check_semaphore(self._args)
                         await made.start()
-                        self._wake = asyncio.create_task(self._wake_on_changes(made))
+                        assert self._tracker is not None
+                        self._wake = asyncio.create_task(made.gate.follow(self._tracker.changes))
                     self._admission = made if made.gate.mode != "off" else None
         return self._admission  # type: ignore[return-value]
 
@@ -353,18 +354,6 @@ class WeightbusDataBuffer:
                 self._passed = version
                 if isinstance(self._admission, MilesAdmission):
                     self._admission.gate.notify()  # the window may have moved
-
-    async def _wake_on_changes(self, admission: MilesAdmission) -> None:
-        """Wake the groups waiting for a slot at each version change, not at the gate's next poll."""
-        tracker = self._tracker
-        assert tracker is not None
-        while True:
-            try:
-                async for _ in tracker.changes():
-                    admission.gate.notify()
-                return  # the tracker stopped
-            except SlowConsumerError as exc:
-                log.warning("admission's version listener fell behind; resubscribing", extra={"error": str(exc)})
 
     async def _read_version(self) -> tuple[int | None, str]:
         """The version to judge a ``get`` against, and where it came from (``DrainStats.version_state``)."""
