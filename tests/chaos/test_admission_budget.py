@@ -162,8 +162,12 @@ async def test_three_processes_share_one_budget_through_kill_restart_and_failove
     assert restarted_at is not None and failover_at is not None
     for i in (0, 1):
         times = [r["t"] for j, r in admits if j == i]
-        assert any(t > restarted_at for t in times), f"r{i} never admitted after the restart"
-        assert any(t > failover_at for t in times), f"r{i} never admitted after the failover"
+        # On a failure, what the worker recorded last and said on stderr: the next look needs more than the verdict.
+        seen = f"last admit {max(times, default=None)}, restart {restarted_at}, failover {failover_at}; " + (
+            f"last records {recs[i][-3:]}; stderr {logs[i].with_suffix('.err').read_text()[-1500:]!r}"
+        )
+        assert any(t > restarted_at for t in times), f"r{i} never admitted after the restart: {seen}"
+        assert any(t > failover_at for t in times), f"r{i} never admitted after the failover: {seen}"
     report(
         "admission-shared",
         ledgers=len(ledgers),
