@@ -115,7 +115,10 @@ def _follow(
             if not proc.alive() and not (name == "trainer" and proc.exited_ok()):
                 raise DemoError(f"{name} exited unexpectedly: {proc.tail()}")
         if time.monotonic() - last_progress > _STALL_S:
-            raise DemoError(f"no training step for {_STALL_S:.0f} s; trainer log: {procs['trainer'].tail()}")
+            raise DemoError(
+                f"no training step for {_STALL_S:.0f} s after step {shown}; trainer log: {procs['trainer'].tail()}; "
+                f"rollout log: {procs['rollout'].tail()}"
+            )
         time.sleep(0.05)
 
 
