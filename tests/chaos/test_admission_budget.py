@@ -78,6 +78,13 @@ async def test_three_processes_share_one_budget_through_kill_restart_and_failove
     pub = await VersionPublisher(trainer_bus, POLICY, trainer_id="trainer-a").start()
     killed_at = restarted_at = failover_at = None
     try:
+        # The schedule starts once every worker holds a place in the ledger: on a loaded machine a process can
+        # take seconds to start, and one killed before its first write has nothing to give back.
+        await wait_until(
+            lambda: all(any(r["kind"] == "ledger" for r in _records(log)) for log in logs),
+            30,
+            "every worker's first ledger write",
+        )
         started = time.monotonic()
         phase = 0
         while time.monotonic() - started < 14.0:

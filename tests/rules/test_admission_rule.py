@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from weightbus.consumers.admission import Admission
 from weightbus.errors import AdmissionError
-from weightbus.rules.admission import UNLIMITED, accepted_in_window, allowance, capacity, mode_capacity
+from weightbus.rules.admission import (
+    UNLIMITED,
+    accepted_in_window,
+    allowance,
+    capacity,
+    fair_shares,
+    mode_capacity,
+)
 
 STEPS = st.lists(
     st.one_of(
@@ -149,3 +156,31 @@ def test_a_drain_of_groups_without_slots_is_refused() -> None:
     gate = Admission("bounded", current=1, max_staleness=1, batch=2)
     with pytest.raises(AdmissionError, match="accepted slot"):
         gate.drained(1, at=1)
+
+
+DEMANDS = st.dictionaries(st.sampled_from([f"r{i}" for i in range(6)]), st.integers(0, 30), max_size=6)
+
+
+@given(st.integers(0, 40), DEMANDS, st.integers(0, 100))
+def test_fair_shares_never_over_grant_and_are_max_min_fair(total: int, demands: dict[str, int], turn: int) -> None:
+    shares = fair_shares(total, demands, turn)
+    assert set(shares) == set(demands)
+    assert sum(shares.values()) <= total
+    assert all(0 <= shares[h] <= demands[h] for h in demands)
+    if sum(demands.values()) > total:
+        assert sum(shares.values()) == total  # work-conserving: nothing left idle while someone waits
+    for h in demands:
+        if shares[h] < demands[h]:  # short of its demand: nobody else has more than one slot above it
+            assert all(shares[o] <= shares[h] + 1 for o in demands)
+
+
+def test_fair_shares_examples() -> None:
+    assert fair_shares(12, {"hog": 14, "late": 2}) == {"hog": 10, "late": 2}
+    assert fair_shares(12, {"hog": 14, "late": 8}) == {"hog": 6, "late": 6}
+    assert fair_shares(12, {"a": 2, "b": 3}) == {"a": 2, "b": 3}
+    assert fair_shares(13, {"a": 9, "b": 9}) == {"a": 7, "b": 6}
+    assert fair_shares(13, {"a": 9, "b": 9}, turn=1) == {"a": 6, "b": 7}
+    # Fewer slots than holders: the slot moves with the turn, so no holder waits for ever.
+    assert {h for t in range(3) for h, n in fair_shares(1, {"a": 2, "b": 2, "c": 2}, t).items() if n} == {"a", "b", "c"}
+    with pytest.raises(ValueError, match="must be >= 0"):
+        fair_shares(-1, {"a": 1})

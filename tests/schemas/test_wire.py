@@ -10,6 +10,7 @@ import pytest
 from weightbus.errors import InvalidEventError
 from weightbus.schemas import (
     MAX_EVENT_BYTES,
+    AdmissionLedger,
     CounterHighWater,
     DrainReport,
     EngineOutOfSync,
@@ -188,3 +189,17 @@ def test_frozen_events_cannot_be_mutated() -> None:
     with pytest.raises(AttributeError):
         event.version = 9  # type: ignore[misc,attr-defined]
     assert msgspec.structs.replace(event, version=9).version == 9  # type: ignore[type-var,attr-defined]
+
+
+def test_a_ledger_from_a_writer_before_wants_still_decodes() -> None:
+    old = {
+        "type": "admission.ledger",
+        "policy": "p",
+        "total": 8,
+        "holders": {"r0:abc": {"slots": 8, "used": 8, "expires_at": 1.0}},
+        "writer": "r0:abc",
+        "version": 3,
+        "written_at": 0.5,
+    }
+    ledger = decode("weightbus.p.admission", json.dumps(old).encode())
+    assert isinstance(ledger, AdmissionLedger) and ledger.holders["r0:abc"].wants == 0

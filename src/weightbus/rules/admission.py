@@ -36,6 +36,11 @@ Invariants (property-tested):
   newer numbers in the window: the count only errs toward fewer admissions;
 * ``max_staleness is None`` (measure, never filter) and the ``off`` mode never refuse; ``cap`` refuses
   once ``running`` reaches the cap, whatever the version.
+
+Several processes sharing one allowance (``consumers.admission.shared``) split it by ``fair_shares``: max-min
+fair over what each asks for, so a busy holder that refills its slots as fast as it frees them cannot starve
+one that arrived later. The shares sum to at most the allowance, none exceeds its demand, and one that gets
+less than it asked for gets at least as much as any other (within one slot, which rotates with ``turn``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ __all__ = [
     "accepted_in_window",
     "allowance",
     "capacity",
+    "fair_shares",
     "mode_capacity",
 ]
 
@@ -140,3 +146,39 @@ def mode_capacity(
     if mode == "off":
         return UNLIMITED
     raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}, got {mode!r}")
+
+
+def fair_shares(total: int, demands: Mapping[str, int], turn: int = 0) -> dict[str, int]:
+    """Split ``total`` slots max-min fairly among holders asking for ``demands`` (holder id -> slots wanted).
+
+    A holder that asks for no more than an even split of what is left gets what it asks; the others share
+    the rest evenly, and the remainder of that split (fewer slots than holders) goes one each to holders in
+    id order starting at ``turn`` (a version, say), so it moves from holder to holder instead of always
+    serving the same ones.
+
+    Returns:
+        holder id -> share, with ``sum <= total``, each ``share <= demand``, and ``sum == total`` whenever
+        the demands add up to more than ``total``.
+
+    Raises:
+        ValueError: a negative ``total`` or demand.
+    """
+    if total < 0 or any(d < 0 for d in demands.values()):
+        raise ValueError(f"total and demands must be >= 0, got total={total} demands={dict(demands)}")
+    shares: dict[str, int] = {}
+    left = total
+    pending = sorted(demands, key=lambda h: (demands[h], h))
+    for i, holder in enumerate(pending):
+        even = left // (len(pending) - i)
+        if demands[holder] <= even:
+            shares[holder] = demands[holder]
+            left -= demands[holder]
+            continue
+        # Every holder from here on asks for more than an even split: split evenly, the remainder in turn.
+        rest = sorted(pending[i:])
+        extra = left - even * len(rest)
+        start = turn % len(rest)
+        for k, other in enumerate(rest):
+            shares[other] = even + (1 if (k - start) % len(rest) < extra else 0)
+        break
+    return shares

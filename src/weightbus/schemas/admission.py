@@ -31,11 +31,14 @@ class Holding(msgspec.Struct, frozen=True, kw_only=True):
         used: what it had filled when the entry was written (for the record; the holder may be over its
             slots after a lapsed lease, never by admitting).
         expires_at: Unix time after which another writer may take the slots back.
+        wants: the slots it asked for (``slots`` below it: it waits for more, and the others keep no more than
+            their fair share, ``rules.admission.fair_shares``); 0 from writers that predate it (read as ``slots``).
     """
 
     slots: Count
     used: Count
     expires_at: Timestamp
+    wants: Count = 0
 
 
 class AdmissionEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

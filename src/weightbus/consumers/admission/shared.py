@@ -8,6 +8,12 @@ fence (not a lock server, not a read before the write) orders the writers. Invar
   ``expected_last_seq``; if another write landed first the publish is refused (nothing stored), the
   writer reads the newest ledger and recomputes. Every stored ledger grants at most ``total`` slots in
   all, counting every holding whose lease has not expired.
+* **Fair.** Each holding records what its holder asked for (``wants``). A holder keeps at most its max-min
+  fair share of the allowance (``rules.admission.fair_shares`` over every live holder's ``wants``): at once
+  for its own admissions, and in the ledger at its next write, which comes at once when a holder's slots
+  exceed its share while another waits, else at its renewal (``lease_s / 3``). So a process that is always
+  busy, refilling its slots as fast as it frees them, cannot starve one that arrived later; with nobody
+  waiting, one process may hold the whole allowance.
 * **Leases.** A holding expires ``lease_s`` after it was written (``expires_at``, the writer's clock). Its
   holder renews it every ``lease_s / 3``; the holder itself counts on it only until ``lease_s - skew_s``
   after it *sent* the write (its own monotonic clock), and other writers take it back only ``skew_s``
@@ -44,6 +50,7 @@ from weightbus.bus import subjects
 from weightbus.bus.history import read_subject_history
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped, Subscription
 from weightbus.errors import BusError, InvalidEventError, PermissionDeniedError, SequenceConflictError
+from weightbus.rules.admission import UNLIMITED, fair_shares
 from weightbus.schemas import AdmissionLedger, Holding
 
 __all__ = ["BudgetUser", "SharedBudget"]
@@ -124,6 +131,7 @@ class SharedBudget:
         self._ledger: AdmissionLedger | None = None
         self._seq = 0
         self._slots = 0
+        self._share = UNLIMITED  # the most this holder may fill while others wait (fair_shares)
         self._valid_until = 0.0  # monotonic
         self._renew_at = 0.0  # monotonic
         self._wanted = False
@@ -136,8 +144,11 @@ class SharedBudget:
 
     @property
     def held(self) -> int:
-        """The slots this process may fill now: its holding while its lease is valid, else 0."""
-        return self._slots if time.monotonic() < self._valid_until else 0
+        """The slots this process may fill now: its holding, within its fair share, while its lease is valid;
+        else 0."""
+        if time.monotonic() >= self._valid_until:
+            return 0
+        return self._slots if self._slots <= self._share else self._share
 
     @property
     def ledger(self) -> AdmissionLedger | None:
@@ -194,7 +205,9 @@ class SharedBudget:
             _ = self._gate.allowance  # the gate reads its version and sets the total
         self._wanted = True
         try:
-            await self._write(self._target())  # here, so that a refusal (permissions) ends the caller's start
+            # Here, not in the task: a refusal (permissions) ends the caller's start.
+            demand = self._demand()
+            await self._write(self._target(demand), demand)
         except PermissionDeniedError:
             await self.close()
             raise
@@ -222,7 +235,7 @@ class SharedBudget:
         if self._slots:
             try:
                 async with asyncio.timeout(2.0):
-                    await self._write(0, leaving=True)
+                    await self._write(0, 0, leaving=True)
             except (BusError, TimeoutError) as exc:
                 log.warning(
                     "could not return the admission slots; they expire with the lease", extra={"error": repr(exc)}
@@ -253,6 +266,7 @@ class SharedBudget:
             return
         self._seq = seq
         self._ledger = item.event
+        self._reshare()
         self._wake.set()
 
     async def _refresh(self) -> None:
@@ -271,49 +285,66 @@ class SharedBudget:
         if seq == 0:
             self._ledger = None  # the history is gone: the next write rebuilds it from the live holders
         self._seq = seq
+        self._reshare()
 
     def _used(self) -> int:
         return self._gate.used if self._gate is not None else 0
 
-    def _target(self) -> int:
+    def _demand(self) -> int:
         used = self._used()
         grant = self._grant if self._grant is not None else self._gate.batch if self._gate is not None else 1
         if self._wanted:
             return used + grant
         return min(max(self._slots, used), used + grant)
 
-    def _free_for_us(self) -> int:
-        now = self._clock()
-        ledger = self._ledger
-        others = 0
-        if ledger is not None:
-            for holder, h in ledger.holders.items():
-                if holder != self.holder and h.expires_at + self._skew_s >= now:
-                    others += h.slots
-        return self._total - others
-
-    def _next_expiry(self) -> float | None:
+    def _others(self) -> dict[str, Holding]:
+        """The other holders whose leases still stand."""
         ledger = self._ledger
         if ledger is None:
-            return None
+            return {}
         now = self._clock()
-        later = [
-            h.expires_at + self._skew_s - now
-            for holder, h in ledger.holders.items()
-            if holder != self.holder and h.slots and h.expires_at + self._skew_s >= now
-        ]
+        return {h: x for h, x in ledger.holders.items() if h != self.holder and x.expires_at + self._skew_s >= now}
+
+    def _reshare(self, demand: int | None = None) -> None:
+        others = self._others()
+        if not others:
+            self._share = UNLIMITED
+            return
+        # A writer that predates ``wants`` wrote 0 there: it asks for what it holds.
+        demands = {h: max(x.wants, x.slots) for h, x in others.items()}
+        demands[self.holder] = self._demand() if demand is None else demand
+        version = self._gate.version if self._gate is not None else None
+        self._share = fair_shares(self._total, demands, version or 0)[self.holder]
+
+    def _others_wait(self) -> bool:
+        return any(x.wants > x.slots for x in self._others().values())
+
+    def _target(self, demand: int) -> int:
+        """What to hold: the demand, within the fair share, and never below what is in use."""
+        self._reshare(demand)
+        return min(demand, max(self._share, self._used()))
+
+    def _free_for_us(self) -> int:
+        return self._total - sum(x.slots for x in self._others().values())
+
+    def _next_expiry(self) -> float | None:
+        now = self._clock()
+        later = [x.expires_at + self._skew_s - now for x in self._others().values() if x.slots]
         return min(later) if later else None
 
     async def _run(self) -> None:
         while True:
             now = time.monotonic()
             due = now >= self._renew_at
-            target = self._target()
+            demand = self._demand()
+            target = self._target(demand)
             gain = min(target, self._free_for_us()) > self._slots
-            # A surplus goes back at a renewal only: returning it at once and asking again would cost writes.
-            if due or (self._wanted and gain):
+            # A surplus goes back at a renewal only (returning it at once and asking again would cost writes),
+            # unless it is more than the fair share and another holder waits for it.
+            unfair = self._slots > target and self._others_wait()
+            if due or (self._wanted and gain) or unfair:
                 try:
-                    await self._write(target)
+                    await self._write(target, demand)
                 except BusError as exc:
                     log.warning("admission ledger write failed; retrying", extra={"error": repr(exc)})
                     await asyncio.sleep(_RETRY_S)
@@ -331,19 +362,17 @@ class SharedBudget:
             except TimeoutError:
                 pass
 
-    async def _write(self, target: int, *, leaving: bool = False) -> None:
+    async def _write(self, target: int, demand: int, *, leaving: bool = False) -> None:
         while True:
             ledger = self._ledger
             now = self._clock()
-            holders = {}
-            if ledger is not None:
-                holders = {
-                    h: x for h, x in ledger.holders.items() if h != self.holder and x.expires_at + self._skew_s >= now
-                }
+            holders = self._others()
             free = self._total - sum(x.slots for x in holders.values())
             slots = max(0, min(target, free))
             if not leaving:
-                holders[self.holder] = Holding(slots=slots, used=self._used(), expires_at=now + self._lease_s)
+                holders[self.holder] = Holding(
+                    slots=slots, used=self._used(), expires_at=now + self._lease_s, wants=max(demand, slots)
+                )
             # A writer whose gate has no version yet (total 0) grants itself nothing and keeps the ledger's total.
             total = self._total or (ledger.total if ledger is not None else 0)
             record = AdmissionLedger(
