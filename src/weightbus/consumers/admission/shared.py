@@ -132,6 +132,7 @@ class SharedBudget:
         self._seq = 0
         self._slots = 0
         self._share = UNLIMITED  # the most this holder may fill while others wait (fair_shares)
+        self._asked = 0  # the wants of this holder's last stored write
         self._valid_until = 0.0  # monotonic
         self._renew_at = 0.0  # monotonic
         self._wanted = False
@@ -177,7 +178,8 @@ class SharedBudget:
 
     def wanted(self) -> None:
         """The gate is out of slots: ask for more at the next chance."""
-        if not self._wanted:
+        # Also while holding more than the fair share: what is used may have fallen, and the surplus can go back.
+        if not self._wanted or self._slots > self._share:
             self._wanted = True
             self._wake.set()
 
@@ -342,7 +344,9 @@ class SharedBudget:
             # A surplus goes back at a renewal only (returning it at once and asking again would cost writes),
             # unless it is more than the fair share and another holder waits for it.
             unfair = self._slots > target and self._others_wait()
-            if due or (self._wanted and gain) or unfair:
+            # Short of its fair share with nothing free: say so, or the others only learn of it at a renewal.
+            ask = self._wanted and not gain and demand > self._asked and self._slots < self._share < UNLIMITED
+            if due or (self._wanted and gain) or unfair or ask:
                 try:
                     await self._write(target, demand)
                 except BusError as exc:
@@ -401,6 +405,7 @@ class SharedBudget:
                 await self._refresh_quietly()
                 raise
             self._writes += 1
+            self._asked = max(demand, slots)
             if ack.seq >= self._seq:  # a newer ledger seen meanwhile was built on this one: keep it
                 self._ledger = record
                 self._seq = ack.seq
