@@ -10,10 +10,11 @@ fence (not a lock server, not a read before the write) orders the writers. Invar
   all, counting every holding whose lease has not expired.
 * **Fair.** Each holding records what its holder asked for (``wants``). A holder keeps at most its max-min
   fair share of the allowance (``rules.admission.fair_shares`` over every live holder's ``wants``): at once
-  for its own admissions, and in the ledger at its next write, which comes at once when a holder's slots
-  exceed its share while another waits, else at its renewal (``lease_s / 3``). So a process that is always
-  busy, refilling its slots as fast as it frees them, cannot starve one that arrived later; with nobody
-  waiting, one process may hold the whole allowance.
+  for its own admissions, and in the ledger as soon as the surplus is unused (checked at each ledger
+  change and each time its gate waits). A holder short of its share with nothing free writes its ``wants``
+  at once rather than at its renewal. So a process that is always busy, refilling its slots as fast as it
+  frees them, cannot starve one that arrived later; with nobody waiting, one process may hold the whole
+  allowance.
 * **Leases.** A holding expires ``lease_s`` after it was written (``expires_at``, the writer's clock). Its
   holder renews it every ``lease_s / 3``; the holder itself counts on it only until ``lease_s - skew_s``
   after it *sent* the write (its own monotonic clock), and other writers take it back only ``skew_s``
