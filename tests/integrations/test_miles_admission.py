@@ -264,3 +264,68 @@ async def test_a_put_cancelled_while_the_buffer_is_full_returns_its_slot(nats_bu
         assert admission.gate.running == 0 and admission.gate.counts["aborted"] == 1  # not held for ever
     finally:
         await buffer.aclose()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_admission_inside_miles_survives_a_nats_restart(
+    tmp_path: Any, policy: str, monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    # The server is this test's own: killed mid-run and restarted on its store. Meanwhile the tracker cannot
+    # say what is current, so the gate falls back to the version miles passed (a lower bound), and the shared
+    # budget cannot renew its lease: training may slow, but must go on, and stay within the bound.
+    from weightbus.bus import connect
+    from weightbus.embedded.server import EmbeddedNats
+    from weightbus.errors import BusError
+
+    server = EmbeddedNats(store_dir=tmp_path / "store").start()
+    monkeypatch.setenv("WEIGHTBUS_NATS", server.url)
+    monkeypatch.setenv("WEIGHTBUS_POLICY", policy)
+    monkeypatch.setenv("WEIGHTBUS_GENERATE_FUNCTION", f"{__name__}.engine_generate")
+    if shared:
+        monkeypatch.setenv("WEIGHTBUS_ADMISSION_SHARED", "1")
+    global ENGINE
+    ENGINE = Engine()
+    bus = await connect(server.url, publish_timeout=1.0, publish_attempts=2)
+    bound, steps, restart_after = 1, 10, 4
+    source = ScriptedDataSource([], fresh=lambda i: make_group(i, [], status=Sample.Status.PENDING, n=N))
+    trained: list[tuple[int, list[Any]]] = []
+
+    async def announce_until_stored(version: int) -> None:
+        for _ in range(100):
+            try:
+                await announce(bus, policy, version)
+                return
+            except BusError:
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"v{version} was never stored")
+
+    try:
+        await announce_until_stored(1)
+        with install_miles_helpers():
+            fn = FullyAsyncRolloutFn(_args(bound), source, max_in_flight=IN_FLIGHT_GROUPS)
+            try:
+                for step in range(steps):
+                    version = step + 1
+                    out = await asyncio.wait_for(fn(RolloutFnTrainInput(rollout_id=step, weight_version=version)), 60)
+                    trained += [(version, group) for group in out.samples]
+                    ENGINE.version = version + 1
+                    if step == restart_after:
+                        server.kill()
+                        await asyncio.sleep(1.0)
+                        await asyncio.to_thread(server.start)
+                    await announce_until_stored(version + 1)
+            finally:
+                await fn.aclose()
+    finally:
+        await bus.close()
+        server.stop()
+    assert len(trained) == steps * BATCH  # training went on through the restart
+    for version, group in trained:
+        oldest = min(int(label) for sample in group for label in sample.weight_versions)
+        assert version - oldest <= bound, (version, group)
+    starts = [s for s in ENGINE.starts if s["used"] is not None]
+    assert starts and [s for s in starts if s["used"] > s["allowance"]] == []
+    served = {g[0].group_index for g in fn.data_source.served}
+    accounted = {g[0].group_index for _, g in trained} | {g[0].group_index for g in fn.data_source.recycled}
+    accounted |= {entry.group[0].group_index for entry in fn.buffer.buffered()}
+    assert accounted <= served and len(served - accounted) <= IN_FLIGHT_GROUPS
