@@ -164,7 +164,7 @@ async def test_an_early_abort_frees_its_admission_slot_and_the_drain_count_stays
         ],
     )
     slot = await rollout.admission.acquire()
-    slot.accept()
+    rollout.accepted.accept(slot, fresh)  # as produce() does
     await rollout.buffer.put(fresh)
     aborted = Group(
         prompt_index=2,

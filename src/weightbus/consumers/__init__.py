@@ -6,7 +6,7 @@
 ``FullyAsyncBuffer`` is the drop-in for miles' fully-async data buffer.
 """
 
-from weightbus.consumers.admission import Admission, SharedBudget, Slot
+from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget, Slot
 from weightbus.consumers.drain import (
     STALENESS_BUCKETS,
     Action,
@@ -42,6 +42,7 @@ from weightbus.rules.staleness import (
 __all__ = [
     "LAG_BUCKETS",
     "STALENESS_BUCKETS",
+    "AcceptedGroups",
     "Action",
     "Admission",
     "CurrentSource",

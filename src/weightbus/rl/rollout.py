@@ -10,8 +10,11 @@ Invariants:
 * A drain for a trainer that has just published ``v`` waits until the tracker holds ``v`` (``min_version``),
   so no group is admitted against an older version than the one it will be trained under.
 * A group starts generating only while the admission gate has a slot for it (``RolloutConfig.admission``,
-  ``bounded`` by default: it can still be trained within the bound); it counts from then until a drain takes
-  or filters it. With ``admission_shared`` the budget is one for every rollout process of the policy.
+  ``bounded`` by default: it can still be trained within the bound); it counts from then until a drain keeps
+  it (then in the window it trains in) or routes it, when its slot is freed at once (``AcceptedGroups``,
+  settled by the drain engine): a drain that filters a whole window (a version jump at a failover) frees those
+  slots while it waits for fresh groups. With ``admission_shared`` the budget is one for every rollout process
+  of the policy.
 * A failed or aborted generation never enters the buffer as fresh data: aborted groups are filtered by the
   buffer, a router error retries the group after a short back-off.
 * Early abort (``config.early_abort``): every ``/generate`` carries a ``rid``; a group that a new version (or a
@@ -52,8 +55,8 @@ from weightbus.consumers import (
     VersionTracker,
     buffer_capacity,
 )
-from weightbus.consumers.admission import Admission, SharedBudget
-from weightbus.errors import AdmissionError, SlowConsumerError, WeightbusError
+from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
+from weightbus.errors import SlowConsumerError, WeightbusError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import RolloutConfig
@@ -172,11 +175,13 @@ class _Rollout:
         consumer = config.consumer or f"rollout-{uuid.uuid4().hex[:8]}"
         stage = StalenessStage(max_staleness=config.max_staleness, on_stale=config.on_stale, metrics=metrics)
         self.retry: asyncio.Queue[Group] = asyncio.Queue()
+        self.accepted = AcceptedGroups()
         self.buffer = FullyAsyncBuffer(
             buffer_capacity(config.batch),
             stage=stage,
             reporter=DrainReporter(bus, config.policy, consumer, metrics=metrics),
             on_recycle=self.retry.put_nowait,
+            slots=self.accepted,
         )
         self.rng = random.Random(config.seed)
         self.next_index = itertools.count()
@@ -248,7 +253,7 @@ class _Rollout:
                     if flight is not None and flight.aborted:
                         slot.release("aborted")  # never enters the buffer; its prompt asks for a new slot
                     else:
-                        slot.accept()  # it counts until a drain takes or filters it
+                        self.accepted.accept(slot, group)  # it counts until a drain keeps or routes it
                 self.generated += sum(s.response_length for s in group.samples)
                 group.started_at = started
                 group.generated_at = time.time()
@@ -310,13 +315,7 @@ class _Rollout:
         wait_s = time.perf_counter() - waited
         timer = BusyTimer(self.buffer.drain(request.size, tracker))
         drain = await timer
-        stats = drain.stats
-        try:
-            # Early aborts are counted by the window but released their slots when aborted (never accepted).
-            filtered = stats.recycled + stats.dropped - stats.early_aborts
-            self.admission.drained(stats.kept, filtered, at=stats.current)
-        except AdmissionError as exc:
-            log.error("admission count out of step with the drain", extra={"error": str(exc)})
+        stats = drain.stats  # the drain engine settled each group's slot as it kept or routed it (``accepted``)
         self.delivered += sum(s.response_length for g in drain.groups for s in g.samples)
         self.batches += 1
         if self.progress is not None:

@@ -102,6 +102,18 @@ class Slot:
         self._state = _DONE
         self._gate._released(outcome)
 
+    def drained(self, *, kept: bool, at: int | None = None) -> None:
+        """A drain took this accepted group into a batch judged at ``at`` (``kept``), or filtered it (its place
+        is free): ``Admission.drained`` for this one group, at most once (``AcceptedGroups`` calls it).
+
+        Raises:
+            AdmissionError: the slot was not accepted, or was drained already.
+        """
+        if self._state != _READY:
+            raise AdmissionError("only an accepted slot is drained, and only once")
+        self._state = _DONE
+        self._gate.drained(int(kept), int(not kept), at=at)
+
 
 class _SlotContext:
     __slots__ = ("_gate", "_slot")

@@ -9,7 +9,8 @@ Invariants (miles fully-async, §9 items 3 to 11, with weightbus' stricter rule)
   sorted by their first sample's index; it blocks while the buffer is empty;
 * groups not kept go to ``on_stale``: ``drop`` discards them, ``recycle`` resets the flat prompt
   group and hands it out through ``recycled()`` (or an ``on_recycle`` callable); dynamic-filter
-  rejects are always dropped;
+  rejects are always dropped; the admission slot of each (``slots``) is freed as it is routed, while
+  the drain may still wait for fresh groups, and a kept group's counts where it trains;
 * the statistics of a drain cover everything since the previous drain, put-side events included,
   and reset with every drain (miles ``get_metrics``); Prometheus is updated once per drain (the
   buffer-size gauge is read at scrape time), never per put;
@@ -46,6 +47,7 @@ from weightbus.schemas.rollouts import Group
 
 if TYPE_CHECKING:
     from weightbus.consumers.drain.reports import DrainReporter
+    from weightbus.consumers.drain.window import HeldSlots
 
 __all__ = ["CurrentSource", "Drain", "FullyAsyncBuffer", "buffer_capacity", "read_current", "resolve_current"]
 
@@ -141,6 +143,8 @@ class FullyAsyncBuffer:
             counted as ``rollout/dynamic_filter/drop_<reason>`` when the reason is non-empty).
         samples_per_group: when set, a drain raises ``ValueError`` on a kept group of another size.
         ready_timeout: seconds a drain waits for a tracker that is not ready before raising.
+        slots: the admission slots of the groups put (``consumers.admission.AcceptedGroups``), settled by
+            the drain engine as it routes or keeps each group.
 
     Raises:
         ValueError: ``capacity`` < 1.
@@ -156,6 +160,7 @@ class FullyAsyncBuffer:
         dynamic_filter: Callable[[Group], str | None] | None = None,
         samples_per_group: int | None = None,
         ready_timeout: float = 10.0,
+        slots: HeldSlots | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -165,7 +170,7 @@ class FullyAsyncBuffer:
         self._dynamic_filter = dynamic_filter
         self._samples_per_group = samples_per_group
         self.ready_timeout = ready_timeout
-        self.window = self.stage.window(on_unused=self._unused, reporter=reporter)
+        self.window = self.stage.window(on_unused=self._unused, reporter=reporter, slots=slots)
         """The drain engine: evidence, the window since the last drain, metrics and reports."""
         self._items: deque[Group] = deque()
         self._changed = asyncio.Condition()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from weightbus.consumers.drain.decisions import Action, Decision, DrainStats, Judgement
 from weightbus.consumers.drain.metrics import DrainMetrics
 from weightbus.consumers.drain.tally import DrainTally
-from weightbus.consumers.drain.window import DrainWindow
+from weightbus.consumers.drain.window import DrainWindow, HeldSlots
 from weightbus.rules.staleness import UNKNOWN_POLICIES, Reason, UnknownPolicy, group_versions, judge
 from weightbus.schemas.rollouts import Group
 
@@ -92,10 +92,14 @@ class StalenessStage:
         return Decision(action, verdict.reason, verdict)
 
     def window(
-        self, *, on_unused: Callable[[Group], None] | None = None, reporter: DrainReporter | None = None
+        self,
+        *,
+        on_unused: Callable[[Group], None] | None = None,
+        reporter: DrainReporter | None = None,
+        slots: HeldSlots | None = None,
     ) -> DrainWindow:
         """A drain engine with this configuration (one per host: a buffer, an adapter); see ``DrainWindow``."""
-        return DrainWindow(self, on_unused=on_unused, reporter=reporter)
+        return DrainWindow(self, on_unused=on_unused, reporter=reporter, slots=slots)
 
     def judge(self, groups: Iterable[Group], current: int | None) -> Judgement:
         """Judge a batch of groups against one snapshot of ``current``: one window of one judgement.

@@ -19,6 +19,10 @@ Invariants:
   off and says so;
 * a group not kept is routed exactly once, to ``on_unused``, and counted as recycled or dropped by
   the stage's ``on_stale``; dynamic-filter rejects are always dropped and never routed;
+* the host's admission slots (``slots``: ``consumers.admission.AcceptedGroups``) are settled here, per
+  group: a routed or filtered group frees its slot as it is routed, before the judgement returns (a
+  judgement that filters a whole window must not hold the slots the fresh groups it waits for need),
+  and a judgement's kept groups count at its current when it closes;
 * a group that ``close`` returns is the host's for good (miles has already trained on it): nothing
   seen later takes it back; within one judgement a kept group that a newer label makes stale is
   routed (``DrainTally.evicted``);
@@ -52,6 +56,14 @@ __all__ = ["VERSION_STATES", "DrainWindow"]
 #: against several says the least trusted one.
 VERSION_STATES: Final = ("current", "never_published", "given")
 _RANK: Final = {state: i for i, state in enumerate(VERSION_STATES)}
+
+
+class HeldSlots(Protocol):
+    """The host's admission accounting, as the window settles it (``consumers.admission.AcceptedGroups``)."""
+
+    def unused(self, group: Group) -> None: ...
+
+    def kept(self, groups: Iterable[Group], at: int | None) -> None: ...
 
 
 class JudgementConfig(Protocol):
@@ -102,6 +114,7 @@ class DrainWindow:
         "_behind",
         "_unknown_labels",
         "_ledger",
+        "_slots",
     )
 
     def __init__(
@@ -110,8 +123,10 @@ class DrainWindow:
         *,
         on_unused: Callable[[Group], None] | None = None,
         reporter: DrainReporter | None = None,
+        slots: HeldSlots | None = None,
     ) -> None:
         self.stage = stage
+        self._slots = slots
         self.reporter = reporter
         self.last_current: int | None = None
         """The last version a window judged against (the buffer's staleness is measured against it)."""
@@ -174,6 +189,8 @@ class DrainWindow:
         self._dropped += 1
         if group is not None:
             self._ledger.settle(group, Action.DROPPED.value, Reason.FILTERED.value)
+            if self._slots is not None:
+                self._slots.unused(group)
 
     def early_abort(self, group: Group, tokens_saved: int) -> None:
         """The host aborted ``group`` while it was generating because it had to be stale (``rules.abort``).
@@ -247,6 +264,8 @@ class DrainWindow:
         self._behind += t.behind
         self._unknown_labels += t.unknown_labels
         self._ledger.settle_kept(t.kept, t.kept_oldest, t.current, time.time(), t.sums)
+        if self._slots is not None:
+            self._slots.kept(t.kept, t.current)
         if t.current is not None:
             self._see(t.current)
             if self._current is None or t.current > self._current:
@@ -365,6 +384,8 @@ class DrainWindow:
             )
         else:
             self._ledger.settle(group, action, reason.value if reason is not None else Reason.ABORTED.value)
+        if self._slots is not None:
+            self._slots.unused(group)
         if self._on_unused is not None:
             self._on_unused(group)
 

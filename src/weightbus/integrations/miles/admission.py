@@ -16,10 +16,11 @@ for the group's slot in the staleness budget, then calls the real generate funct
   ``WEIGHTBUS_ADMISSION_SHARED=1`` the budget is one for every rollout process of the policy
   (``SharedBudget`` on ``weightbus.<policy>.admission``).
 * **The buffer closes each slot**: ``put`` accepts it when the group enters the buffer, releases it when
-  the group is aborted or dropped there (or the ``put`` is cancelled); each ``get`` reports what it kept
-  and what it filtered (``Admission.drained``). A generation that raises releases its group's slot
-  (``aborted``). The slot's grant is the group's start, its ``put`` the end: the drain splits its
-  staleness into time in flight and in queue, as for ``weightbus rollout``'s groups.
+  the group is aborted or dropped there (or the ``put`` is cancelled); the drain engine settles it as each
+  ``get`` keeps or filters the group (``AcceptedGroups``, the mechanism ``weightbus rollout``'s buffer
+  uses). A generation that raises releases its group's slot (``aborted``). The slot's grant is the group's
+  start, its ``put`` the end: the drain splits its staleness into time in flight and in queue, as for
+  ``weightbus rollout``'s groups.
 * **No deadlock on miles' semaphore**: a sample waiting for its slot holds one of miles'
   ``generate_fn_semaphore`` permits, so the first call refuses (``ValueError``) a configuration whose
   permits are fewer than the samples the worker may keep in flight.
@@ -39,7 +40,6 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from weightbus.consumers.admission import Admission, SharedBudget, Slot
-from weightbus.errors import AdmissionError
 from weightbus.integrations.miles.config import setting
 
 if TYPE_CHECKING:
@@ -170,13 +170,6 @@ class MilesAdmission:
         if entry is None or entry.slot is None or not entry.slot.open:
             return None, None
         return entry.slot, entry.started_at
-
-    def drained(self, kept: int, filtered: int, *, at: int | None) -> None:
-        """A ``get`` judged at ``at`` took ``kept`` accepted groups and filtered ``filtered``."""
-        try:
-            self.gate.drained(kept, filtered, at=at)
-        except AdmissionError as exc:
-            log.error("admission count out of step with the buffer", extra={"error": str(exc)})
 
 
 def _max_in_flight_groups(args: Any) -> int:

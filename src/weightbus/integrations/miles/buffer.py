@@ -58,6 +58,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from weightbus.bus.protocol import Bus
+from weightbus.consumers.admission import AcceptedGroups
 from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
@@ -74,7 +75,6 @@ __all__ = ["WeightbusDataBuffer", "miles_group_versions", "to_weightbus_group"]
 log = logging.getLogger("weightbus.integrations.miles")
 
 _ENTRY: Final = "miles_entry"  # a converted group's metadata key for miles' DataBufferInput
-_ADMITTED: Final = "miles_admitted"  # set on a group that holds an accepted admission slot
 _UNSET: Final = object()
 
 
@@ -134,7 +134,9 @@ class WeightbusDataBuffer:
             on_stale="recycle" if recycles else "drop",
             unknown=unknown,  # type: ignore[arg-type]  # checked above
         )
-        self._window = self.stage.window(on_unused=self._unused)
+        # The slots of admitted groups, settled by the drain engine as it keeps or routes each one.
+        self._accepted = AcceptedGroups()
+        self._window = self.stage.window(on_unused=self._unused, slots=self._accepted)
         consumer = os.environ.get("WEIGHTBUS_CONSUMER") or f"miles:{socket.gethostname()}:{os.getpid()}"
         # A boot id keeps a restarted process' report ids from being deduplicated against the last run's.
         self.consumer = f"{consumer}:{uuid.uuid4().hex[:8]}"
@@ -287,8 +289,7 @@ class WeightbusDataBuffer:
                     await self._cond.wait()
                 self._buffer.append(group)
                 if slot is not None:
-                    slot.accept()
-                    group.metadata[_ADMITTED] = True
+                    self._accepted.accept(slot, group)
                 self._cond.notify_all()
         except BaseException:
             if slot is not None and slot.open:
@@ -325,8 +326,6 @@ class WeightbusDataBuffer:
                     except BaseException:
                         buffer.appendleft(group)
                         raise
-                    if group.metadata.get(_ADMITTED) and isinstance(self._admission, MilesAdmission):
-                        self._admission.drained(int(kept), int(not kept), at=current)
                     if kept:
                         w.close(t)
                         return group.metadata[_ENTRY]
