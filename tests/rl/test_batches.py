@@ -65,3 +65,30 @@ async def test_no_rollout_is_a_typed_error_not_a_hang(nats_url: str, policy: str
             await request_batch(client, policy, BatchRequest(size=1), timeout=5)
     finally:
         await client.close()
+
+
+async def test_the_handler_gets_what_is_left_of_the_patience_and_a_request_that_queued_past_it_an_error(
+    nats_url: str, policy: str
+) -> None:
+    server = await connect(nats_url)
+    client = await connect(nats_url)
+    seen: list[float | None] = []
+
+    async def handler(request: BatchRequest) -> BatchReply:
+        seen.append(request.patience_s)
+        await asyncio.sleep(0.6)  # the lock is held: the next request waits its turn
+        return BatchReply(kept=request.size)
+
+    sub = await serve_batches(server, policy, handler)
+    try:
+        first = asyncio.create_task(request_batch(client, policy, BatchRequest(size=1, patience_s=2.0), timeout=5))
+        await asyncio.sleep(0.1)
+        second = await request_batch(client, policy, BatchRequest(size=1, patience_s=0.5), timeout=5)
+        reply = await first
+    finally:
+        await sub.unsubscribe()
+        await server.close()
+        await client.close()
+    assert reply.error is None and len(seen) == 1  # the second never reached the handler
+    assert seen[0] is not None and seen[0] <= 2.0 - 0.4  # a margin kept for the answer's way back
+    assert second.error is not None and "patience" in second.error

@@ -90,3 +90,33 @@ async def test_a_drain_that_filters_a_full_window_still_gets_its_batch(
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+
+
+def _fresh(i: int, version: int) -> Group:
+    return Group(
+        prompt_index=i,
+        samples=[
+            Sample(index=i * 10 + k, weight_versions=[str(version)], response="r", tokens=[1, 2], response_length=1)
+            for k in range(2)
+        ],
+        status=SampleStatus.COMPLETED,
+    )
+
+
+async def test_a_drain_past_the_trainers_patience_puts_its_groups_back_instead_of_losing_them() -> None:
+    # The trainer gives up on an answer after its patience; a drain that went on would send its batch to nobody,
+    # and the batch's slots would count against the window of a batch never trained.
+    config = RolloutConfig(router_url="http://127.0.0.1:9", policy="p", group_size=2, batch=3, max_staleness=1)
+    rollout = _Rollout(config, ReverseDigits(3), MemoryBus(), CollectorRegistry(), None)
+    groups = [_fresh(i, 5) for i in range(3)]
+    for group in groups[:2]:
+        rollout.accepted.accept(rollout.admission.try_acquire(), group)  # type: ignore[arg-type]
+        await rollout.buffer.put(group)
+    reply = await rollout.handle(5, BatchRequest(size=3, patience_s=0.2))  # type: ignore[arg-type]
+    assert reply.error is not None and "put back" in reply.error and reply.groups == []
+    assert len(rollout.buffer) == 2 and rollout.admission.ready == 2  # back in the buffer, still accepted
+    rollout.accepted.accept(rollout.admission.try_acquire(), groups[2])  # type: ignore[arg-type]
+    await rollout.buffer.put(groups[2])
+    reply = await rollout.handle(5, BatchRequest(size=3, patience_s=0.2))  # type: ignore[arg-type]
+    assert reply.error is None and sorted(g.prompt_index for g in reply.groups) == [0, 1, 2]
+    assert rollout.admission.ready == 0 and len(rollout.accepted) == 0  # settled: kept where they train

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -43,6 +44,9 @@ log = logging.getLogger("weightbus.rl")
 _HEADER: Final = "Weightbus-Chunk"
 # Room for the headers and protocol framing of each chunk.
 _MARGIN: Final = 512
+#: The share of a request's patience kept for the answer's way back (at most ``_ANSWER_S_MAX`` seconds).
+_ANSWER_SHARE: Final = 0.2
+_ANSWER_S_MAX: Final = 1.0
 
 
 def batch_subject(policy: str) -> str:
@@ -55,11 +59,17 @@ class BatchRequest(msgspec.Struct, kw_only=True):
 
     ``min_version`` is the version the trainer has just published: a drain judged against an older tracker
     would admit a group one version too stale by the time it is trained on.
+
+    ``patience_s`` is how long the trainer waits for the answer. ``serve_batches`` hands the handler what is left
+    of it (less a margin for the answer's transfer) when the request's turn comes, and the rollout ends a drain
+    that cannot fill the batch by then, putting back what it kept: a reply nobody reads would lose its groups,
+    and their slots would count against the window of a batch never trained.
     """
 
     size: int
     min_version: int | None = None
     trainer_id: str = ""
+    patience_s: float | None = None
 
 
 class BatchReply(msgspec.Struct, kw_only=True):
@@ -103,7 +113,9 @@ async def serve_batches(bus: Any, policy: str, handler: Callable[[BatchRequest],
     """Answer batch requests on ``batch_subject(policy)`` with ``handler``; returns the nats subscription, once the
     server has registered it.
 
-    Requests are handled one at a time (a drain takes groups out of the buffer; two at once would split it).
+    Requests are handled one at a time (a drain takes groups out of the buffer; two at once would split it). A
+    request with ``patience_s`` reaches the handler with what is left of it once its turn comes, less a margin
+    for the answer (``BatchRequest``); one whose patience ran out while it queued is answered with an error.
 
     Args:
         bus: a connected ``NatsBus`` (its nats-py client serves the subject; its ``guard`` sees refusals).
@@ -114,8 +126,21 @@ async def serve_batches(bus: Any, policy: str, handler: Callable[[BatchRequest],
     nc = bus.client
     subject = batch_subject(policy)
     lock = asyncio.Lock()
+    running: set[asyncio.Task[None]] = set()
 
-    async def on_request(msg: Any) -> None:
+    async def on_message(msg: Any) -> None:
+        # nats-py awaits one callback per subscription at a time: a task each, so a request's patience is counted
+        # from its arrival, not from when the one before it was answered (the lock keeps them one at a time).
+        task = asyncio.create_task(on_request(msg, time.monotonic()))
+        running.add(task)
+        task.add_done_callback(_answered)
+
+    def _answered(task: asyncio.Task[None]) -> None:
+        running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a batch request failed", extra={"policy": policy, "error": repr(task.exception())})
+
+    async def on_request(msg: Any, arrived: float) -> None:
         if not msg.reply:
             return
         try:
@@ -124,14 +149,23 @@ async def serve_batches(bus: Any, policy: str, handler: Callable[[BatchRequest],
             reply = BatchReply(error=f"invalid batch request: {exc}")
         else:
             async with lock:
-                reply = await handler(request)
+                patience = request.patience_s
+                if patience is None:
+                    reply = await handler(request)
+                else:
+                    margin = min(_ANSWER_S_MAX, patience * _ANSWER_SHARE)
+                    left = patience - margin - (time.monotonic() - arrived)
+                    if left <= 0:
+                        reply = BatchReply(error=f"the request waited past its patience ({patience:g} s) for its turn")
+                    else:
+                        reply = await handler(msgspec.structs.replace(request, patience_s=left))
         chunks = chunk_payload(msgspec.json.encode(reply), nc.max_payload)
         for i, chunk in enumerate(chunks):
             await nc.publish(msg.reply, chunk, headers={_HEADER: f"{i}/{len(chunks)}"})
         await nc.flush()
 
     async def subscribe() -> Any:
-        sub = await nc.subscribe(subject, cb=on_request)
+        sub = await nc.subscribe(subject, cb=on_message)
         # Round-trips to the server so the subscription is registered (or refused: the refusal is on the wire
         # before the second answer) before anyone is told we serve.
         await nc.flush()

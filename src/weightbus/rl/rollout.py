@@ -314,7 +314,14 @@ class _Rollout:
                 return BatchReply(error=f"the tracker did not reach v{request.min_version} within 30 s")
         wait_s = time.perf_counter() - waited
         timer = BusyTimer(self.buffer.drain(request.size, tracker))
-        drain = await timer
+        try:
+            # Past the trainer's patience its answer is read by nobody: end the drain, which puts back what it
+            # kept (still accepted, its slots unsettled), rather than lose a batch that was never trained.
+            async with asyncio.timeout(request.patience_s):
+                drain = await timer
+        except TimeoutError:
+            kept_back = f"no full batch of {request.size} within {request.patience_s:.1f} s; what it kept was put back"
+            return BatchReply(error=kept_back)
         stats = drain.stats  # the drain engine settled each group's slot as it kept or routed it (``accepted``)
         self.delivered += sum(s.response_length for g in drain.groups for s in g.samples)
         self.batches += 1

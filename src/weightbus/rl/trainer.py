@@ -317,7 +317,7 @@ async def _train_step(
 
 
 async def _batch(bus: Any, config: TrainerConfig, min_version: int, trainer_id: str) -> BatchReply:
-    request = BatchRequest(size=config.batch, min_version=min_version, trainer_id=trainer_id)
+    request = BatchRequest(size=config.batch, min_version=min_version, trainer_id=trainer_id, patience_s=_BATCH_TIMEOUT)
     while True:
         try:
             reply = await request_batch(bus, config.policy, request, timeout=_BATCH_TIMEOUT)
