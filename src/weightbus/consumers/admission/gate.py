@@ -4,8 +4,9 @@ A host asks for a slot before each group (``async with admission.slot() as slot:
 admission.slots()``), and says what became of the group: ``slot.accept()`` when it enters the buffer (it
 still counts, as accepted, until a drain takes it), ``slot.release(outcome)`` when it finished unused,
 was aborted or will be regenerated (``recycled``: the retry asks for a new slot). Leaving the ``async
-with`` without either releases the slot (``aborted`` on an exception, ``finished`` otherwise). The host's
-drain reports what it took and what it filtered with ``drained``.
+with`` without either releases the slot (``aborted`` on an exception, ``finished`` otherwise). A host whose
+buffer is weightbus' drain engine accepts through ``AcceptedGroups``, and the drain settles each group's slot
+as it keeps or filters it (``Slot.drained``); a host that drains by itself reports its counts with ``drained``.
 
 Invariants:
 
