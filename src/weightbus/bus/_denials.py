@@ -14,6 +14,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
+from weightbus.bus._cancel import honouring_cancel
 from weightbus.errors import PermissionDeniedError
 
 __all__ = ["Denials"]
@@ -73,7 +74,8 @@ class Denials:
         waiter = _Waiter(match, asyncio.current_task())
         self._waiters.append(waiter)
         try:
-            result = await op
+            # A cancel nats-py swallowed (its wait_for on CPython 3.11) is raised here, the refusal's own included.
+            result = await honouring_cancel(op)
         except asyncio.CancelledError:
             if waiter.refused is None:
                 raise

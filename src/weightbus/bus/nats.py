@@ -43,6 +43,7 @@ from nats.js.api import RawStreamMsg
 
 from weightbus.bus import _natspy
 from weightbus.bus import stream as _stream
+from weightbus.bus._cancel import honouring_cancel
 from weightbus.bus._connection import open_link
 from weightbus.bus._denials import Denials
 from weightbus.bus._nats_subscription import NatsSubscription, stream_seq  # noqa: F401 (importable from here)
@@ -375,7 +376,7 @@ class NatsBus:
             BusError: JetStream is not enabled.
         """
         try:
-            return await self.js.get_last_msg(self.stream, subject, direct=self.direct)
+            return await honouring_cancel(self.js.get_last_msg(self.stream, subject, direct=self.direct))
         except nats.js.errors.NotFoundError:
             return None
         except _NO_JETSTREAM_ANSWER:
@@ -394,7 +395,7 @@ class NatsBus:
         """
         url = self._url()
         try:
-            info = await self.js.stream_info(self.stream)
+            info = await honouring_cancel(self.js.stream_info(self.stream))
         except nats.js.errors.NotFoundError:
             raise StreamNotFoundError(url, self.stream) from None
         except _NO_JETSTREAM_ANSWER:
