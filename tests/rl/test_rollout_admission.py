@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.consumers._groups import make_group
 from weightbus.bus.memory import MemoryBus
 from weightbus.rl import rollout as rollout_module
 from weightbus.rl.batches import BatchRequest
@@ -92,23 +93,12 @@ async def test_a_drain_that_filters_a_full_window_still_gets_its_batch(
             await running
 
 
-def _fresh(i: int, version: int) -> Group:
-    return Group(
-        prompt_index=i,
-        samples=[
-            Sample(index=i * 10 + k, weight_versions=[str(version)], response="r", tokens=[1, 2], response_length=1)
-            for k in range(2)
-        ],
-        status=SampleStatus.COMPLETED,
-    )
-
-
 async def test_a_drain_past_the_trainers_patience_puts_its_groups_back_instead_of_losing_them() -> None:
     # The trainer gives up on an answer after its patience; a drain that went on would send its batch to nobody,
     # and the batch's slots would count against the window of a batch never trained.
     config = RolloutConfig(router_url="http://127.0.0.1:9", policy="p", group_size=2, batch=3, max_staleness=1)
     rollout = _Rollout(config, ReverseDigits(3), MemoryBus(), CollectorRegistry(), None)
-    groups = [_fresh(i, 5) for i in range(3)]
+    groups = [make_group(i, ["5"]) for i in range(3)]
     for group in groups[:2]:
         rollout.accepted.accept(rollout.admission.try_acquire(), group)  # type: ignore[arg-type]
         await rollout.buffer.put(group)
