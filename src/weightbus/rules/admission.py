@@ -40,7 +40,8 @@ Invariants (property-tested):
 Several processes sharing one allowance (``consumers.admission.shared``) split it by ``fair_shares``: max-min
 fair over what each asks for, so a busy holder that refills its slots as fast as it frees them cannot starve
 one that arrived later. The shares sum to at most the allowance, none exceeds its demand, and one that gets
-less than it asked for gets at least as much as any other (within one slot, which rotates with ``turn``).
+less than it asked for gets at least as much as any other (within one slot; with fewer slots than holders,
+the slot rotates with ``turn``).
 """
 
 from __future__ import annotations
@@ -152,9 +153,10 @@ def fair_shares(total: int, demands: Mapping[str, int], turn: int = 0) -> dict[s
     """Split ``total`` slots max-min fairly among holders asking for ``demands`` (holder id -> slots wanted).
 
     A holder that asks for no more than an even split of what is left gets what it asks; the others share
-    the rest evenly, and the remainder of that split (fewer slots than holders) goes one each to holders in
-    id order starting at ``turn`` (a version, say), so it moves from holder to holder instead of always
-    serving the same ones.
+    the rest evenly, and the remainder of that split goes one each to holders in id order. When there are
+    fewer slots than such holders (some would get none), the remainder starts at ``turn`` (a version, say),
+    so it moves from holder to holder instead of always serving the same ones; otherwise the shares stay
+    put whatever ``turn`` is, and the holders do not rewrite the ledger at each version.
 
     Returns:
         holder id -> share, with ``sum <= total``, each ``share <= demand``, and ``sum == total`` whenever
@@ -177,7 +179,7 @@ def fair_shares(total: int, demands: Mapping[str, int], turn: int = 0) -> dict[s
         # Every holder from here on asks for more than an even split: split evenly, the remainder in turn.
         rest = sorted(pending[i:])
         extra = left - even * len(rest)
-        start = turn % len(rest)
+        start = turn % len(rest) if even == 0 else 0
         for k, other in enumerate(rest):
             shares[other] = even + (1 if (k - start) % len(rest) < extra else 0)
         break
