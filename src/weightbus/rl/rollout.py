@@ -308,16 +308,18 @@ class _Rollout:
     async def handle(self, tracker: VersionTracker, request: BatchRequest) -> BatchReply:
         waited = time.perf_counter()
         if request.min_version is not None:
+            bound = 30.0 if request.patience_s is None else min(30.0, request.patience_s)
             try:
-                await tracker.wait_for(request.min_version, timeout=30.0)
+                await tracker.wait_for(request.min_version, timeout=bound)
             except TimeoutError:
-                return BatchReply(error=f"the tracker did not reach v{request.min_version} within 30 s")
+                return BatchReply(error=f"the tracker did not reach v{request.min_version} within {bound:.1f} s")
         wait_s = time.perf_counter() - waited
         timer = BusyTimer(self.buffer.drain(request.size, tracker))
         try:
             # Past the trainer's patience its answer is read by nobody: end the drain, which puts back what it
             # kept (still accepted, its slots unsettled), rather than lose a batch that was never trained.
-            async with asyncio.timeout(request.patience_s):
+            left = None if request.patience_s is None else max(0.0, request.patience_s - wait_s)
+            async with asyncio.timeout(left):
                 drain = await timer
         except TimeoutError:
             kept_back = f"no full batch of {request.size} within {request.patience_s:.1f} s; what it kept was put back"
