@@ -22,7 +22,7 @@ from weightbus.rl import rollout as rollout_module
 from weightbus.rl.batches import BatchRequest
 from weightbus.rl.rollout import RolloutConfig, _Rollout
 from weightbus.rl.task import ReverseDigits
-from weightbus.schemas.rollouts import Group, Sample, SampleStatus
+from weightbus.schemas.rollouts import Group, SampleStatus
 
 
 class _Tracker:
@@ -53,11 +53,7 @@ async def test_a_drain_that_filters_a_full_window_still_gets_its_batch(
 
     async def generate(http: Any, config: RolloutConfig, task: Any, group: Group, prompt: str, *args: Any) -> Group:
         await asyncio.sleep(0.001)
-        label = [str(tracker.current)]
-        group.samples = [
-            Sample(index=i, weight_versions=label, response="r", tokens=[1, 2], response_length=1)
-            for i in range(config.group_size)
-        ]
+        group.samples = make_group(group.prompt_index, [str(tracker.current)], n=config.group_size).samples
         group.status = SampleStatus.COMPLETED
         group.metadata["prompt"] = prompt
         return group

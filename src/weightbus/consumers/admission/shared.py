@@ -133,7 +133,6 @@ class SharedBudget:
         self._seq = 0
         self._slots = 0
         self._share = UNLIMITED  # the most this holder may fill while others wait (fair_shares)
-        self._asked = 0  # the wants of this holder's last stored write
         self._valid_until = 0.0  # monotonic
         self._renew_at = 0.0  # monotonic
         self._wanted = False
@@ -319,6 +318,11 @@ class SharedBudget:
         version = self._gate.version if self._gate is not None else None
         self._share = fair_shares(self._total, demands, version or 0)[self.holder]
 
+    def _asked(self) -> int:
+        """The ``wants`` of this holder in the newest ledger known here (0: none there)."""
+        mine = self._ledger.holders.get(self.holder) if self._ledger is not None else None
+        return mine.wants if mine is not None else 0
+
     def _others_wait(self) -> bool:
         return any(x.wants > x.slots for x in self._others().values())
 
@@ -346,7 +350,7 @@ class SharedBudget:
             # unless it is more than the fair share and another holder waits for it.
             unfair = self._slots > target and self._others_wait()
             # Short of its fair share with nothing free: say so, or the others only learn of it at a renewal.
-            ask = self._wanted and not gain and demand > self._asked and self._slots < self._share < UNLIMITED
+            ask = self._wanted and not gain and demand > self._asked() and self._slots < self._share < UNLIMITED
             if due or (self._wanted and gain) or unfair or ask:
                 try:
                     await self._write(target, demand)
@@ -406,7 +410,6 @@ class SharedBudget:
                 await self._refresh_quietly()
                 raise
             self._writes += 1
-            self._asked = max(demand, slots)
             if ack.seq >= self._seq:  # a newer ledger seen meanwhile was built on this one: keep it
                 self._ledger = record
                 self._seq = ack.seq
