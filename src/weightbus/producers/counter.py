@@ -50,12 +50,14 @@ from weightbus.errors import BusError, CounterExhaustedError, FencedError, Publi
 from weightbus.producers.coverage import Lineage, fold_lineage
 from weightbus.producers.highwater import HighWaterMark
 from weightbus.rules.chain import TrackerState
-from weightbus.rules.history import fold_history
+from weightbus.rules.history import WeightsHistory, fold_history
+from weightbus.rules.marks import unexplained_mark_alert_id
 from weightbus.schemas import (
     MAX_VERSION,
     EngineOutOfSync,
     LoraAdapter,
     PublisherClaimed,
+    VersionRejected,
     VersionReserved,
     WeightUpdated,
     now,
@@ -203,8 +205,19 @@ class FencedCounter:
             BusError: the history or the mark could not be read.
         """
         for attempt in range(1, self._claim_attempts + 1):
-            history, mark = await asyncio.gather(read_subject_history(self._bus, self._subject), self._mark.read())
-            version, issued, high_epoch = _fold(history, self._policy)
+            # The marks before the history: every event that explains one is in the history read after it.
+            newest, marks = await asyncio.gather(
+                self._mark.read(), read_subject_history(self._bus, subjects.counter(self._policy))
+            )
+            history = await read_subject_history(self._bus, self._subject)
+            folded = fold_history(self._policy, history.events, marks=marks.events)
+            version, issued, high_epoch = _fold(folded)
+            await self._report_unexplained(folded)
+            # Only the mark the rule credits raises the counter; a newer mark it refused is overwritten
+            # by this owner's first take (the writer no longer takes it for covering anything).
+            mark = folded.mark
+            if newest is not None and (mark is None or newest.version > mark.version):
+                self._mark.distrust(mark.version if mark is not None else 0)
             last = history.last_valid
             previous = last.event.trainer_id if last is not None else None  # type: ignore[union-attr]
             history_issued = issued
@@ -283,6 +296,56 @@ class FencedCounter:
         )
         return claim
 
+    async def _report_unexplained(self, folded: WeightsHistory) -> None:
+        """Log and alert (once: not when retained) each mark the rule refused: ignored, never resumed above."""
+        if not folded.unexplained_marks:
+            return
+        try:
+            alerts = await read_subject_history(self._bus, subjects.alerts(self._policy))
+        except BusError as exc:
+            log.warning("could not read retained alerts; alerting anyway", extra={"error": repr(exc)})
+            alerted: set[int | None] = set()
+        else:
+            alerted = {
+                e.event.event_seq
+                for e in alerts.events
+                if isinstance(e.event, VersionRejected) and e.event.reason == "unexplained_mark"
+            }
+        for refused in folded.unexplained_marks:
+            mark = refused.mark
+            log.error(
+                "the counter's high-water mark says more was issued than the weights chain explains; "
+                "ignored (an unexplained mark)",
+                extra={
+                    "policy": self._policy,
+                    "mark": mark.version,
+                    "announced": mark.announced,
+                    "mark_seq": refused.seq,
+                    "chain_seen": refused.seen,
+                    "writer": mark.trainer_id,
+                },
+            )
+            if refused.seq in alerted:
+                continue
+            alert = VersionRejected(
+                policy=self._policy,
+                reason="unexplained_mark",
+                event_type="CounterHighWater",
+                current=refused.held,
+                incoming=mark.version,
+                incoming_epoch=mark.epoch,
+                publisher=mark.trainer_id,
+                observer=f"trainer:{self._trainer_id}",
+                published_at=now(),
+                event_seq=refused.seq,
+            )
+            try:
+                await self._bus.publish(
+                    subjects.alerts(self._policy), alert, msg_id=unexplained_mark_alert_id(self._policy, refused.seq)
+                )
+            except BusError as exc:
+                log.error("could not publish the unexplained-mark alert", extra={"error": repr(exc)})
+
     async def _counter_behind_engines(
         self, issued: int, engine_high: int, engines: Sequence[str], history: History
     ) -> None:
@@ -340,7 +403,8 @@ class FencedCounter:
         if version > self._mark.covers:
             # Beside the fence: the mark must cover the number before any engine may carry it.
             assert self._epoch is not None
-            await _both(step, self._mark.cover(version, epoch=self._epoch, announced=self._version))
+            cover = self._mark.cover(version, epoch=self._epoch, announced=self._version, issued=self._issued)
+            await _both(step, cover)
         else:
             await step
         self._entered = max(self._entered, version)
@@ -424,7 +488,7 @@ class FencedCounter:
         if ahead <= self._mark.covers:
             return
         try:
-            await self._mark.cover(ahead, epoch=self._epoch, announced=self._version)
+            await self._mark.cover(ahead, epoch=self._epoch, announced=self._version, issued=self._issued)
         except BusError as exc:
             log.error(
                 "the counter's mark was not written after the announcement; the next take writes it",
@@ -539,12 +603,11 @@ async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
             raise result
 
 
-def _fold(history: History, policy: str) -> tuple[int | None, int, int]:
-    """``(current version, highest number issued, highest epoch)`` over a weights history.
+def _fold(folded: WeightsHistory) -> tuple[int | None, int, int]:
+    """``(current version, highest number issued, highest epoch)`` over a folded weights history.
 
     The history is folded with the trackers' rule (``rules.history.fold_history``), so a version no
     tracker accepts (a rogue's, a forged jump) never becomes the counter's.
     """
-    folded = fold_history(policy, history.events)
     state = folded.state
     return state.version, max(state.reserved or 0, state.version or 0), folded.epoch_high

@@ -12,6 +12,10 @@ Invariants:
 * **The newest mark is the highest.** Each write is conditional on the subject's last sequence as
   this writer last saw it; a write that loses the race reads the newest mark and is done when it
   already covers ``v`` (a takeover's owner wrote a higher one), so a fenced zombie never lowers it.
+* **An unexplained mark covers nothing.** A stored mark above what the writer's chain explains
+  (``rules.marks``: more than one above the highest number the writer issued or is taking) was not
+  written by an owner; the writer does not take it for covering its number and stores its own mark
+  after it, so the forged one is superseded (void for every reader) at this owner's next take.
 * **Doubt is not a gap.** Message ids are deterministic per writer and number, so a retried write
   is stored once; a newest payload that is not a valid mark is skipped, and the highest valid mark
   retained is read instead.
@@ -26,6 +30,7 @@ from weightbus.bus import subjects
 from weightbus.bus.marks import read_high_water
 from weightbus.bus.protocol import Bus
 from weightbus.errors import PublishError, SequenceConflictError
+from weightbus.rules.marks import mark_explained
 from weightbus.schemas import CounterHighWater, now
 
 __all__ = ["HighWaterMark"]
@@ -70,13 +75,22 @@ class HighWaterMark:
         self._covers = stored.mark.version if stored.mark is not None else 0
         return stored.mark
 
-    async def cover(self, version: int, *, epoch: int, announced: int | None) -> None:
+    def distrust(self, covers: int) -> None:
+        """The newest stored mark was refused by the mark rule: treat the subject as covering ``covers`` only.
+
+        The next ``cover`` above ``covers`` writes a mark after the refused one (conditional on it).
+        """
+        self._covers = covers
+
+    async def cover(self, version: int, *, epoch: int, announced: int | None, issued: int = 0) -> None:
         """Make sure a stored mark covers ``version``: nothing to do when one does, else write one.
 
         Args:
             version: the number about to be taken (or reserved ahead).
             epoch: the writer's epoch.
             announced: the highest version announced and acknowledged so far (None: none).
+            issued: the highest number the writer's counter issued: a newer stored mark more than one above
+                it and ``version`` is unexplained (``rules.marks``) and does not count as covering.
 
         Raises:
             PublishError: no mark covering ``version`` could be stored (nothing may carry ``version``).
@@ -99,6 +113,15 @@ class HighWaterMark:
                 ack = await self._bus.publish(self._subject, mark, msg_id=msg_id, expected_last_seq=self._seq)
             except SequenceConflictError:
                 newest = await self.read()
+                seen = max(issued, version)
+                if newest is not None and not mark_explained(newest.version, seen, newest.announced):
+                    log.error(
+                        "the newest counter mark is above what this owner's chain explains (an unexplained mark); "
+                        "storing ours after it",
+                        extra={"policy": self._policy, "version": version, "mark": newest.version, "seen": seen},
+                    )
+                    self._covers = 0
+                    continue
                 if version <= self._covers:
                     log.info(
                         "another writer's mark already covers the number",
@@ -106,6 +129,6 @@ class HighWaterMark:
                     )
                     return
                 continue
-            self._seq, self._covers = ack.seq, max(self._covers, version)
+            self._seq, self._covers = ack.seq, version  # the newest mark now: ours
             return
         raise PublishError(self._subject, f"the counter's mark kept moving under {_WRITE_ATTEMPTS} writes")

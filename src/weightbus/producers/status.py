@@ -8,12 +8,10 @@ Payloads that fail the decode are skipped and counted, never raised.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from weightbus.bus import subjects
 from weightbus.bus.history import read_subject_history
-from weightbus.bus.marks import read_high_water
 from weightbus.bus.protocol import Bus
 from weightbus.errors import EngineError, InvalidEventError
 from weightbus.producers.fleet import EngineFleet
@@ -132,11 +130,10 @@ async def read_weights_history(bus: Bus, policy: str, *, timeout: float = 10.0) 
         InvalidPolicyError: ``policy`` is not a valid policy id.
         BusError: the bus did not answer, or the history did not arrive within ``timeout`` seconds.
     """
-    history, mark = await asyncio.gather(
-        read_subject_history(bus, subjects.weights(policy), timeout=timeout), read_high_water(bus, policy)
-    )
+    # The marks first: every event that explains one was stored before the history read after it.
+    marks = await read_subject_history(bus, subjects.counter(policy), timeout=timeout)
+    history = await read_subject_history(bus, subjects.weights(policy), timeout=timeout)
     invalid: InvalidEventError | None = None
     if history.invalid_seqs and history.invalid_seqs[-1] == history.last_seq:
         invalid = history.last_error
-    issued = mark.mark.version if mark.mark is not None else None
-    return fold_history(policy, history.events, invalid=invalid, invalid_count=history.invalid, issued=issued)
+    return fold_history(policy, history.events, invalid=invalid, invalid_count=history.invalid, marks=marks.events)

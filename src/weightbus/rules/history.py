@@ -11,6 +11,9 @@ Invariants:
   first), such as the bus's ``Envelope``.
 * A latest stored payload that failed the typed decode is passed in as ``invalid`` (trackers skip it)
   and the fold covers the valid events before it.
+* The counter's marks, when given, are judged in stream order with the weights events
+  (``rules.marks``): a claim may resume one above a credited mark stored before it, and an
+  unexplained mark is listed in ``unexplained_marks`` and never credited.
 * ``rejected`` lists every event the rule refused (a lower version, or an event that is not from
   the owner or that nothing explains), oldest first; ``latest_rejected`` says whether the newest
   stored event is one of them.
@@ -24,7 +27,8 @@ from typing import Protocol
 
 from weightbus.errors import InvalidEventError
 from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState, decide
-from weightbus.schemas import PublisherClaimed, VersionReserved, WeightUpdated
+from weightbus.rules.marks import MarkJudge, UnexplainedMark
+from weightbus.schemas import CounterHighWater, PublisherClaimed, VersionReserved, WeightUpdated
 
 __all__ = ["RejectedEvent", "StoredEvent", "WeightsHistory", "fold_history"]
 
@@ -71,8 +75,10 @@ class WeightsHistory:
         last_update: the newest accepted ``WeightUpdated`` (its ``lora`` names the adapter served).
         epoch_high: the highest epoch of any valid event, accepted or not (a claimant must go above it).
         invalid_count: stored payloads that failed the decode (skipped).
-        issued: the counter's high-water mark read with the history: every number up to it was issued or
-            reserved (None: no mark stored).
+        issued: the credited high-water mark (``rules.marks``): every number up to it was issued or
+            reserved (None: no mark credited).
+        mark: the credited mark itself (its ``announced``: the last version announced and acknowledged).
+        unexplained_marks: every stored mark the rule refused (never credited), oldest first.
     """
 
     policy: str
@@ -87,6 +93,8 @@ class WeightsHistory:
     epoch_high: int = -1
     invalid_count: int = 0
     issued: int | None = None
+    mark: CounterHighWater | None = None
+    unexplained_marks: list[UnexplainedMark] = field(default_factory=list)
 
 
 def fold_history(
@@ -95,12 +103,14 @@ def fold_history(
     *,
     invalid: InvalidEventError | None = None,
     invalid_count: int = 0,
-    issued: int | None = None,
+    marks: Sequence[StoredEvent] = (),
 ) -> WeightsHistory:
     """Fold ``envelopes`` (oldest first) of ``weights(policy)`` with ``decide`` in ``hold`` mode.
 
-    Events of another policy or another family are ignored.
+    Events of another policy or another family are ignored. ``marks`` are the counter subject's
+    retained events (oldest first, same stream): each is judged where it was stored (``rules.marks``).
     """
+    judge = MarkJudge(policy, marks)
     state = TrackerState()
     last: WeightUpdated | PublisherClaimed | VersionReserved | None = None
     last_seq: int | None = None
@@ -115,7 +125,8 @@ def fold_history(
             continue
         events += 1
         epoch_high = max(epoch_high, event.epoch)
-        decision: TrackerDecision = decide(state, event, RegressionMode.HOLD, issued=issued)
+        judge.before(env.seq, state)
+        decision: TrackerDecision = decide(state, event, RegressionMode.HOLD, issued=judge.issued)
         if decision.is_regression or decision.action is TrackerAction.REJECTED:
             rejected.append(
                 RejectedEvent(
@@ -135,6 +146,7 @@ def fold_history(
         state, last, last_seq, latest_rejected = decision.state, event, env.seq, False
         if isinstance(event, WeightUpdated) and decision.changed:
             last_update = event
+    judge.settle(state)
     return WeightsHistory(
         policy,
         state,
@@ -147,5 +159,7 @@ def fold_history(
         last_update,
         epoch_high,
         invalid_count,
-        issued,
+        judge.issued,
+        judge.mark,
+        judge.unexplained,
     )

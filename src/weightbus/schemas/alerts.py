@@ -28,7 +28,9 @@ __all__ = [
 #: Engine labels that start with this are quarantine labels: never a version, so always judged stale.
 QUARANTINE_PREFIX = "quarantine:"
 
-RejectReason = Literal["not_owner", "stale_claim", "unexplained_jump", "counter_reset", "unexplained_claim"]
+RejectReason = Literal[
+    "not_owner", "stale_claim", "unexplained_jump", "counter_reset", "unexplained_claim", "unexplained_mark"
+]
 
 
 class AlertEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

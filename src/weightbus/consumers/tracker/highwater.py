@@ -1,18 +1,24 @@
-"""The tracker's check against the counter's high-water mark: a version held below it is a counter reset.
+"""The tracker's check against the counter's high-water mark: marks judged by the shared rule, resets reported.
 
-The owner writes ``CounterHighWater`` on ``weightbus.<policy>.counter`` after each announcement; its
+The owner writes ``CounterHighWater`` on ``weightbus.<policy>.counter`` with each take; its
 ``announced`` is a version that was announced and acknowledged. The weights subject keeps 256
 events, so enough writes there (a rogue's, a replayed trace) evict the real history and a tracker
-that starts afterwards would adopt whatever is left, silently. Invariants:
+that starts afterwards would adopt whatever is left, silently; and any trainer credential of the
+policy can store a mark, so a mark counts only as far as the chain explains it. Invariants:
 
-* the mark is read once per subscription, before the weights subject's boundary is read, so every
-  announcement it names was stored before the history the tracker replays;
-* once the tracker is ready, holding a version below the mark's ``announced`` (or no version at all)
-  is reported as a counter reset: counted (``weightbus_events_rejected_total{reason="counter_reset"}``),
-  logged at ERROR and alerted as ``VersionRejected(reason="counter_reset", event_type="CounterHighWater")``,
-  once per held version; the alert's id derives from the mark and the held version, so a fleet of
-  trackers stores one, and a restarted tracker does not publish it again while it is retained;
-* a mark that cannot be read is logged and the tracker follows without it: never deaf for it.
+* the counter subject's retained marks are read once per subscription, before the weights subject's
+  boundary is read, so every event that explains one is in what the tracker replays; each is judged
+  where it was stored, by the rule the trainer's resume and ``status`` use (``rules.marks``);
+* an unexplained mark (above what the chain had seen when it was stored, or superseded by a lower
+  one) is never credited: counted (``weightbus_events_rejected_total{reason="unexplained_mark"}``),
+  logged at ERROR and alerted as ``VersionRejected(reason="unexplained_mark",
+  event_type="CounterHighWater")``, once per mark: the alert's id derives from the mark's sequence,
+  and one retained for it is not published again;
+* once the tracker is ready, holding a version below the credited mark's ``announced`` (or no
+  version at all) is reported as a counter reset: counted (``reason="counter_reset"``), logged and
+  alerted once per held version (the id derives from the mark and the held version);
+* marks that cannot be read are logged and the tracker follows with what it judged before: never
+  deaf for them.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ import logging
 
 from weightbus.bus import subjects
 from weightbus.bus.history import read_subject_history
-from weightbus.bus.marks import read_high_water
 from weightbus.bus.protocol import Bus
 from weightbus.consumers.tracker.metrics import PolicyTrackerMetrics
 from weightbus.errors import BusError
+from weightbus.rules.chain import TrackerState
+from weightbus.rules.marks import MarkJudge, UnexplainedMark, unexplained_mark_alert_id
 from weightbus.schemas.alerts import VersionRejected
 from weightbus.schemas.common import now
 from weightbus.schemas.weights import CounterHighWater
@@ -35,51 +42,106 @@ log = logging.getLogger("weightbus.consumers")
 
 
 class HighWaterWatch:
-    """Reads a policy's counter mark and reports a held version below it; see the module docstring."""
+    """Judges a policy's counter marks and reports unexplained marks and counter resets; see the module docstring."""
 
     def __init__(self, bus: Bus, policy: str, observer: str, metrics: PolicyTrackerMetrics) -> None:
         self._bus = bus
         self._policy = policy
         self._observer = observer
         self._m = metrics
-        self._floor: int | None = None  # the mark's ``announced``: no ready tracker may hold less
-        self._mark: CounterHighWater | None = None
-        self._seq: int | None = None
+        self._judge = MarkJudge(policy)
+        self._reported_marks = 0  # how many of the judge's refusals were reported
         self._reported: set[int | None] = set()
-        self._retained: set[tuple[int | None, int | None]] | None = None
+        self._retained: set[tuple[str, int | None, int | None]] | None = None
 
     @property
     def issued(self) -> int | None:
-        """The highest number the mark says was issued (reserved or announced); None without a mark."""
-        mark = self._mark
-        return None if mark is None else mark.version
+        """The highest number the credited mark says was issued (reserved or announced); None without one."""
+        return self._judge.issued
 
     @property
     def mark(self) -> CounterHighWater | None:
-        """The mark read at the last subscription (None: none stored, or unreadable)."""
-        return self._mark
+        """The credited mark (None: none stored, none explained, or unreadable)."""
+        return self._judge.mark
+
+    @property
+    def unreported(self) -> bool:
+        """Whether unexplained marks wait to be reported."""
+        return len(self._judge.unexplained) > self._reported_marks
 
     async def load(self) -> None:
-        """One last-message read of the counter subject; a failure is logged, never raised."""
+        """Read the counter subject's retained marks; a failure is logged, never raised."""
         try:
-            stored = await read_high_water(self._bus, self._policy)
+            stored = await read_subject_history(self._bus, subjects.counter(self._policy))
         except BusError as exc:
             log.warning(
-                "could not read the counter's high-water mark; following without it",
+                "could not read the counter's high-water marks; following with those judged before",
                 extra={"policy": self._policy, "error": repr(exc)},
             )
             return
-        if stored.mark is not None:
-            self._mark, self._seq, self._floor = stored.mark, stored.seq, stored.mark.announced
+        self._judge.load(self._policy, stored.events)
+
+    def before(self, seq: int | None, state: TrackerState) -> None:
+        """Judge the marks stored before the event at ``seq`` against ``state`` (cheap when none wait)."""
+        if self._judge.pending:
+            self._judge.before(seq, state)
+
+    def settle(self, state: TrackerState) -> None:
+        """The replay is over: judge the marks stored after the last event against ``state``."""
+        if self._judge.pending:
+            self._judge.settle(state)
 
     def below(self, version: int | None) -> bool:
-        """Whether holding ``version`` contradicts the mark and was not reported yet (cheap; per event)."""
-        floor = self._floor
+        """Whether holding ``version`` contradicts the credited mark and was not reported yet (cheap; per event)."""
+        if self._judge.pending:
+            return False  # judged once the replay reaches them
+        floor = self._judge.announced
         return floor is not None and (version is None or version < floor) and version not in self._reported
+
+    async def report_unexplained(self) -> None:
+        """Count, log and (once per mark, fleet-wide) alert each unexplained mark not reported yet."""
+        refused = self._judge.unexplained
+        while self._reported_marks < len(refused):
+            item = refused[self._reported_marks]
+            self._reported_marks += 1
+            await self._report_one(item)
+
+    async def _report_one(self, item: UnexplainedMark) -> None:
+        mark = item.mark
+        self._m.count_rejected("unexplained_mark")
+        log.error(
+            "the counter's high-water mark says more was issued than the weights chain explains "
+            "(an unexplained mark); ignored",
+            extra={
+                "policy": self._policy,
+                "mark": mark.version,
+                "announced": mark.announced,
+                "mark_seq": item.seq,
+                "chain_seen": item.seen,
+                "superseded": item.seen is None,
+                "writer": mark.trainer_id,
+            },
+        )
+        if await self._already_alerted("unexplained_mark", item.seq, None):
+            return
+        alert = VersionRejected(
+            policy=self._policy,
+            reason="unexplained_mark",
+            event_type="CounterHighWater",
+            current=item.held,
+            incoming=mark.version,
+            incoming_epoch=mark.epoch,
+            publisher=mark.trainer_id,
+            observer=self._observer,
+            published_at=now(),
+            event_seq=item.seq,
+        )
+        await self._publish(alert, unexplained_mark_alert_id(self._policy, item.seq), None)
 
     async def report(self, version: int | None, epoch: int | None, publisher: str | None) -> None:
         """Count, log and (once per held version and mark) alert the counter reset."""
-        mark = self._mark
+        mark = self._judge.mark
+        seq = self._judge.mark_seq
         assert mark is not None and mark.announced is not None
         self._reported.add(version)
         self._m.count_rejected("counter_reset")
@@ -91,12 +153,12 @@ class HighWaterWatch:
                 "current": version,
                 "announced": mark.announced,
                 "mark": mark.version,
-                "mark_seq": self._seq,
+                "mark_seq": seq,
                 "owner_epoch": epoch,
                 "owner": publisher,
             },
         )
-        if await self._already_alerted(version):
+        if await self._already_alerted("counter_reset", seq, version):
             return
         alert = VersionRejected(
             policy=self._policy,
@@ -108,18 +170,23 @@ class HighWaterWatch:
             publisher=mark.trainer_id,
             observer=self._observer,
             published_at=now(),
-            event_seq=self._seq,
+            event_seq=seq,
         )
-        msg_id = f"{self._policy}:alert:counter_reset:{self._seq}:{version}"
+        await self._publish(alert, f"{self._policy}:alert:counter_reset:{seq}:{version}", version)
+
+    async def _publish(self, alert: VersionRejected, msg_id: str, version: int | None) -> None:
         try:
             await self._bus.publish(subjects.alerts(self._policy), alert, msg_id=msg_id)
         except BusError as exc:
-            log.error("could not publish the counter-reset alert", extra={"policy": self._policy, "error": repr(exc)})
+            log.error(
+                "could not publish the counter mark alert",
+                extra={"policy": self._policy, "reason": alert.reason, "error": repr(exc)},
+            )
             return
         if self._retained is not None:
-            self._retained.add((self._seq, version))
+            self._retained.add((alert.reason, alert.event_seq, version))
 
-    async def _already_alerted(self, version: int | None) -> bool:
+    async def _already_alerted(self, reason: str, seq: int | None, version: int | None) -> bool:
         if self._retained is None:
             try:
                 history = await read_subject_history(self._bus, subjects.alerts(self._policy))
@@ -127,10 +194,10 @@ class HighWaterWatch:
                 log.warning("could not read retained alerts; alerting anyway", extra={"error": repr(exc)})
                 return False
             self._retained = {
-                (e.event.event_seq, e.event.current)
+                (e.event.reason, e.event.event_seq, e.event.current if e.event.reason == "counter_reset" else None)
                 for e in history.events
                 if isinstance(e.event, VersionRejected)
-                and e.event.reason == "counter_reset"
+                and e.event.reason in ("counter_reset", "unexplained_mark")
                 and e.event.event_type == "CounterHighWater"
             }
-        return (self._seq, version) in self._retained
+        return (reason, seq, version) in self._retained

@@ -28,7 +28,8 @@ Invariants:
   retained. ``raise`` mode raises ``VersionRegressionError`` for a live regression only; a replayed
   one is held, so a restarted consumer does not crash-loop on history. Once ready, a version held
   below the counter's high-water mark (read once per subscription; module ``highwater``) is
-  reported as a counter reset: the weights history was evicted or overwritten.
+  reported as a counter reset: the weights history was evicted or overwritten. A mark counts only as
+  far as the chain explains it (``rules.marks``); an unexplained one is reported and ignored.
 * Propagation lag (``published_at`` → receipt) is observed for live updates only; a negative value
   from clock skew is recorded as 0.
 * The per-event path does no logging work for disabled levels, arms no timer (the health check is
@@ -348,6 +349,8 @@ class VersionTracker:
             if cursor.empty:
                 self._replayed()
                 await self._check_high_water()
+            if self._high_water.unreported:
+                await self._high_water.report_unexplained()
             watchdog = SubscriptionWatchdog(self._bus, self._subject, cursor, self._check_interval, self._caught_up)
             # The health check runs beside the loop, so the per-event path pays no timer per event.
             watching = asyncio.create_task(watchdog.watch(sub), name=f"weightbus-tracker-watchdog-{self.policy}")
@@ -358,6 +361,8 @@ class VersionTracker:
                         self._advance(item.seq)
                     else:
                         await self._handle(item)
+                    if self._high_water.unreported:
+                        await self._high_water.report_unexplained()
                     if self._high_water.below(self._state.version):
                         await self._check_high_water()
             finally:
@@ -444,7 +449,8 @@ class VersionTracker:
     # -- the follow loop -------------------------------------------------------------------------
 
     def _replayed(self) -> None:
-        """The history is replayed up to the boundary: settle the status from what was seen."""
+        """The history is replayed up to the boundary: settle the marks and the status from what was seen."""
+        self._high_water.settle(self._state)
         self._alerts.summarise_replayed()
         if self._state.version is not None:
             self._set_status(TrackerStatus.CURRENT)
@@ -476,7 +482,9 @@ class VersionTracker:
             return
         self._seen_valid = True
         cursor = self._cursor
-        decision = decide(self._state, event, self.mode, rebase=cursor.rebase, issued=self._high_water.issued)
+        high_water = self._high_water
+        high_water.before(seq, self._state)  # the marks stored before this event, judged by the chain so far
+        decision = decide(self._state, event, self.mode, rebase=cursor.rebase, issued=high_water.issued)
         if cursor.rebase and isinstance(event, WeightUpdated) and decision.reason is None:
             cursor.rebase = False
         self._state = state = decision.state
