@@ -1,7 +1,8 @@
 """The shipped NATS roles (``ops/nats/auth.conf``) for tests: passwords, and a server running them with the stream.
 
-``tests/bus/test_roles.py`` tests the roles themselves; the loop and admission tests run their processes under
-them through ``roles_server``.
+``tests/bus/test_roles.py`` tests the roles themselves; the loop, admission and counter-mark tests run their
+processes under them through ``roles_server``. The trainer and rollout roles are per policy (``policy-a``,
+``policy-b``).
 """
 
 from __future__ import annotations
@@ -17,19 +18,23 @@ from weightbus.embedded.server import EmbeddedNats
 
 AUTH_CONF = Path(__file__).parents[1] / "ops" / "nats" / "auth.conf"
 PASSWORDS = {
-    "trainer": "tr-pw-1",
-    "trainer-policy-a": "tra-pw-2",
-    "rollout": "ro-pw-3",
-    "monitor": "mo-pw-4",
-    "admin": "ad-pw-5",
+    "trainer-policy-a": "tra-pw-1",
+    "rollout-policy-a": "roa-pw-2",
+    "trainer-policy-b": "trb-pw-3",
+    "rollout-policy-b": "rob-pw-4",
+    "monitor": "mo-pw-5",
+    "admin": "ad-pw-6",
 }
-ENV = {
-    "TRAINER_PASSWORD": PASSWORDS["trainer"],
-    "TRAINER_A_PASSWORD": PASSWORDS["trainer-policy-a"],
-    "ROLLOUT_PASSWORD": PASSWORDS["rollout"],
-    "MONITOR_PASSWORD": PASSWORDS["monitor"],
-    "ADMIN_PASSWORD": PASSWORDS["admin"],
-}
+POLICIES = ("policy-a", "policy-b")
+"""The policies the shipped file has roles for (``trainer-<policy>``, ``rollout-<policy>``)."""
+
+
+def password_env(user: str) -> str:
+    """The environment variable that holds ``user``'s password in the shipped file (``TRAINER_POLICY_A_PASSWORD``)."""
+    return user.upper().replace("-", "_") + "_PASSWORD"
+
+
+ENV = {password_env(user): password for user, password in PASSWORDS.items()}
 
 
 async def _create_stream(url: str) -> None:
@@ -41,8 +46,8 @@ async def _create_stream(url: str) -> None:
 
 
 @contextmanager
-def roles_server(store: Path) -> Iterator[EmbeddedNats]:
-    """A nats-server on the shipped roles, its ``WEIGHTBUS`` stream created by the admin role (no other role may)."""
-    with EmbeddedNats(config=AUTH_CONF, env=ENV, store_dir=store) as srv:
+def roles_server(store: Path, *, config: Path = AUTH_CONF, env: dict[str, str] | None = None) -> Iterator[EmbeddedNats]:
+    """A nats-server on the shipped roles (or ``config``), its ``WEIGHTBUS`` stream created by the admin role."""
+    with EmbeddedNats(config=config, env=ENV if env is None else env, store_dir=store) as srv:
         asyncio.run(_create_stream(srv.url))
         yield srv

@@ -1,7 +1,8 @@
 """The RL loop under the shipped least-privilege roles (ops/nats/auth.conf): it trains, and a refusal is one exit.
 
-The rollout and trainer processes run as the ``rollout`` and ``trainer`` users, against a reference engine behind
-the real SGLang router, for a few steps: the trainer must finish and neither log may carry a permission warning.
+The rollout and trainer processes run as the ``rollout-policy-a`` and ``trainer-policy-a`` users (the roles are
+per policy), against a reference engine behind the real SGLang router, for a few steps: the trainer must finish
+and neither log may carry a permission warning.
 A user that may not serve the batch subject gets the permission exit code (5) and one ``error:`` line at once,
 instead of a warning per attempt and a loop that never trains.
 """
@@ -47,7 +48,7 @@ def test_the_loop_trains_under_the_shipped_roles_without_a_permission_warning(
     from weightbus.demo import DemoConfig
     from weightbus.demo.children import Layout, Process, http_ok, router_argv, router_workers, wait_until
 
-    config = DemoConfig(steps=3, batch=2, group_size=4, in_flight=2, out_dir=None, faults=False, policy="roles")
+    config = DemoConfig(steps=3, batch=2, group_size=4, in_flight=2, out_dir=None, faults=False, policy="policy-a")
     layout = Layout(tmp=tmp_path, nats_url=server.url, engine_ports=[free_port()], router_port=free_port())
     layout.run_dir.mkdir()
     procs = [layout.engine(config, 0).start()]
@@ -56,8 +57,8 @@ def test_the_loop_trains_under_the_shipped_roles_without_a_permission_warning(
         procs.append(Process("router", router_argv(layout.router_port, layout.engines, free_port()), tmp_path).start())
         wait_until(lambda: router_workers(layout.router) == 1, "router", procs)
         rollout, trainer = layout.rollout(config, 0), layout.trainer(config, 0)
-        rollout.env.update(_as("rollout"))
-        trainer.env.update(_as("trainer"))
+        rollout.env.update(_as("rollout-policy-a"))
+        trainer.env.update(_as("trainer-policy-a"))
         procs += [rollout.start(), trainer.start()]
         assert trainer.popen is not None
         trainer.popen.wait(timeout=180)

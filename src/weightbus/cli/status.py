@@ -106,6 +106,10 @@ class _Status:
             "lora": None if lora is None else {"name": lora.name, "path": lora.path},
             "seq": h.last_accepted_seq,
             "counter_issued": h.issued,
+            "unexplained_marks": [
+                {"seq": u.seq, "version": u.mark.version, "trainer_id": u.mark.trainer_id, "chain_seen": u.seen}
+                for u in h.unexplained_marks
+            ],
             "engines": [
                 {"engine": e.engine, "weight_version": e.weight_version, "error": e.error} for e in self.engines
             ],
@@ -198,6 +202,10 @@ def _render(status: _Status) -> str:
     if h.issued is not None:
         # Above the version: each announcement reserves the next number; failed updates burn theirs.
         lines.append(f"counter    v{h.issued} (every number up to it issued or reserved)")
+    for u in h.unexplained_marks:
+        why = "superseded by a lower mark" if u.seen is None else f"the chain had seen v{u.seen}"
+        mark = f"counter mark v{u.mark.version} by {u.mark.trainer_id} (seq {u.seq})"
+        lines.append(f"IGNORED    {mark}: unexplained, {why}")
     for r in h.rejected:
         latest = ", the newest stored event" if h.latest_rejected and r is h.rejected[-1] else ""
         why = (

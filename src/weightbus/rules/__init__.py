@@ -5,6 +5,7 @@
 * ``staleness``: the staleness rule (``judge``) and its one per-sample scan.
 * ``abort``: the early-abort rule (``certain_stale``): a group still generating that must be stale.
 * ``history``: the fold of a stored weights history with the chain rule.
+* ``marks``: how far the counter's high-water mark may raise the counter (``MarkJudge``).
 
 Producers and consumers import these; these import only ``weightbus.schemas`` and ``weightbus.errors``.
 """
@@ -12,6 +13,7 @@ Producers and consumers import these; these import only ``weightbus.schemas`` an
 from weightbus.rules.abort import certain_stale, oldest_bound
 from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState, WeightsEvent, decide
 from weightbus.rules.history import RejectedEvent, StoredEvent, WeightsHistory, fold_history
+from weightbus.rules.marks import MarkJudge, UnexplainedMark, chain_seen, mark_explained, unexplained_mark_alert_id
 from weightbus.rules.staleness import (
     UNKNOWN_POLICIES,
     GroupVersions,
@@ -29,6 +31,7 @@ from weightbus.rules.staleness import (
 __all__ = [
     "UNKNOWN_POLICIES",
     "GroupVersions",
+    "MarkJudge",
     "Reason",
     "RegressionMode",
     "RejectedEvent",
@@ -36,18 +39,22 @@ __all__ = [
     "TrackerAction",
     "TrackerDecision",
     "TrackerState",
+    "UnexplainedMark",
     "UnknownPolicy",
     "Verdict",
     "WeightsEvent",
     "WeightsHistory",
     "certain_stale",
+    "chain_seen",
     "decide",
     "fold_history",
     "group_versions",
     "judge",
+    "mark_explained",
     "min_fresh_version",
     "oldest_bound",
     "raw_scan",
     "scan_group",
     "staleness",
+    "unexplained_mark_alert_id",
 ]

@@ -16,8 +16,8 @@
 * **No claim from nowhere.** A claim takes over the ownership, never the numbers: its ``version``
   and its ``reserved`` may each be at most one above the highest number the chain has seen (held
   or reserved; the one is the claimant's own reservation, such as a resume above an engine label
-  that a lost reservation had issued; the counter's high-water mark, passed as ``issued``, counts
-  as seen). A claim above that is ``unexplained_claim``, rejected like
+  that a lost reservation had issued; the counter's high-water mark, passed as ``issued`` once
+  ``rules.marks`` credited it, counts as seen). A claim above that is ``unexplained_claim``, rejected like
   any other, and the owner keeps the counter: one forged claim can neither pin every follower at a
   number nobody published nor fence the owner. Only a state without an owner (the first event a
   follower sees) or a ``rebase`` (events were missed) takes a claim's numbers as they are. A claim
@@ -186,7 +186,8 @@ def decide(
         rebase: the follower missed events (its history was evicted while it was away): a claim, and
             the owner's next reservation or update, may jump, as the first event of a fresh follower may.
         issued: the highest number known to be issued from outside the chain (the counter's high-water
-            mark): a claim may resume one above it, as above the highest number the chain has seen.
+            mark, as far as ``rules.marks`` credits it): a claim may resume one above it, as above the
+            highest number the chain has seen.
 
     Raises:
         TypeError: ``event`` is not a weights-family event.

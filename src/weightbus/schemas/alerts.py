@@ -66,7 +66,9 @@ class VersionRejected(AlertEvent, tag="alert.version_rejected"):
             with ``event_type`` ``CounterHighWater``, a held version below what the counter's
             high-water mark says was announced: the weights history was evicted or overwritten),
             ``unexplained_claim`` (a takeover whose version or reservation is more than one above
-            the highest number the chain had seen).
+            the highest number the chain had seen), ``unexplained_mark`` (with ``event_type``
+            ``CounterHighWater``: a high-water mark above what the chain explained when it was
+            stored, or superseded by a lower one; ignored, ``incoming`` is the mark's version).
         event_type: the class name of the refused event (``CounterHighWater`` for the mark).
         current: the version the tracker holds (None: none).
         incoming: its version (None for a claim without one; the mark's ``announced`` for the mark).

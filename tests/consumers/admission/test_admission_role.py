@@ -1,5 +1,6 @@
-"""The shipped roles (ops/nats/auth.conf): the ``rollout`` user may keep the shared admission budget, and a user
-that may not publish it is told at ``start`` with ``PermissionDeniedError`` instead of retrying for ever."""
+"""The shipped roles (ops/nats/auth.conf): a policy's ``rollout-<policy>`` user may keep that policy's shared
+admission budget; a user that may not publish it (the monitor, or the rollout of another policy) is told at
+``start`` with ``PermissionDeniedError`` instead of retrying for ever, and stores nothing there."""
 
 from __future__ import annotations
 
@@ -24,21 +25,37 @@ def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
         yield srv
 
 
-async def test_the_rollout_role_keeps_the_budget_and_the_monitor_role_is_refused(server: EmbeddedNats) -> None:
-    rollout = await connect(server.url, options=ConnectOptions(user="rollout", password=PASSWORDS["rollout"]))
-    monitor = await connect(server.url, options=ConnectOptions(user="monitor", password=PASSWORDS["monitor"]))
+def _as(user: str) -> ConnectOptions:
+    return ConnectOptions(user=user, password=PASSWORDS[user])
+
+
+async def test_the_rollout_role_keeps_its_policys_budget_and_others_are_refused(server: EmbeddedNats) -> None:
+    rollout = await connect(server.url, options=_as("rollout-policy-a"))
+    other = await connect(server.url, options=_as("rollout-policy-b"))
+    monitor = await connect(server.url, options=_as("monitor"))
     try:
-        budget = SharedBudget(rollout, "roles", name="r0", lease_s=3.0, skew_s=0.5)
+        budget = SharedBudget(rollout, "policy-a", name="r0", lease_s=3.0, skew_s=0.5)
         gate = Admission("bounded", current=4, max_staleness=1, batch=2, budget=budget)
         async with budget:
             assert gate.try_acquire() is not None
-            env = await rollout.last(subjects.admission("roles"))
+            env = await rollout.last(subjects.admission("policy-a"))
             assert env is not None and isinstance(env.event, AdmissionLedger)
             assert env.event.holders[budget.holder].slots == 2
-        refused = SharedBudget(monitor, "roles", name="m0", lease_s=3.0, skew_s=0.5)
-        Admission("bounded", current=4, max_staleness=1, batch=2, budget=refused)
-        with pytest.raises(PermissionDeniedError):
-            await refused.start()
+        stored = await rollout.last_seq(subjects.admission("policy-a"))
+        for bus, name in ((monitor, "m0"), (other, "b0")):
+            refused = SharedBudget(bus, "policy-a", name=name, lease_s=3.0, skew_s=0.5)
+            Admission("bounded", current=4, max_staleness=1, batch=2, budget=refused)
+            with pytest.raises(PermissionDeniedError) as info:
+                await refused.start()
+            assert info.value.subject == subjects.admission("policy-a")
+        # Nothing the refused users tried is stored: the ledger is still the one the policy's rollout wrote.
+        assert await rollout.last_seq(subjects.admission("policy-a")) == stored
+        # The other policy's rollout keeps its own policy's budget.
+        own = SharedBudget(other, "policy-b", name="b1", lease_s=3.0, skew_s=0.5)
+        Admission("bounded", current=4, max_staleness=1, batch=2, budget=own)
+        async with own:
+            assert await other.last(subjects.admission("policy-b")) is not None
     finally:
         await rollout.close()
+        await other.close()
         await monitor.close()
