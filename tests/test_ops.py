@@ -254,7 +254,8 @@ def test_watch_exports_no_readiness_so_the_deaf_alert_means_a_tracker() -> None:
 def test_nats_configs_parse_with_the_real_server() -> None:
     env = {
         **os.environ,
-        **{f"{r}_PASSWORD": "x" for r in ("TRAINER", "TRAINER_A", "ROLLOUT", "MONITOR", "ADMIN")},
+        **{f"{r}_PASSWORD": "x" for r in ("MONITOR", "ADMIN")},
+        **{f"{r}_POLICY_{p}_PASSWORD": "x" for r in ("TRAINER", "ROLLOUT") for p in "AB"},
         "WEIGHTBUS_NODE": "weightbus-a",
         "WEIGHTBUS_CLIENT_LISTEN": "127.0.0.1:4222",
         "WEIGHTBUS_HTTP_LISTEN": "127.0.0.1:8222",
