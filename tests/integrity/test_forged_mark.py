@@ -10,11 +10,18 @@ on both sides: each test asserts from the recorded events and the trackers' own 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from weightbus.bus import NatsBus, subjects
+from tests.roles import PASSWORDS, roles_server
+from weightbus.bus import ConnectOptions, NatsBus, connect, subjects
 from weightbus.bus.protocol import Bus, PublishAck
 from weightbus.consumers import VersionTracker
 from weightbus.producers import VersionPublisher
@@ -126,3 +133,128 @@ async def test_a_mark_forged_while_the_trainer_runs_is_superseded_and_never_cred
     async with VersionTracker(nats_bus, policy, registry=registry) as tracker:
         assert tracker.current == 7
         assert rejected_total(registry, policy, "unexplained_mark") == 1
+
+
+class Follower:
+    """A ``weightbus follow --json`` process (a rollout's tracker) under the policy's rollout credential."""
+
+    def __init__(self, url: str, policy: str, out: Path, env: dict[str, str]) -> None:
+        self.out = out
+        self._file = out.open("w")
+        self._log = out.with_suffix(".log").open("w")
+        argv = [sys.executable, "-m", "weightbus", "follow", "--policy", policy, "--nats", url, "--json"]
+        self.popen = subprocess.Popen(argv, stdout=self._file, stderr=self._log, env=env)
+
+    def versions(self) -> list[int | None]:
+        lines = [ln for ln in self.out.read_text().splitlines() if ln.startswith("{")]
+        return [json.loads(ln)["version"] for ln in lines]
+
+    def wait_for(self, version: int, timeout: float = 60.0) -> list[int | None]:
+        deadline = time.monotonic() + timeout
+        while version not in self.versions():
+            assert self.popen.poll() is None, self.out.read_text()
+            assert time.monotonic() < deadline, f"never saw v{version}: {self.out.read_text()}"
+            time.sleep(0.1)
+        return self.versions()
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._file.close()
+        self._log.close()
+
+
+def _env(user: str) -> dict[str, str]:
+    return {**os.environ, "WEIGHTBUS_USER": user, "WEIGHTBUS_PASSWORD": PASSWORDS[user]}
+
+
+async def _as(url: str, user: str) -> NatsBus:
+    return await connect(url, options=ConnectOptions(user=user, password=PASSWORDS[user]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("forged", [1010, MAX_VERSION], ids=["1010", "max"])
+def test_a_forged_mark_with_a_trainer_credential_stops_no_real_process(tmp_path: Path, forged: int) -> None:
+    """Real processes under the shipped roles: running and new trackers follow a restarted trainer past the mark."""
+    policy = "policy-a"
+    followers: list[Follower] = []
+    with roles_server(tmp_path / "js") as server:
+        url = server.url
+
+        async def first_trainer() -> None:
+            bus = await _as(url, "trainer-policy-a")
+            try:
+                pub = await VersionPublisher(bus, policy, trainer_id="t").start()
+                for _ in range(11):
+                    async with pub.update():
+                        pass
+            finally:
+                await bus.close()
+
+        async def forge() -> int:
+            bus = await _as(url, "trainer-policy-a")  # the policy's own trainer credential, as the issue found
+            try:
+                return (await forge_mark(bus, policy, forged)).seq
+            finally:
+                await bus.close()
+
+        try:
+            asyncio.run(first_trainer())
+            rollout = _env("rollout-policy-a")
+            followers += [Follower(url, policy, tmp_path / f"running-{i}.jsonl", rollout) for i in (0, 1)]
+            for f in followers:
+                f.wait_for(11)
+            forged_seq = asyncio.run(forge())
+            published = []
+            for _ in range(2):  # the trainer restarts twice, as a process, with no fleet and no checkpoint
+                run = subprocess.run(
+                    [sys.executable, "-m", "weightbus", "publish", "--policy", policy, "--nats", url]
+                    + ["--no-engines", "--takeover", "--trainer-id", "t"],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    env=_env("trainer-policy-a"),
+                )
+                assert run.returncode == 0, run.stderr
+                published.append(int(run.stdout.strip()))
+            assert published == [13, 14]  # 12 was reserved by the announcement of 11
+            for f in followers:
+                assert f.wait_for(14)[-2:] == [13, 14]  # the trackers that were running follow
+            fresh = Follower(url, policy, tmp_path / "fresh.jsonl", rollout)
+            followers.append(fresh)
+            assert fresh.wait_for(14) == [14]  # a new tracker agrees at once
+
+            async def recorded() -> None:
+                bus = await _as(url, "monitor")
+                try:
+                    weights = await history(bus, subjects.weights(policy))
+                    assert announced(weights) == [*range(1, 12), 13, 14]
+                    (alert,) = await wait_alerts(bus, policy, "unexplained_mark")
+                    assert (alert.incoming, alert.event_seq) == (forged, forged_seq)
+                    assert await alerts_of(bus, policy, "counter_reset") == []
+                    registry = CollectorRegistry()
+                    async with VersionTracker(bus, policy, registry=registry) as tracker:
+                        assert tracker.current == 14
+                        assert rejected_total(registry, policy, "unexplained_mark") == 1
+                finally:
+                    await bus.close()
+
+            asyncio.run(recorded())
+            status = subprocess.run(
+                [sys.executable, "-m", "weightbus", "status", "--policy", policy, "--nats", url, "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=_env("monitor"),
+            )
+            doc = json.loads(status.stdout)
+            assert (status.returncode, doc["version"]) == (0, 14), status.stderr
+            assert [m["version"] for m in doc["unexplained_marks"]] == [forged]
+        finally:
+            for f in followers:
+                f.stop()
