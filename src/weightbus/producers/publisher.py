@@ -20,6 +20,7 @@ quarantine on failure). Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -40,6 +41,7 @@ __all__ = ["VersionPublisher", "default_trainer_id"]
 log = logging.getLogger("weightbus.producers")
 
 _CLAIM_ATTEMPTS: Final = 5
+_UNLOAD_TIMEOUT: Final = 30.0  # seconds an unload after a failed LoRA update may take
 
 
 def default_trainer_id() -> str:
@@ -265,7 +267,9 @@ class VersionPublisher:
 
         SGLang's adapter load carries no version; this is the stamp that makes LoRA samples
         comparable with full-weight ones (both share this counter). A load refused by some engine
-        is undone on the others, and the fleet is quarantined like any failed update.
+        is undone on the others, and the fleet is quarantined like any failed update; an update that
+        fails after the load (its coverage check, the stamp, the announcement) unloads the adapter
+        again, so a plain retry works (unless fenced: the engines are then its successor's).
 
         The load is a delta push: it brings an engine to the new version only if the engine holds
         the base the previous version names (it carried that version, or, in a run that never
@@ -295,12 +299,40 @@ class VersionPublisher:
             raise ValueError("publish_lora needs an engine fleet")
         if adapter.path is None:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no path to load")
+        fleet = self._fleet
         update = self.update(lora=adapter)
-        async with update as version:
-            if base is not None and update.missing:
-                await self._fleet.load_base(base, engines=update.missing)
-                update.pushed_missing(*update.missing)
-            if replace:
-                await self._fleet.unload_lora_adapter(adapter.name, missing_ok=True)
-            await self._fleet.load_lora_adapter(adapter.name, adapter.path, pinned=pinned)
+        loaded = False
+        try:
+            async with update as version:
+                if base is not None and update.missing:
+                    await fleet.load_base(base, engines=update.missing)
+                    update.pushed_missing(*update.missing)
+                if replace:
+                    await fleet.unload_lora_adapter(adapter.name, missing_ok=True)
+                await fleet.load_lora_adapter(adapter.name, adapter.path, pinned=pinned)
+                loaded = True
+        except BaseException as failure:
+            # Nothing was announced (the coverage check, the stamp or the announcement failed): undo the
+            # load, so a plain retry is not refused as "already exists". A fenced publisher touches the
+            # engines no more: they may carry its successor's adapter of the same name by now.
+            if loaded and not isinstance(failure, FencedError):
+                await self._unload_after_failure(adapter.name, failure)
+            raise
         return version
+
+    async def _unload_after_failure(self, name: str, failure: BaseException) -> None:
+        assert self._fleet is not None
+        try:
+            async with asyncio.timeout(_UNLOAD_TIMEOUT):
+                await self._fleet.unload_lora_adapter(name, missing_ok=True)
+        except (EngineError, TimeoutError) as exc:
+            log.error(
+                "could not unload the adapter of a failed LoRA update; unload it before retrying",
+                extra={"policy": self.policy, "adapter": name, "error": repr(exc)},
+            )
+            failure.add_note(f"the adapter {name!r} could not be unloaded after the failure: {exc!r}")
+        else:
+            log.warning(
+                "unloaded the adapter of a failed LoRA update (nothing was announced)",
+                extra={"policy": self.policy, "adapter": name, "error": repr(failure)},
+            )
