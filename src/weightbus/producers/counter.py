@@ -206,18 +206,15 @@ class FencedCounter:
         """
         for attempt in range(1, self._claim_attempts + 1):
             # The marks before the history: every event that explains one is in the history read after it.
-            newest, marks = await asyncio.gather(
-                self._mark.read(), read_subject_history(self._bus, subjects.counter(self._policy))
-            )
+            marks = await read_subject_history(self._bus, subjects.counter(self._policy))
             history = await read_subject_history(self._bus, self._subject)
             folded = fold_history(self._policy, history.events, marks=marks.events)
             version, issued, high_epoch = _fold(folded)
             await self._report_unexplained(folded)
-            # Only the mark the rule credits raises the counter; a newer mark it refused is overwritten
-            # by this owner's first take (the writer no longer takes it for covering anything).
+            # Only the mark the rule credits raises the counter, and only it covers a number: a newer mark
+            # it refused is superseded by this owner's first take (a write conditional on the newest one).
             mark = folded.mark
-            if newest is not None and (mark is None or newest.version > mark.version):
-                self._mark.distrust(mark.version if mark is not None else 0)
+            self._mark.adopt(marks.last_seq, mark.version if mark is not None else 0)
             last = history.last_valid
             previous = last.event.trainer_id if last is not None else None  # type: ignore[union-attr]
             history_issued = issued

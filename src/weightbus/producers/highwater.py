@@ -75,12 +75,13 @@ class HighWaterMark:
         self._covers = stored.mark.version if stored.mark is not None else 0
         return stored.mark
 
-    def distrust(self, covers: int) -> None:
-        """The newest stored mark was refused by the mark rule: treat the subject as covering ``covers`` only.
+    def adopt(self, seq: int, covers: int) -> None:
+        """Take the subject as read elsewhere: its last sequence ``seq``, and the mark the rule credits, ``covers``.
 
-        The next ``cover`` above ``covers`` writes a mark after the refused one (conditional on it).
+        The caller read the retained marks and judged them (``rules.marks``); a newest mark the rule
+        refused covers nothing, so the next ``cover`` above ``covers`` stores a mark after it.
         """
-        self._covers = covers
+        self._seq, self._covers = seq, covers
 
     async def cover(self, version: int, *, epoch: int, announced: int | None, issued: int = 0) -> None:
         """Make sure a stored mark covers ``version``: nothing to do when one does, else write one.
