@@ -269,6 +269,7 @@ def check_ledger(
     skew_s: float,
     linger_s: float,
     ceiling: int | None = None,
+    check_drops: bool = True,
 ) -> LedgerVerdict:
     """Judge ``new`` as the successor of ``prev``, the last ledger this reader accepted (None: none yet).
 
@@ -281,6 +282,8 @@ def check_ledger(
         skew_s: the clock difference the leases tolerate.
         linger_s: how long after its lease a holding's groups may still run (a writer drops it only after).
         ceiling: the most the policy's allowance can be (None: not known here).
+        check_drops: whether a dropped holding must have lapsed by ``now`` (False for a ledger of the retained
+            history older than the newest: when it was written is not known, so its drops are taken as they are).
 
     Returns:
         the verdict; an accepted one carries each holding's deadline (carried over from ``prev`` when the holding
@@ -304,7 +307,7 @@ def check_ledger(
             if after is None:
                 deadline = prev_deadlines.get(holder, before.expires_at)
                 # The writer dropped it after skew + linger on its clock; this one allows the skew either way.
-                if now < deadline + linger_s:
+                if check_drops and now < deadline + linger_s:
                     return LedgerVerdict(
                         "dropped_live_holding",
                         f"{new.writer!r} dropped the holding of {holder!r}, live until {deadline + linger_s:.3f}",

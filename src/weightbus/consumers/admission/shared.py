@@ -309,7 +309,7 @@ class SharedBudget:
             await asyncio.sleep(_RETRY_S)
             sub = self._bus.subscribe(self._subject, deliver=Deliver.ALL, include_invalid=True)
 
-    def _seen(self, item: Envelope | Skipped) -> None:
+    def _seen(self, item: Envelope | Skipped, *, check_drops: bool = True) -> None:
         seq = item.seq or 0
         if seq <= self._seen_seq:
             return
@@ -317,10 +317,10 @@ class SharedBudget:
         if seq > self._seq:
             self._seq = seq  # the fence moves with anything stored, valid or not
         if isinstance(item, Envelope) and isinstance(item.event, AdmissionLedger):
-            self._judge(item.event)
+            self._judge(item.event, check_drops=check_drops)
         self._wake.set()
 
-    def _judge(self, ledger: AdmissionLedger) -> None:
+    def _judge(self, ledger: AdmissionLedger, *, check_drops: bool = True) -> None:
         if ledger in self._own:
             self._accept_own(ledger)
             return
@@ -334,6 +334,7 @@ class SharedBudget:
             skew_s=self._skew_s,
             linger_s=self._linger_s,
             ceiling=self._ceiling(),
+            check_drops=check_drops,
         )
         prev_mine = self._ledger.holders.get(self.holder) if self._ledger is not None else None
         if not verdict.accepted:
@@ -404,10 +405,11 @@ class SharedBudget:
 
     async def _replay(self) -> None:
         # At the start: judge every retained ledger oldest first, so a forged one in the history is not taken as
-        # the base because it is the newest.
+        # the base because it is the newest. When an older one was written is not known (its drops are taken as
+        # they are); the newest is judged on this clock: an honest write after a forgery carries the live holdings.
         history = await read_subject_history(self._bus, self._subject)
-        for env in history.events:
-            self._seen(env)
+        for k, env in enumerate(history.events):
+            self._seen(env, check_drops=k == len(history.events) - 1)
         if history.last_seq > self._seen_seq:
             self._seen_seq = history.last_seq
         self._seq = max(self._seq, history.last_seq)
@@ -433,7 +435,7 @@ class SharedBudget:
         except TimeoutError:
             history = await read_subject_history(self._bus, self._subject)
             for env in history.events:
-                self._seen(env)
+                self._seen(env)  # what is newer than this holder's view was written since: judged on this clock
             self._seen_seq = max(self._seen_seq, history.last_seq)
         self._seq = max(self._seen_seq, seq)
 
