@@ -2,7 +2,7 @@
 running groups stay within the limit.
 
 Three rollout processes (this module run as a script: ``Admission`` in the ``cap`` mode over one
-``SharedBudget``) keep every slot busy with groups of 1 to 4 s. The first one reaches nats-server through a TCP
+``SharedBudget``) keep every slot busy with groups of 1 to 4 s (3 to 8 s in the outage). The first one reaches nats-server through a TCP
 proxy of the test's own, which can be cut. Scenarios: that process is SIGSTOPped for 10 s and continued; its
 proxy is cut for 8 s; the nats-server is killed and restarted on its store 6 s later. Every process records
 the start and end of each group and each ledger it stored, with a timestamp. Checked from those records:
@@ -40,6 +40,9 @@ SKEW_S = 0.3
 #: Covers the longest fault here (a 10 s pause) plus a group: the bound under test is "no over-admission".
 LINGER_S = float(os.environ.get("WEIGHTBUS_TEST_LINGER_S", "14"))
 HOLD_S = (1.0, 4.0)
+#: In the outage every holder stops admitting ``lease - skew`` into it: only groups longer than the rest of the
+#: outage are still running when the bus comes back (a generation of several seconds).
+OUTAGE_HOLD_S = (3.0, 8.0)
 
 
 class Proxy:
@@ -106,11 +109,14 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _spawn(url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
+def _spawn(url: str, name: str, log: Path, hold: tuple[float, float]) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
     with log.with_suffix(".err").open("wb") as err:
         return subprocess.Popen(
-            [sys.executable, __file__, url, name, str(log)], env=env, stdout=subprocess.DEVNULL, stderr=err
+            [sys.executable, __file__, url, name, str(log), str(hold[0]), str(hold[1])],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
         )
 
 
@@ -131,7 +137,8 @@ async def test_running_groups_stay_within_the_cap_when_a_holder_outlives_its_lea
     proxy = await Proxy(own_server.port).start()
     logs = [tmp_path / f"r{i}.jsonl" for i in range(3)]
     urls = [f"nats://127.0.0.1:{proxy.port}", own_server.url, own_server.url]
-    procs = [_spawn(urls[i], f"r{i}", logs[i]) for i in range(3)]
+    hold = OUTAGE_HOLD_S if fault == "outage" else HOLD_S
+    procs = [_spawn(urls[i], f"r{i}", logs[i], hold) for i in range(3)]
     try:
         await wait_until(
             lambda: all(any(r["kind"] == "start" for r in _records(log)) for log in logs),
@@ -193,7 +200,7 @@ async def test_running_groups_stay_within_the_cap_when_a_holder_outlives_its_lea
 # -- the worker process ------------------------------------------------------------------------------------
 
 
-async def _worker(url: str, name: str, log_path: Path) -> None:
+async def _worker(url: str, name: str, log_path: Path, hold: tuple[float, float]) -> None:
     from weightbus.bus import connect
     from weightbus.consumers.admission import Admission, SharedBudget
 
@@ -233,7 +240,7 @@ async def _worker(url: str, name: str, log_path: Path) -> None:
             slot = await gate.acquire()
             k = next(ids)
             write({"kind": "start", "id": k, "t": time.time()})
-            await asyncio.sleep(rng.uniform(*HOLD_S))
+            await asyncio.sleep(rng.uniform(*hold))
             write({"kind": "end", "id": k, "t": time.time()})
             slot.release("finished")
 
@@ -243,4 +250,4 @@ async def _worker(url: str, name: str, log_path: Path) -> None:
 
 if __name__ == "__main__":
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_worker(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
+        asyncio.run(_worker(sys.argv[1], sys.argv[2], Path(sys.argv[3]), (float(sys.argv[4]), float(sys.argv[5]))))
