@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from weightbus.rules.admission import LEDGER_REJECTIONS
+
 __all__ = ["AdmissionMetrics", "PolicyAdmissionMetrics"]
 
 
@@ -37,6 +39,11 @@ class PolicyAdmissionMetrics:
         self.tampered = families.tampered
         self.over_admission = families.over_admission
         self.starved = families.starved.labels(policy)
+        # Every series an alert watches exists at 0 before its first event (increase() needs a start).
+        for reason in LEDGER_REJECTIONS:
+            self.rejected.labels(policy, reason)
+        for family in (self.clipped, self.tampered, self.over_admission):
+            family.labels(policy)
 
 
 class AdmissionMetrics:
