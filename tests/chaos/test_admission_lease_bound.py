@@ -3,9 +3,10 @@ running groups stay within the limit.
 
 Three rollout processes (this module run as a script: ``Admission`` in the ``cap`` mode over one
 ``SharedBudget``) keep every slot busy with groups of 1 to 4 s (3 to 8 s in the outage). The first one reaches
-nats-server through a TCP proxy of the test's own, which can be cut. Scenarios: that process is SIGSTOPped for 10 s and continued; its
-proxy is cut for 8 s; the nats-server is killed and restarted on its store 6 s later. Every process records
-the start and end of each group and each ledger it stored, with a timestamp. Checked from those records:
+nats-server through a TCP proxy of the test's own, which can be cut. Scenarios: that process is SIGSTOPped for
+10 s and continued; its proxy is cut for 8 s; the nats-server is killed and restarted on its store 6 s later.
+Every process records the start and end of each group and each ledger it stored, with a timestamp. Checked
+from those records:
 
 * the peak of running groups across the processes never exceeds the cap (6): the others count a lapsed
   holding for ``linger_s`` more, and a holder back from the fault writes what it still has in use;
