@@ -367,6 +367,12 @@ class SharedBudget:
         self._ledger = ledger
         self._deadlines = verdict.deadlines
         self._observe_overcommit(now)
+        free = self._free_for_us()
+        if self._slots > free:
+            # Another holder has more in use than it holds (back from a lost lease): those groups run, so what
+            # they fill is not this holder's to admit on, whatever the ledger still says of it.
+            self._slots = max(0, free)
+            self._wanted = True
         self._reshare()
 
     def _accept_own(self, ledger: AdmissionLedger) -> None:
@@ -390,17 +396,22 @@ class SharedBudget:
 
     def _observe_overcommit(self, now: float) -> None:
         ledger = self._ledger
-        if ledger is None or not self._total:
+        # The larger of the two totals: a holder whose tracker has no version yet shares a smaller one.
+        total = max(self._total, ledger.total) if ledger is not None else 0
+        ceiling = self._ceiling()
+        if ceiling is not None:
+            total = min(total, ceiling)
+        if ledger is None or not total:
             return
         live = [x for h, x in ledger.holders.items() if not self._lapsed(h, now)]
-        over = sum(counted(x) for x in live) - self._total
+        over = sum(counted(x) for x in live) - total
         if over > 0:
             self.over_admitted += 1
             if self._metrics is not None:
                 self._metrics.over_admission.labels(self._policy).inc()
             log.warning(
                 "admission ledger shows more in use than the total: a holder outlived its lease",
-                extra={"policy": self._policy, "over": over, "total": self._total},
+                extra={"policy": self._policy, "over": over, "total": total},
             )
 
     async def _replay(self) -> None:
@@ -489,7 +500,7 @@ class SharedBudget:
         now = self._clock()
         # A writer that predates ``wants`` wrote 0 there: it asks for what it holds. One past its lease asks for
         # nothing more: it only keeps what it holds.
-        demands = {h: max(x.wants, x.slots) if self._live(h, now) else counted(x) for h, x in others.items()}
+        demands = {h: max(x.wants, counted(x)) if self._live(h, now) else counted(x) for h, x in others.items()}
         demands[self.holder] = self._demand() if demand is None else demand
         # The turn comes from the clock, not the version: the cap mode has none, and it must rotate too.
         turn = int(now // self._rotate_s)
