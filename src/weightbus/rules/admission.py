@@ -172,7 +172,8 @@ def fair_shares(total: int, demands: Mapping[str, int], turn: int = 0) -> dict[s
 
     A holder that asks for no more than an even split of what is left gets what it asks; the others share
     the rest evenly, and the remainder of that split goes one each to holders in id order. When there are
-    fewer slots than such holders (some would get none), the remainder starts at ``turn`` (a version, say),
+    fewer slots than such holders (some would get none), the remainder starts at ``turn`` (``SharedBudget`` takes
+    it from the clock, so that it moves in every mode),
     so it moves from holder to holder instead of always serving the same ones; otherwise the shares stay
     put whatever ``turn`` is, and the holders do not rewrite the ledger at each version.
 
