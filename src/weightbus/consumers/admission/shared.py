@@ -366,7 +366,8 @@ class SharedBudget:
             )
         self._ledger = ledger
         self._deadlines = verdict.deadlines
-        self._observe_overcommit(now)
+        if check_drops:  # a ledger of the history replayed at the start is not news
+            self._observe_overcommit(now)
         free = self._free_for_us()
         if self._slots > free:
             # Another holder has more in use than it holds (back from a lost lease): those groups run, so what
