@@ -20,6 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import NatsBus, connect, subjects
+from weightbus.bus.history import read_subject_history
 from weightbus.consumers.admission import Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.schemas import AdmissionLedger, Holding
@@ -151,6 +152,22 @@ async def test_an_empty_forged_ledger_is_rejected_and_the_limit_holds(nats_url: 
             assert holders.metric("weightbus_admission_ledgers_rejected_total", reason="dropped_live_holding") >= 10
             assert holders.metric("weightbus_admission_holding_tampered_total") >= 10
             assert all(b.rejected.get("dropped_live_holding", 0) >= 1 for b in holders.budgets)
+            ids = {b.holder for b in holders.budgets}
+        # From what the bus stored: each honest write after a forged ledger was built on the last valid one (it
+        # names every live holder), and no stored ledger granted beyond the limit.
+        stored = await read_subject_history(forger, subjects.admission(POLICY))
+        ledgers = [env.event for env in stored.events if isinstance(env.event, AdmissionLedger)]
+        after_forged = [
+            ledgers[k + 1]
+            for k, x in enumerate(ledgers[:-1])
+            if x.writer == FORGER and not x.holders and ledgers[k + 1].writer in ids
+        ]
+        assert after_forged, "no honest write followed a forged ledger"
+        for ledger in after_forged:
+            assert set(ledger.holders) >= ids, (ledger.writer, sorted(ledger.holders))
+        for ledger in ledgers:
+            assert sum(h.slots for h in ledger.holders.values()) <= 6
+        # (The server is the session's: the history also holds the ledgers of the tests before.)
     finally:
         await forger.close()
 
@@ -164,6 +181,7 @@ async def test_eight_holders_share_three_slots_fairly_in_the_cap_mode(nats_url: 
         await asyncio.sleep(14.0)
         counts = [holders.started(i, after=since) for i in range(8)]
         peak = holders.peak()
+    print(f"ADMISSION cap-fairness: groups per holder {counts}, peak {peak}")
     mean = sum(counts) / len(counts)
     assert mean > 0, counts
     assert min(counts) >= mean / 3, f"groups started per holder: {counts}"
