@@ -10,6 +10,7 @@ from those records:
 
 * the peak of running groups across the processes never exceeds the cap (6): the others count a lapsed
   holding for ``linger_s`` more, and a holder back from the fault writes what it still has in use;
+* no ledger was refused by the validation and no holding counted as tampered with (there is no forger here);
 * no process started a group later than ``lease_s - skew_s`` after its last stored ledger (its own clock).
 """
 
@@ -188,6 +189,10 @@ async def test_running_groups_stay_within_the_cap_when_a_holder_outlives_its_lea
     report(f"admission-lease-{fault}", peak=peak, cap=CAP, groups=len(groups), after=after, linger_s=LINGER_S)
     assert during and after, "the processes did not admit through and after the fault"
     assert peak <= CAP, f"peak {peak} running groups against a cap of {CAP} ({fault})"
+    # No honest ledger was refused by the validation, and no holding was taken for tampered with.
+    for i, rs in enumerate(recs):
+        checks = [r for r in rs if r["kind"] == "checks"]
+        assert checks and checks[-1]["rejected"] == {} and checks[-1]["tampered"] == 0, (i, checks[-1:])
     # A holder admits only on a lease it renewed itself, within lease - skew of sending it.
     for i, rs in enumerate(recs):
         writes = sorted(r["sent"] for r in rs if r["kind"] == "ledger")
@@ -245,8 +250,14 @@ async def _worker(url: str, name: str, log_path: Path, hold: tuple[float, float]
             write({"kind": "end", "id": k, "t": time.time()})
             slot.release("finished")
 
+    async def account() -> None:
+        # What the validation refused, for the record: with no forger here, an honest ledger refused is a bug.
+        while True:
+            await asyncio.sleep(0.5)
+            write({"kind": "checks", "t": time.time(), "rejected": budget.rejected, "tampered": budget.tampered})
+
     async with budget:
-        await asyncio.gather(*(produce() for _ in range(4)))
+        await asyncio.gather(*(produce() for _ in range(4)), account())
 
 
 if __name__ == "__main__":
