@@ -148,6 +148,10 @@ async def test_three_processes_share_one_budget_through_kill_restart_and_failove
     # Every admission was within the process's own holding.
     for i, r in admits:
         assert r["used"] <= r["held"], (i, r)
+    # No honest ledger was refused by the validation through the kill, the restart and the failover.
+    for i in (0, 1):
+        checks = [r for r in recs[i] if r["kind"] == "checks"]
+        assert checks and checks[-1]["rejected"] == {} and checks[-1]["tampered"] == 0, (i, checks[-1:])
     # The killed process's slots came back within the lease bound of its last renewal.
     dead = next(r["ledger"]["writer"] for r in recs[2] if r["kind"] == "ledger")
     dead_last = max(r["ledger"]["written_at"] for r in recs[2] if r["kind"] == "ledger")
@@ -232,8 +236,14 @@ async def _worker(url: str, name: str, log_path: Path) -> None:
                 kept = min(gate.ready, BATCH // 3)
                 gate.drained(kept, at=current)
 
+    async def account() -> None:
+        # What the validation refused, for the record: with no forger here, an honest ledger refused is a bug.
+        while True:
+            await asyncio.sleep(0.5)
+            write({"kind": "checks", "t": time.time(), "rejected": budget.rejected, "tampered": budget.tampered})
+
     async with budget:
-        await asyncio.gather(*(produce() for _ in range(4)), drain())
+        await asyncio.gather(*(produce() for _ in range(4)), drain(), account())
 
 
 if __name__ == "__main__":
