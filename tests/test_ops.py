@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus import BusMetrics, Deliver, MemoryBus, subjects
 from weightbus.consumers import StalenessMetrics, StalenessStage, TrackerMetrics, VersionTracker
+from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.embedded.cluster import CLUSTER_CONF
 from weightbus.embedded.server import find_nats_server
 from weightbus.schemas import WeightUpdated
@@ -85,6 +86,7 @@ async def _run_the_code(registry: CollectorRegistry) -> None:
     await sub.close()
     await bus.close()
 
+    AdmissionMetrics(registry).for_policy(policy)  # the shared budget's families, each series at 0
     metrics = StalenessMetrics(registry)
     groups = [
         _group(0, ["7"]),

@@ -92,9 +92,11 @@ def _registered_metric_names() -> set[str]:
 
     from weightbus.bus import BusMetrics
     from weightbus.consumers import StalenessMetrics, TrackerMetrics
+    from weightbus.consumers.admission import AdmissionMetrics
 
     registry = CollectorRegistry()
     BusMetrics(registry)
+    AdmissionMetrics(registry)
     TrackerMetrics(registry)
     StalenessMetrics(registry)
     return {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()} | {
@@ -112,6 +114,7 @@ def test_every_metric_family_is_defined_where_the_names_above_come_from() -> Non
         "weightbus/bus/metrics.py",
         "weightbus/consumers/tracker/metrics.py",
         "weightbus/consumers/drain/metrics.py",
+        "weightbus/consumers/admission/metrics.py",
     }, "a new metrics module: add it to _registered_metric_names"
 
 

@@ -59,7 +59,8 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     admission_shared: bool = False
     """Share one budget with the policy's other rollout processes (``weightbus.<policy>.admission``)."""
     admission_lease_s: Annotated[float, Meta(gt=0)] = 10.0
-    """How long a shared holding lasts without renewal: a killed process's slots come back within it (+1 s)."""
+    """How long a shared holding lasts without renewal. The others count a lapsed holding for one more lease (its
+    groups may still run), so a killed process's slots come back within twice this (+1 s)."""
     follow_lora: bool = False
     """Generate with the LoRA adapter that the latest ``WeightUpdated`` names (``lora_path``)."""
     seed: int = 0

@@ -56,6 +56,7 @@ from weightbus.consumers import (
     buffer_capacity,
 )
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
+from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.errors import SlowConsumerError, WeightbusError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
@@ -199,7 +200,13 @@ class _Rollout:
         self.early_aborts = 0
         self.tokens_saved = 0
         self.budget = (
-            SharedBudget(bus, config.policy, name=consumer, lease_s=config.admission_lease_s)
+            SharedBudget(
+                bus,
+                config.policy,
+                name=consumer,
+                lease_s=config.admission_lease_s,
+                metrics=AdmissionMetrics(registry),
+            )
             if config.admission_shared and config.admission != "off"  # off has nothing to share
             else None
         )

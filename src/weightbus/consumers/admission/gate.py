@@ -259,6 +259,16 @@ class Admission:
         return self._limit
 
     @property
+    def ceiling(self) -> int:
+        """The most the allowance can ever be in this mode (the cap, ``(max_staleness + 1) * batch`` when
+        ``bounded``, ``UNLIMITED`` when ``off`` or unbounded): a shared ledger granting more is refused."""
+        if self._mode == "cap":
+            return self._cap  # type: ignore[return-value]
+        if self._mode == "off":
+            return UNLIMITED
+        return allowance(0, self._max_staleness, self._batch)
+
+    @property
     def counts(self) -> dict[str, int]:
         """Slots closed since the start, by outcome (``accepted``, ``finished``, ``aborted``, ``recycled``)."""
         return dict(self._counts)

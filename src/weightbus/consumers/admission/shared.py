@@ -4,38 +4,46 @@ The budget lives on ``weightbus.<policy>.admission`` as ``AdmissionLedger`` reco
 each is the whole budget, written as a conditional publish on the subject's last sequence, so the bus's
 fence (not a lock server, not a read before the write) orders the writers. Invariants:
 
-* **Never over-granted.** A writer builds its ledger on the newest one it knows and publishes it with
+* **Never over-granted.** A writer builds its ledger on the newest one it accepted and publishes it with
   ``expected_last_seq``; if another write landed first the publish is refused (nothing stored), the
-  writer reads the newest ledger and recomputes. Every stored ledger grants at most ``total`` slots in
-  all, counting every holding whose lease has not expired.
-* **Fair.** Each holding records what its holder asked for (``wants``). A holder keeps at most its max-min
-  fair share of the allowance (``rules.admission.fair_shares`` over every live holder's ``wants``): at once
-  for its own admissions, and in the ledger as soon as the surplus is unused (checked at each ledger
-  change and each time its gate waits). A holder short of its share with nothing free writes its ``wants``
-  at once rather than at its renewal. So a process that is always busy, refilling its slots as fast as it
-  frees them, cannot starve one that arrived later; with nobody waiting, one process may hold the whole
-  allowance.
-* **Leases.** A holding expires ``lease_s`` after it was written (``expires_at``, the writer's clock). Its
-  holder renews it every ``lease_s / 3``; the holder itself counts on it only until ``lease_s - skew_s``
-  after it *sent* the write (its own monotonic clock), and other writers take it back only ``skew_s``
-  after ``expires_at``: with host clocks within ``skew_s`` of each other, a holder has stopped using its
-  slots before anyone else can be granted them. A process killed with ``kill -9`` gets its slots back to
-  the others within ``lease_s + skew_s`` of its last renewal, plus the time until another holder next writes
-  (at once when it waits for slots, else its next renewal, ``lease_s / 3``). A
-  process that cannot reach the bus holds no slots once its lease lapses and admits nothing.
+  writer catches up on what landed and recomputes. Every stored ledger grants at most ``total`` slots in
+  all, counting every holding whose lease (plus its linger) has not run out, each as ``rules.admission.counted``
+  (its slots, or what it had in use when that was more).
+* **Validated.** Every ledger read is judged as a transition from the last one accepted here
+  (``rules.admission.check_ledger``): the writer changes only its own holding, another holding is carried,
+  added, or dropped only once it has lapsed on this reader's clock, the slots fit the total and the policy's
+  ceiling, holder ids are well formed. A ledger that fails is rejected (counted by reason, logged): this
+  process keeps the last valid one, and its next write is fenced on the subject's real last sequence but built
+  on that valid ledger, so the honest holders carry on. Every expiry is clipped to ``lease_s + skew_s`` after
+  this reader first saw it (counted). A ledger that erases or alters this holder's own holding is tampering:
+  counted, logged as an error, and this holder admits on the smaller of the two and rewrites its holding.
+* **Fair, whatever the mode.** Each holding records what its holder asked for (``wants``). A holder keeps at
+  most its max-min fair share of the allowance (``rules.admission.fair_shares`` over every live holder's
+  ``wants``): at once for its own admissions, and in the ledger as soon as the surplus is unused. With fewer
+  slots than holders the remainder rotates with a turn taken from the clock (every ``lease_s / 3``), so the
+  ``cap`` mode (no version) rotates as the ``bounded`` one does.
+* **Leases, and what outlives them.** A holding expires ``lease_s`` after it was written (``expires_at``, the
+  writer's clock). Its holder renews it every ``lease_s / 3``; the holder itself admits on it only until
+  ``lease_s - skew_s`` after it *sent* the write (its own monotonic clock). Other writers keep counting it
+  ``skew_s + linger_s`` after ``expires_at``: the groups it started may still be generating. Once back, the
+  holder writes what it still has in use, and the others count that until it falls. So the running groups
+  exceed the allowance only when a group of a holder that lost the bus (paused, partitioned, or the bus down)
+  outlives ``lease_s + skew_s + linger_s`` after its last renewal, and then by at most that holder's slots
+  (docs/operations.md, "Admission guarantees", has the measured figures). A process killed with ``kill -9``
+  gets its slots back to the others within ``lease_s + skew_s + linger_s`` of its last renewal, plus the time
+  until another holder next writes (at once when it waits for slots, else its next renewal).
 * **One round trip per write, writes per group below one.** The newest ledger is followed by a
   subscription, so a write is one conditional publish. A process asks for ``grant`` slots at a time and
-  keeps them while it uses them, returning the surplus at a renewal: in the steady state a group costs
-  at most one bus round trip, and usually ``1 / grant`` (``bench/admission.py``).
-* **Nothing to re-base.** The state is the newest ledger; a restart of every process reads it, and the
-  holdings of the dead incarnations (each holder id is ``<name>:<random incarnation>``) simply expire.
-  A ledger lost with the stream (a purge, a new stream) is rebuilt by the next write from the live
-  holders' own counts.
-* A stray or malformed payload on the subject is skipped and counted by the bus; the ledger stays the
-  newest valid one, and the next write fences on the subject's real last sequence.
+  keeps them while it uses them, returning the surplus at a renewal (``bench/admission.py``).
+* **Nothing to re-base.** The state is the newest valid ledger; a start replays the retained history through
+  the validation. A ledger lost with the stream (a purge, a new stream) is rebuilt by the next write from the
+  last valid one known here (or, in a fresh process, from its own holding).
+* A stray or malformed payload on the subject is skipped and counted by the bus; it moves the fence, not the
+  ledger.
 
-All holders of one policy must share one bound and batch (they share one allowance); the ledger records
-the writer's ``total``.
+All holders of one policy must share one bound, batch, lease and linger (they share one allowance); the ledger
+records the writer's ``total``. Without signatures a credential that may publish the subject can still name
+itself as any holder and take free slots; docs/operations.md says what validation does and does not stop.
 """
 
 from __future__ import annotations
@@ -44,14 +52,16 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Final, Protocol
 
 from weightbus.bus import subjects
 from weightbus.bus.history import read_subject_history
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped, Subscription
-from weightbus.errors import BusError, InvalidEventError, PermissionDeniedError, SequenceConflictError
-from weightbus.rules.admission import UNLIMITED, fair_shares
+from weightbus.consumers.admission.metrics import AdmissionMetrics, PolicyAdmissionMetrics
+from weightbus.errors import BusError, PermissionDeniedError, SequenceConflictError
+from weightbus.rules.admission import UNLIMITED, check_ledger, counted, fair_shares, lapsed
 from weightbus.schemas import AdmissionLedger, Holding
 
 __all__ = ["BudgetUser", "SharedBudget"]
@@ -69,6 +79,9 @@ class BudgetUser(Protocol):
     def allowance(self) -> int: ...
 
     @property
+    def ceiling(self) -> int: ...
+
+    @property
     def batch(self) -> int: ...
 
     @property
@@ -80,6 +93,10 @@ class BudgetUser(Protocol):
 #: Seconds ``close`` waits for its tasks to end after cancelling them.
 _CLOSE_S: Final = 5.0
 _RETRY_S: Final = 0.2
+#: Seconds a writer whose publish was refused waits for its subscription to deliver what landed first.
+_CATCH_UP_S: Final = 2.0
+#: Own records kept to recognise them on the subscription (a publish that timed out may still have landed).
+_OWN_KEPT: Final = 8
 
 
 class SharedBudget:
@@ -91,15 +108,18 @@ class SharedBudget:
         bus: the bus (borrowed; not closed here).
         policy: the policy id.
         name: the readable part of the holder id.
-        lease_s: how long a holding lasts without renewal (the kill -9 bound, with ``skew_s``).
+        lease_s: how long a holding lasts without renewal; no holding read here counts as lasting longer.
         skew_s: the clock difference between hosts that the leases tolerate.
+        linger_s: how long after a holding's lease (and ``skew_s``) the others still count it, for the groups its
+            holder may still be running (None: ``lease_s``). The kill -9 bound grows by it.
         grant: slots asked for per write beyond what is in use (None: the admission's batch).
         clock: wall-clock Unix time (injected for tests).
         on_write: called with each ledger this process stored and its sequence (for the record).
+        metrics: where rejected ledgers, clipped leases, tampering, over-admission and starvation are counted.
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
-        ValueError: ``lease_s`` <= 3 * ``skew_s`` or ``grant`` < 1.
+        ValueError: ``lease_s`` <= 3 * ``skew_s``, ``linger_s`` < 0 or ``grant`` < 1.
     """
 
     def __init__(
@@ -110,12 +130,16 @@ class SharedBudget:
         name: str = "rollout",
         lease_s: float = 10.0,
         skew_s: float = 1.0,
+        linger_s: float | None = None,
         grant: int | None = None,
         clock: Callable[[], float] = time.time,
         on_write: Callable[[AdmissionLedger, int], None] | None = None,
+        metrics: AdmissionMetrics | None = None,
     ) -> None:
         if lease_s <= 3 * skew_s:
             raise ValueError(f"lease_s must exceed 3 * skew_s, got lease_s={lease_s} skew_s={skew_s}")
+        if linger_s is not None and linger_s < 0:
+            raise ValueError(f"linger_s must be >= 0, got {linger_s}")
         if grant is not None and grant < 1:
             raise ValueError(f"grant must be >= 1, got {grant}")
         self._bus = bus
@@ -124,22 +148,39 @@ class SharedBudget:
         self.holder = f"{name}:{uuid.uuid4().hex[:12]}"
         self._lease_s = lease_s
         self._skew_s = skew_s
+        self._linger_s = lease_s if linger_s is None else linger_s
+        self._rotate_s = lease_s / 3
         self._grant = grant
         self._clock = clock
         self._on_write = on_write
+        self._metrics: PolicyAdmissionMetrics | None = metrics.for_policy(policy) if metrics is not None else None
         self._gate: BudgetUser | None = None
         self._total = 0
-        self._ledger: AdmissionLedger | None = None
-        self._seq = 0
+        self._ledger: AdmissionLedger | None = None  # the newest ledger accepted here
+        self._deadlines: dict[str, float] = {}  # holder -> its lease's end on this clock (clipped)
+        self._seq = 0  # the fence: the subject's last sequence known here, valid or not
+        self._seen_seq = 0  # the last sequence judged here
+        self._own: deque[AdmissionLedger] = deque(maxlen=_OWN_KEPT)
         self._slots = 0
         self._share = UNLIMITED  # the most this holder may fill while others wait (fair_shares)
         self._valid_until = 0.0  # monotonic
         self._renew_at = 0.0  # monotonic
         self._wanted = False
+        self._starved_since: float | None = None  # monotonic
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._writes = 0
         self._conflicts = 0
+        self.rejected: dict[str, int] = {}
+        """Ledgers refused by ``rules.admission.check_ledger``, by reason."""
+        self.clipped = 0
+        """Holdings whose claimed expiry went beyond ``lease_s + skew_s`` after they were seen (clipped)."""
+        self.tampered = 0
+        """Ledgers another writer wrote that erased or altered this holder's own holding."""
+        self.over_admitted = 0
+        """Accepted ledgers whose holdings had more in use than the total (a holder outlived its lease)."""
+        if self._metrics is not None:
+            self._metrics.starved.set_function(self._starved_s)
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -153,7 +194,7 @@ class SharedBudget:
 
     @property
     def ledger(self) -> AdmissionLedger | None:
-        """The newest ledger known here (None: none stored yet)."""
+        """The newest ledger accepted here (None: none stored yet)."""
         return self._ledger
 
     @property
@@ -178,6 +219,8 @@ class SharedBudget:
 
     def wanted(self) -> None:
         """The gate is out of slots: ask for more at the next chance."""
+        if self._starved_since is None and self.held == 0:
+            self._starved_since = time.monotonic()
         # Also while holding more than the fair share: what is used may have fallen, and the surplus can go back.
         if not self._wanted or self._slots > self._share:
             self._wanted = True
@@ -193,7 +236,8 @@ class SharedBudget:
         await self.close()
 
     async def start(self) -> None:
-        """Follow the ledger and take a first share (``grant`` slots, if free).
+        """Follow the ledger, replay the retained history through the validation, and take a first share
+        (``grant`` slots, if free).
 
         Raises:
             PermissionDeniedError: this user may not publish the admission subject.
@@ -201,8 +245,13 @@ class SharedBudget:
         """
         sub = self._bus.subscribe(self._subject, deliver=Deliver.NEW, include_invalid=True)
         await sub.__aenter__()
+        try:
+            await self._replay()
+        except BaseException:
+            await sub.__aexit__(None, None, None)
+            raise
+        # Only now: what the subscription buffered meanwhile is judged after the history, in order.
         self._tasks.append(asyncio.create_task(self._follow(sub)))
-        await self._refresh()
         if self._gate is not None:
             _ = self._gate.allowance  # the gate reads its version and sets the total
         self._wanted = True
@@ -244,11 +293,11 @@ class SharedBudget:
                 )
         self._slots = 0
 
-    # -- internals ---------------------------------------------------------------------------------
+    # -- reading and judging the ledger --------------------------------------------------------------
 
     async def _follow(self, sub: Subscription) -> None:
-        # The ledger's changes wake a waiting writer; a lost subscription is made again (the writes stay
-        # safe without it: a stale view only costs a refused publish and a read).
+        # The ledger's changes are judged in order here; a lost subscription is made again from the retained
+        # history (what is judged already is skipped by sequence), so no ledger goes unjudged.
         while True:
             try:
                 async with sub:
@@ -258,36 +307,161 @@ class SharedBudget:
             except BusError as exc:
                 log.warning("admission ledger subscription lost; resubscribing", extra={"error": repr(exc)})
             await asyncio.sleep(_RETRY_S)
-            sub = self._bus.subscribe(self._subject, deliver=Deliver.LAST_PER_SUBJECT, include_invalid=True)
+            sub = self._bus.subscribe(self._subject, deliver=Deliver.ALL, include_invalid=True)
 
-    def _seen(self, item: Envelope | Skipped) -> None:
+    def _seen(self, item: Envelope | Skipped, *, check_drops: bool = True) -> None:
         seq = item.seq or 0
-        if seq <= self._seq or not isinstance(item, Envelope) or not isinstance(item.event, AdmissionLedger):
-            # A stray payload does not move the fence: the ledger below it may not be the one we hold, so the
-            # next write is refused and ``_refresh`` reads the newest valid one from the history.
+        if seq <= self._seen_seq:
             return
-        self._seq = seq
-        self._ledger = item.event
-        self._reshare()
+        self._seen_seq = seq
+        if seq > self._seq:
+            self._seq = seq  # the fence moves with anything stored, valid or not
+        if isinstance(item, Envelope) and isinstance(item.event, AdmissionLedger):
+            self._judge(item.event, check_drops=check_drops)
         self._wake.set()
 
-    async def _refresh(self) -> None:
-        # The sequence first, then the ledger: a write landing in between makes the ledger newer than the
-        # fence, and the next publish is refused (safe); the other order could build on a stale ledger.
-        seq = await self._bus.last_seq(self._subject)
-        try:
-            env = await self._bus.last(self._subject)
-        except InvalidEventError:
-            env = None
-        if env is None or not isinstance(env.event, AdmissionLedger):
-            if seq:  # garbage on top: the newest valid ledger is in the history
-                env = (await read_subject_history(self._bus, self._subject)).last_valid
-        if env is not None and isinstance(env.event, AdmissionLedger):
-            self._ledger = env.event
-        if seq == 0:
-            self._ledger = None  # the history is gone: the next write rebuilds it from the live holders
-        self._seq = seq
+    def _judge(self, ledger: AdmissionLedger, *, check_drops: bool = True) -> None:
+        if ledger in self._own:
+            self._accept_own(ledger)
+            return
+        now = self._clock()
+        verdict = check_ledger(
+            ledger,
+            self._ledger,
+            self._deadlines,
+            now=now,
+            lease_s=self._lease_s,
+            skew_s=self._skew_s,
+            linger_s=self._linger_s,
+            ceiling=self._ceiling(),
+            check_drops=check_drops,
+        )
+        prev_mine = self._ledger.holders.get(self.holder) if self._ledger is not None else None
+        if not verdict.accepted:
+            reason = verdict.reason or "unknown"
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            if self._metrics is not None:
+                self._metrics.rejected.labels(self._policy, reason).inc()
+            if prev_mine is not None and ledger.holders.get(self.holder) != prev_mine and ledger.writer != self.holder:
+                self._tamper(ledger, "another writer erased or altered this holder's holding")
+            log.error(
+                "admission ledger rejected; keeping the last valid one",
+                extra={"policy": self._policy, "reason": reason, "detail": verdict.detail, "writer": ledger.writer},
+            )
+            return
+        if ledger.writer == self.holder:
+            # Not written here, yet in this holder's name: no signature tells it from ours, so the others take
+            # it; admit on the smaller of the two holdings and rewrite ours at once.
+            mine = ledger.holders.get(self.holder)
+            self._slots = min(self._slots, mine.slots if mine is not None else 0)
+            self._tamper(ledger, "a ledger was written in this holder's name by someone else")
+            self._wanted = True
+        for holder in verdict.clipped:
+            self.clipped += 1
+            if self._metrics is not None:
+                self._metrics.clipped.labels(self._policy).inc()
+            log.warning(
+                "admission holding claims a lease beyond the configured one; clipped",
+                extra={"policy": self._policy, "holder": holder, "lease_s": self._lease_s},
+            )
+        self._ledger = ledger
+        self._deadlines = verdict.deadlines
+        if check_drops:  # a ledger of the history replayed at the start is not news
+            self._observe_overcommit(now)
+        free = self._free_for_us()
+        if self._slots > free:
+            # Another holder has more in use than it holds (back from a lost lease): those groups run, so what
+            # they fill is not this holder's to admit on, whatever the ledger still says of it.
+            self._slots = max(0, free)
+            self._wanted = True
         self._reshare()
+
+    def _accept_own(self, ledger: AdmissionLedger) -> None:
+        mine = ledger.holders.get(self.holder)
+        deadlines = {h: self._deadlines.get(h, x.expires_at) for h, x in ledger.holders.items()}
+        if mine is not None:
+            deadlines[self.holder] = mine.expires_at
+        self._ledger = ledger
+        self._deadlines = deadlines
+        self._reshare()
+
+    def _tamper(self, ledger: AdmissionLedger, what: str) -> None:
+        self.tampered += 1
+        if self._metrics is not None:
+            self._metrics.tampered.labels(self._policy).inc()
+        log.error(
+            "admission holding tampered with: %s",
+            what,
+            extra={"policy": self._policy, "holder": self.holder, "writer": ledger.writer},
+        )
+
+    def _observe_overcommit(self, now: float) -> None:
+        ledger = self._ledger
+        # The larger of the two totals: a holder whose tracker has no version yet shares a smaller one.
+        total = max(self._total, ledger.total) if ledger is not None else 0
+        ceiling = self._ceiling()
+        if ceiling is not None:
+            total = min(total, ceiling)
+        if ledger is None or not total:
+            return
+        live = [x for h, x in ledger.holders.items() if not self._lapsed(h, now)]
+        over = sum(counted(x) for x in live) - total
+        if over > 0:
+            self.over_admitted += 1
+            if self._metrics is not None:
+                self._metrics.over_admission.labels(self._policy).inc()
+            log.warning(
+                "admission ledger shows more in use than the total: a holder outlived its lease",
+                extra={"policy": self._policy, "over": over, "total": total},
+            )
+
+    async def _replay(self) -> None:
+        # At the start: judge every retained ledger oldest first, so a forged one in the history is not taken as
+        # the base because it is the newest. When an older one was written is not known (its drops are taken as
+        # they are); the newest is judged on this clock: an honest write after a forgery carries the live holdings.
+        history = await read_subject_history(self._bus, self._subject)
+        for k, env in enumerate(history.events):
+            self._seen(env, check_drops=k == len(history.events) - 1)
+        if history.last_seq > self._seen_seq:
+            self._seen_seq = history.last_seq
+        self._seq = max(self._seq, history.last_seq)
+        self._reshare()
+
+    async def _catch_up(self) -> None:
+        # After a refused publish: judge what landed first (the subscription delivers it in order), then fence on
+        # the subject's last sequence. If the subscription does not deliver it in time, the history does.
+        seq = await self._bus.last_seq(self._subject)
+        if seq == 0:
+            self._seq = self._seen_seq = 0  # the history is gone: rebuild from the last valid ledger known here
+            return
+        if seq < self._seen_seq:
+            self._seen_seq = 0  # a new stream: its sequences start again
+        following = any(not t.done() for t in self._tasks)
+        try:
+            if not following:
+                raise TimeoutError  # nobody delivers: read the history
+            async with asyncio.timeout(_CATCH_UP_S):
+                while self._seen_seq < seq:
+                    self._wake.clear()
+                    await self._wake.wait()
+        except TimeoutError:
+            history = await read_subject_history(self._bus, self._subject)
+            for env in history.events:
+                self._seen(env)  # what is newer than this holder's view was written since: judged on this clock
+            self._seen_seq = max(self._seen_seq, history.last_seq)
+        self._seq = max(self._seen_seq, seq)
+
+    def _ceiling(self) -> int | None:
+        if self._gate is None:
+            return None
+        ceiling = self._gate.ceiling
+        return None if ceiling >= UNLIMITED else ceiling
+
+    def _starved_s(self) -> float:
+        since = self._starved_since
+        return 0.0 if since is None or self.held > 0 else time.monotonic() - since
+
+    # -- computing this holder's share ---------------------------------------------------------------
 
     def _used(self) -> int:
         return self._gate.used if self._gate is not None else 0
@@ -299,24 +473,39 @@ class SharedBudget:
             return used + grant
         return min(max(self._slots, used), used + grant)
 
+    def _lapsed(self, holder: str, now: float) -> bool:
+        ledger = self._ledger
+        deadline = self._deadlines.get(holder)
+        if deadline is None:
+            deadline = ledger.holders[holder].expires_at if ledger is not None else 0.0
+        return lapsed(deadline, now, skew_s=self._skew_s, linger_s=self._linger_s)
+
     def _others(self) -> dict[str, Holding]:
-        """The other holders whose leases still stand."""
+        """The other holders still counted: their leases stand, or their groups may still be running."""
         ledger = self._ledger
         if ledger is None:
             return {}
         now = self._clock()
-        return {h: x for h, x in ledger.holders.items() if h != self.holder and x.expires_at + self._skew_s >= now}
+        return {h: x for h, x in ledger.holders.items() if h != self.holder and not self._lapsed(h, now)}
+
+    def _live(self, holder: str, now: float) -> bool:
+        """Whether ``holder``'s lease stands (not only its linger): only a live holder waits for slots."""
+        deadline = self._deadlines.get(holder, 0.0)
+        return now <= deadline + self._skew_s
 
     def _reshare(self, demand: int | None = None) -> None:
         others = self._others()
         if not others:
             self._share = UNLIMITED
             return
-        # A writer that predates ``wants`` wrote 0 there: it asks for what it holds.
-        demands = {h: max(x.wants, x.slots) for h, x in others.items()}
+        now = self._clock()
+        # A writer that predates ``wants`` wrote 0 there: it asks for what it holds. One past its lease asks for
+        # nothing more: it only keeps what it holds.
+        demands = {h: max(x.wants, counted(x)) if self._live(h, now) else counted(x) for h, x in others.items()}
         demands[self.holder] = self._demand() if demand is None else demand
-        version = self._gate.version if self._gate is not None else None
-        self._share = fair_shares(self._total, demands, version or 0)[self.holder]
+        # The turn comes from the clock, not the version: the cap mode has none, and it must rotate too.
+        turn = int(now // self._rotate_s)
+        self._share = fair_shares(self._total, demands, turn)[self.holder]
 
     def _asked(self) -> int:
         """The ``wants`` of this holder in the newest ledger known here (0: none there)."""
@@ -324,7 +513,8 @@ class SharedBudget:
         return mine.wants if mine is not None else 0
 
     def _others_wait(self) -> bool:
-        return any(x.wants > x.slots for x in self._others().values())
+        now = self._clock()
+        return any(x.wants > x.slots and self._live(h, now) for h, x in self._others().items())
 
     def _target(self, demand: int) -> int:
         """What to hold: the demand, within the fair share, and never below what is in use."""
@@ -332,12 +522,23 @@ class SharedBudget:
         return min(demand, max(self._share, self._used()))
 
     def _free_for_us(self) -> int:
-        return self._total - sum(x.slots for x in self._others().values())
+        return self._total - sum(counted(x) for x in self._others().values())
 
-    def _next_expiry(self) -> float | None:
+    def _next_change(self) -> float | None:
+        """Seconds until another holding lapses or the turn moves (None: no other holder)."""
+        others = self._others()
+        if not others:
+            return None
         now = self._clock()
-        later = [x.expires_at + self._skew_s - now for x in self._others().values() if x.slots]
-        return min(later) if later else None
+        later = [
+            self._deadlines.get(h, x.expires_at) + self._skew_s + self._linger_s - now
+            for h, x in others.items()
+            if counted(x)
+        ]
+        later.append(self._rotate_s - now % self._rotate_s)
+        return min(later)
+
+    # -- writing -------------------------------------------------------------------------------------
 
     async def _run(self) -> None:
         while True:
@@ -360,10 +561,9 @@ class SharedBudget:
                     continue
                 self._wanted = False
             timeout = max(0.0, self._renew_at - time.monotonic())
-            if self._wanted:
-                expiry = self._next_expiry()
-                if expiry is not None:
-                    timeout = min(timeout, expiry + 0.01)
+            change = self._next_change()
+            if change is not None:
+                timeout = min(timeout, max(0.0, change) + 0.01)
             self._wake.clear()
             try:
                 async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
@@ -376,7 +576,7 @@ class SharedBudget:
             ledger = self._ledger
             now = self._clock()
             holders = self._others()
-            free = self._total - sum(x.slots for x in holders.values())
+            free = self._total - sum(counted(x) for x in holders.values())
             slots = max(0, min(target, free))
             if not leaving:
                 holders[self.holder] = Holding(
@@ -394,6 +594,7 @@ class SharedBudget:
             )
             if slots < self._slots:
                 self._slots = slots  # a shrink counts before the write can land: nobody gets a slot we still use
+            self._own.append(record)
             sent = time.monotonic()
             try:
                 ack = await self._bus.publish(
@@ -404,26 +605,29 @@ class SharedBudget:
                 )
             except SequenceConflictError:
                 self._conflicts += 1
-                await self._refresh()
+                await self._catch_up()
                 continue
             except BusError:
-                await self._refresh_quietly()
+                await self._catch_up_quietly()
                 raise
             self._writes += 1
-            if ack.seq >= self._seq:  # a newer ledger seen meanwhile was built on this one: keep it
-                self._ledger = record
-                self._seq = ack.seq
+            if ack.seq > self._seen_seq:  # the subscription has not delivered it yet
+                self._seen_seq = ack.seq
+                self._accept_own(record)
+            self._seq = max(self._seq, ack.seq)
             self._slots = slots
             self._valid_until = sent + self._lease_s - self._skew_s
             self._renew_at = sent + self._lease_s / 3
+            if slots > 0 or demand <= self._used():
+                self._starved_since = None
             if self._on_write is not None:
                 self._on_write(record, ack.seq)
             if self._gate is not None:
                 self._gate.notify()
             return
 
-    async def _refresh_quietly(self) -> None:
+    async def _catch_up_quietly(self) -> None:
         try:
-            await self._refresh()
+            await self._catch_up()
         except BusError as exc:
             log.debug("could not re-read the admission ledger", extra={"error": repr(exc)})
