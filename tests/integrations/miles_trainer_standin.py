@@ -769,7 +769,11 @@ class UpdateWeightFromDistributed(_Connects, DistBucketedWeightUpdateMixin):
 
 
 class UpdateWeightP2P(UpdateWeightFromDistributed):
-    """``p2p.py``: RDMA writes; the push carries no label (the stamp in finalize is the only one)."""
+    """``p2p.py``: RDMA writes; the push carries no label (the stamp in finalize is the only one); no LoRA."""
+
+    def __init__(self, args: Namespace, model: Any, weights_getter: Callable[[], Any], **kwargs: Any) -> None:
+        assert not kwargs.get("is_lora"), "LoRA weight sync is not supported for p2p (RDMA) weight transfer."
+        super().__init__(args, model, weights_getter, **kwargs)
 
     def _update_weight_implementation(self, bucket: list[str]) -> None:
         ray.get([e.update_weights_from_tensor.remote(serialized_named_tensors=bucket) for e in self.rollout_engines])

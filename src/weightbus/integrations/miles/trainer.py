@@ -28,6 +28,14 @@ through weightbus' update protocol (``producers.update.VersionUpdate``, driven b
   (``VersionPublisher.update()``'s cleanup) and resumes it; the number stays used up and the error
   is raised. A fenced cell (a zombie after failover) raises at its next update before it pauses,
   pushes or stamps anything (``FencedError``): one read of the weights subject precedes the pause.
+  On the disk delta that read precedes miles' writes to the shared delta dir (every rank of the
+  cell learns its outcome) and is repeated before the first ``pull_weights``.
+* **The disk delta's reload is a full push** (the engines reload their whole host-local checkpoint).
+  Its baseline keeps miles' ``"0"`` (version 0, the pre-training baseline) on the boot reload of
+  ``--check-weight-update-equal``, and drops that reload where every engine already serves the
+  announced version, so miles' ``--ci-test`` read-back holds and ``set_weight_version`` never goes back.
+* **Adapters are announced as the engines serve them**: multi-LoRA by miles' slot names
+  (``slot_lora_name``), each with miles' name for it (``LoraAdapter.trainer_name``, ``.more``).
 * **A bus that does not answer** at init is a ``BusConnectError`` within ``WEIGHTBUS_CONNECT_TIMEOUT``;
   during a run, taking the number is retried (nothing is paused or pushed in between) for at most
   ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds, then the error is raised. Weights are never pushed under a
