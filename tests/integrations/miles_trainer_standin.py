@@ -17,13 +17,19 @@ way miles drives it:
   ``broadcast_object_list`` over the world.
 * **The updaters**, under their miles module paths (``install_miles_trainer``):
   ``DistBucketedWeightUpdateMixin`` with ``UpdateWeightFromDistributed`` (NCCL broadcast; buckets
-  carry ``weight_version``) and ``UpdateWeightP2P`` (no label on the push), single- and multi-LoRA;
-  ``UpdateWeightFromDiskDelta`` (baseline first, a file chain numbered by its own count); the
-  colocated ``UpdateWeightFromTensor`` (base buckets labelled, LoRA not); each with
-  ``weight_version = 0`` at construction and ``+= 1`` per update.
+  carry ``weight_version``) and ``UpdateWeightP2P`` (no label on the push), single- and multi-LoRA
+  (``--multi-lora``: each adapter is loaded under its controller slot's engine name,
+  ``miles.utils.multi_lora.slot_lora_name``: ``__miles_slot_<n>``);
+  ``UpdateWeightFromDiskDelta`` (baseline first, then per update: the delta files written under
+  ``--update-weight-disk-dir`` by every publishing rank, then ``pull_weights`` on every engine, then the
+  pause and the reload; the engines' host-local checkpoints apply the chain checksum-verified, and
+  ``replay_chain`` is a host that replays it from the base); the colocated ``UpdateWeightFromTensor``
+  (base buckets labelled, LoRA not); each with ``weight_version = 0`` at construction and ``+= 1`` per update.
 * **The actor and the group.** ``MegatronTrainRayActor.init`` calls ``args.custom_megatron_init_path``
   then builds its updater; ``update_weights(info)`` connects engines when needed, runs the updater,
-  then rank 0 calls ``rollout_manager.set_weight_version.remote(updater.weight_version)``.
+  then rank 0 calls ``rollout_manager.set_weight_version.remote(updater.weight_version)``; with
+  ``--ci-test`` (not LoRA) every rank then compares the engines' ``get_weight_version`` with its
+  updater's counter and raises ``Weight version mismatch!`` (miles compares one engine at random).
   ``RayTrainGroup`` runs ``_execute_first_alive("update_weights")`` over its cells.
   ``RolloutManager.set_weight_version`` warns on a regression under ``--indep-dp`` and asserts
   otherwise, and records every version it was given.
@@ -33,7 +39,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import logging
+import os
+import shutil
 import sys
 import threading
 import types
@@ -43,12 +52,16 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 __all__ = [
     "ActorHandle",
+    "AdapterRun",
+    "ChecksumMismatch",
+    "LocalCheckpoint",
     "EnginesAndLock",
     "FakeModel",
     "MegatronTrainRayActor",
@@ -59,7 +72,10 @@ __all__ = [
     "dist",
     "install_miles_trainer",
     "make_trainer_args",
+    "chain_files",
     "ray",
+    "replay_chain",
+    "slot_lora_name",
 ]
 
 log = logging.getLogger("tests.miles_trainer_standin")
@@ -147,6 +163,7 @@ class World:
         self.size = size
         self._barrier = threading.Barrier(size, timeout=20)
         self._slot: list[Any] = []
+        self._gathered: list[Any] = [None] * size
         self.broadcasts = 0
 
     @contextmanager
@@ -188,6 +205,14 @@ class World:
     def barrier(self) -> None:
         self._barrier.wait()
 
+    def all_gather(self, value: Any, rank: int) -> list[Any]:
+        self._barrier.wait()
+        self._gathered[rank] = value
+        self._barrier.wait()
+        out = list(self._gathered)
+        self._barrier.wait()
+        return out
+
     def broadcast(self, box: list[Any], src: int, rank: int) -> None:
         if rank == src:
             self._slot = list(box)
@@ -218,12 +243,21 @@ def _broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = No
         world.broadcast(object_list, src, _get_rank())
 
 
+def _all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    world = _world()
+    if world is not None and world.size > 1:
+        object_list[:] = world.all_gather(obj, _get_rank())
+    else:
+        object_list[:] = [obj]
+
+
 dist = types.ModuleType("torch.distributed")
 dist.get_rank = _get_rank  # type: ignore[attr-defined]
 dist.get_world_size = lambda: _world().size if _world() else 1  # type: ignore[attr-defined, union-attr]
 dist.is_initialized = lambda: True  # type: ignore[attr-defined]
 dist.barrier = _barrier  # type: ignore[attr-defined]
 dist.broadcast_object_list = _broadcast_object_list  # type: ignore[attr-defined]
+dist.all_gather_object = _all_gather_object  # type: ignore[attr-defined]
 
 
 def get_gloo_group() -> str:
@@ -240,14 +274,18 @@ class SGLangEngine:
     Attributes:
         calls: every method called, in order, with its keyword arguments.
         pulls: the ``target_version`` of every ``pull_weights`` (the disk-delta file chain).
+        local: the host-local checkpoint ``pull_weights`` brings to a version of the chain (checksum-verified)
+            and ``update_weights_from_disk`` reloads.
     """
 
-    def __init__(self, url: str, *, node_rank: int = 0) -> None:
+    def __init__(self, url: str, *, node_rank: int = 0, delta_dir: str | Path | None = None) -> None:
         self.url = url
         self.node_rank = node_rank
         self._http = httpx.Client(base_url=url, timeout=10.0)
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.pulls: list[int] = []
+        self.delta_dir = delta_dir  # the engine's --update-weight-disk-dir (the shared filesystem)
+        self.local = LocalCheckpoint()  # the host-local checkpoint pull_weights patches
         self.sessions = 0  # begin_weight_update without its end_weight_update
         self.on_continue: Callable[[], None] | None = None  # runs before the engine resumes (assertions)
 
@@ -387,17 +425,26 @@ class SGLangEngine:
         return self._make_request("unload_lora_adapter", {"lora_name": lora_name})
 
     def pull_weights(self, target_version: int) -> Any:
-        """The fork's delta pull: the file chain must be walked in order (0 resets it to the base)."""
+        """The fork's ``/pull_weights``: bring the host-local checkpoint to ``target_version`` of the chain.
+
+        0 materialises the base (the HF checkpoint); a higher version applies every delta after the
+        local one, in order, each tensor verified against the checksum its file carries.
+        """
         self._record("pull_weights", target_version=target_version)
-        if target_version != 0 and (not self.pulls or target_version != self.pulls[-1] + 1):
-            raise RuntimeError(f"pull_weights({target_version}): the local checkpoint is at {self.pulls[-1:]}")
         self.pulls.append(target_version)
+        try:
+            if self.delta_dir is not None:
+                self.local.sync(Path(self.delta_dir), target_version)
+        except (ChecksumMismatch, OSError, ValueError) as exc:
+            return {"success": False, "error_message": f"pull_weights({target_version}): {exc}"}
         return {"success": True, "message": f"pulled {target_version}"}
 
     def update_weights_from_disk(
         self, model_path: str, load_format: str | None = None, weight_version: str | None = None
     ) -> Any:
         self._record("update_weights_from_disk", model_path=model_path, weight_version=weight_version)
+        if self.delta_dir is not None and self.local.version is not None:
+            model_path = f"{model_path}@{self.local.digest()}"  # the reference engine's weights: what was reloaded
         payload: dict[str, Any] = {"model_path": model_path}
         if weight_version is not None:
             payload["weight_version"] = weight_version
@@ -417,6 +464,94 @@ def _check_weight_sync_results(results: list[Any]) -> None:
             raise RuntimeError(f"weight sync failed: {result}")
 
 
+# -- the disk-delta file chain (miles ``delta.py`` writes it, the fork's ``/pull_weights`` applies it) -----------
+
+
+class ChecksumMismatch(ValueError):
+    """A tensor of the chain does not have the checksum its delta file says it must have after the apply."""
+
+
+def hf_tensor(name: str) -> bytes:
+    """A tensor of the HF checkpoint (``--hf-checkpoint``): the base every host materialises at ``pull_weights(0)``."""
+    return hashlib.blake2b(f"hf:{name}".encode(), digest_size=16).digest()
+
+
+def tensor_checksum(value: bytes) -> str:
+    return hashlib.blake2b(value, digest_size=8).hexdigest()
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    return bytes(x ^ y for x, y in zip(a, b, strict=True))
+
+
+def version_dir(root: Path | str, version: int) -> Path:
+    """``weight_v000002``: one version of the chain (miles' ``_encode_delta``)."""
+    return Path(root) / f"weight_v{version:06d}"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@dataclass
+class LocalCheckpoint:
+    """A host-local checkpoint dir (``--update-weight-local-checkpoint-dir``) as the fork's pull keeps it."""
+
+    tensors: dict[str, bytes] = field(default_factory=dict)
+    version: int | None = None
+
+    def sync(self, root: Path, target: int) -> None:
+        """``/pull_weights(target)``: the base at 0, else each version after the local one applied in order.
+
+        Raises:
+            ChecksumMismatch: a tensor after its apply is not what its file's checksum says.
+            OSError, ValueError: a version of the chain is missing or unreadable.
+        """
+        if target == 0:
+            self.tensors, self.version = {}, 0
+            return
+        if self.version is None:
+            self.tensors, self.version = {}, 0  # a host that never pulled: the base first
+        if target < self.version:
+            raise ValueError(f"the local checkpoint is at {self.version}, past {target}")
+        for version in range(self.version + 1, target + 1):
+            self.apply(root, version)
+
+    def apply(self, root: Path, version: int) -> None:
+        where = version_dir(root, version)
+        index = json.loads((where / "model.safetensors.index.json").read_text())
+        if index["metadata"]["base_version"] != f"{version - 1:06d}":
+            raise ValueError(f"{where.name} is not a delta from {version - 1}")
+        patched = dict(self.tensors)
+        for fname in sorted(set(index["weight_map"].values())):
+            shard = json.loads((where / fname).read_text())
+            for name, diff in shard["tensors"].items():
+                new = _xor(patched.get(name, hf_tensor(name)), bytes.fromhex(diff))
+                if tensor_checksum(new) != shard["__metadata__"][name]:
+                    raise ChecksumMismatch(f"{where.name}/{fname}: {name} does not verify")
+                patched[name] = new
+        self.tensors, self.version = patched, version
+
+    def digest(self) -> str:
+        return _digest(sorted(self.tensors.items()))
+
+
+def replay_chain(root: Path | str, target: int) -> LocalCheckpoint:
+    """What a host that joins now does: the base, then every version of the chain up to ``target``, verified."""
+    local = LocalCheckpoint()
+    local.sync(Path(root), 0)
+    local.sync(Path(root), target)
+    return local
+
+
+def chain_files(root: Path | str) -> dict[str, bytes]:
+    """Every file under the shared delta dir, by relative path, byte for byte."""
+    base = Path(root)
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
 # -- the model and the updaters ------------------------------------------------------------------------------
 
 
@@ -428,12 +563,46 @@ class FakeModel:
     step: int = 0
     on_bucket: Callable[[int], None] | None = None  # fault injection between buckets
     lora_names: list[str] = field(default_factory=lambda: ["layers.0.q.lora_A", "layers.0.q.lora_B"])
+    seed: str = "cell"  # the cell's own training run: two cells' weights differ at the same step
+
+    def shard(self, rank: int) -> list[str]:
+        """The HF tensors rank ``rank`` gathers and publishes (one pipeline stage each)."""
+        return [f"layers.{rank}.mlp.weight", f"layers.{rank}.attn.weight"]
+
+    def tensor(self, name: str) -> bytes:
+        """The tensor ``name`` of this model now (it changes at every step)."""
+        return hashlib.blake2b(f"{name}@{self.seed}:{self.step}".encode(), digest_size=16).digest()
 
     def hf_buckets(self) -> Iterator[list[str]]:
         for i in range(self.buckets):
             if self.on_bucket is not None:
                 self.on_bucket(i)
             yield [f"layers.{i}.weight@{self.step}"]
+
+
+def slot_lora_name(slot: int) -> str:
+    """``miles.utils.multi_lora.slot_lora_name``: the engine-side adapter name of a controller slot."""
+    return f"__miles_slot_{slot}"
+
+
+def is_multi_lora_enabled(args: Any) -> bool:
+    """``miles.utils.multi_lora.is_multi_lora_enabled``."""
+    return getattr(args, "multi_lora", False)
+
+
+@dataclass(frozen=True)
+class AdapterRunConfig:
+    rank: int = 4
+    alpha: int = 8
+
+
+@dataclass(frozen=True)
+class AdapterRun:
+    """``miles.utils.adapter_config.AdapterRun``: one adapter of a multi-LoRA run, in its controller slot."""
+
+    name: str
+    slot: int
+    config: AdapterRunConfig = field(default_factory=AdapterRunConfig)
 
 
 class DistBucketedWeightUpdateMixin:
@@ -443,6 +612,7 @@ class DistBucketedWeightUpdateMixin:
         self, *, args: Namespace, model: Any, model_name: str, quantization_config: Any, is_lora: bool
     ) -> None:
         self.is_lora = is_lora
+        self.multi_lora_adapters: dict[str, AdapterRun] | None = None  # set by the actor before each update
         self._lora_loaded = False
         self._lora_config = {"r": 8}
 
@@ -457,11 +627,15 @@ class DistBucketedWeightUpdateMixin:
 
     def _update_multi_lora_weights(self) -> None:
         adapters = self.multi_lora_adapters
-        assert adapters is not None
+        assert adapters is not None, "actor must set multi_lora_adapters before update_weights"
         for name in sorted(adapters):
+            adapter = adapters[name]
             if dist.get_rank() == 0:
-                tensors = [(f"{name}.{n}", self.model.step) for n in self.model.lora_names]
-                self._update_multi_lora_weight_implementation(tensors, lora_name=name, lora_config={"r": 4})
+                tensors = [(f"{adapter.name}.{n}", self.model.step) for n in self.model.lora_names]
+                # the engines serve each adapter under its controller slot's name, not miles' name for it
+                self._update_multi_lora_weight_implementation(
+                    tensors, lora_name=slot_lora_name(adapter.slot), lora_config={"r": adapter.config.rank}
+                )
 
     def _pause_and_prepare_engines(self) -> None:
         self._weight_update_selector = "all"
@@ -491,7 +665,7 @@ class DistBucketedWeightUpdateMixin:
                     self._update_weight_implementation(bucket)
             dist.barrier(group=get_gloo_group())
         else:
-            if getattr(self, "multi_lora_adapters", None):
+            if is_multi_lora_enabled(self.args):
                 self._update_multi_lora_weights()
             else:
                 self._update_lora_weights()
@@ -595,14 +769,25 @@ class UpdateWeightFromDistributed(_Connects, DistBucketedWeightUpdateMixin):
 
 
 class UpdateWeightP2P(UpdateWeightFromDistributed):
-    """``p2p.py``: RDMA writes; the push carries no label (the stamp in finalize is the only one)."""
+    """``p2p.py``: RDMA writes; the push carries no label (the stamp in finalize is the only one); no LoRA."""
+
+    def __init__(self, args: Namespace, model: Any, weights_getter: Callable[[], Any], **kwargs: Any) -> None:
+        assert not kwargs.get("is_lora"), "LoRA weight sync is not supported for p2p (RDMA) weight transfer."
+        super().__init__(args, model, weights_getter, **kwargs)
 
     def _update_weight_implementation(self, bucket: list[str]) -> None:
         ray.get([e.update_weights_from_tensor.remote(serialized_named_tensors=bucket) for e in self.rollout_engines])
 
 
 class UpdateWeightFromDiskDelta(_Connects, DistBucketedWeightUpdateMixin):
-    """``delta.py``: baseline first (no version), then a delta file per update numbered by its own count."""
+    """``delta.py``: baseline first (no version), then per update: publish the delta files, pull, reload.
+
+    The files are a real chain under ``--update-weight-disk-dir``: each version's dir holds one shard per
+    publishing rank (the XOR of each changed tensor against the previous sync, with the checksum of its
+    new value) and rank 0's index (``version``, ``base_version``, ``weight_map``). miles writes them
+    before it touches an engine (``_publish``), then every engine pulls them (``pull_weights``, before
+    the pause), then reloads the patched local checkpoint (``_reload_engines``).
+    """
 
     def __init__(
         self,
@@ -620,8 +805,10 @@ class UpdateWeightFromDiskDelta(_Connects, DistBucketedWeightUpdateMixin):
         self.weight_version = 0
         self.rollout_engines: Any = None
         self._connection_stale = False
+        self.delta_dir = args.update_weight_disk_dir
+        os.makedirs(self.delta_dir, exist_ok=True)
+        self._snapshot: dict[str, bytes] = {}
         self._baseline_captured = False
-        self.published: dict[int, int] = {}  # file chain number -> model step
         self.pushed_versions: list[int] = []
         self._init_lora(
             args=args, model=model, model_name=model_name, quantization_config=quantization_config, is_lora=False
@@ -640,9 +827,11 @@ class UpdateWeightFromDiskDelta(_Connects, DistBucketedWeightUpdateMixin):
     def _capture_baseline(self) -> None:
         pulls = []
         if dist.get_rank() == 0:
-            self.published.clear()
+            shutil.rmtree(self.delta_dir, ignore_errors=True)  # a prior run's versions: start the dir clean
+            os.makedirs(self.delta_dir, exist_ok=True)
             pulls = [e.pull_weights.remote(target_version=0) for e in self.rollout_engines]
         dist.barrier(group=get_gloo_group())
+        self._snapshot = {name: hf_tensor(name) for name in self.model.shard(dist.get_rank())}
         if dist.get_rank() == 0:
             _check_weight_sync_results(ray.get(pulls))
             if self.args.check_weight_update_equal:
@@ -658,8 +847,40 @@ class UpdateWeightFromDiskDelta(_Connects, DistBucketedWeightUpdateMixin):
                 _check_weight_sync_results(results)
 
     def _publish(self) -> None:
-        if dist.get_rank() == 0:
-            self.published[self.weight_version] = self.model.step
+        self._encode_delta()
+        self._write_delta_files()
+
+    def _encode_delta(self) -> None:
+        self._version_dir = version_dir(self.delta_dir, self.weight_version)
+        self._version_dir.mkdir(parents=True, exist_ok=True)
+        self._delta: dict[str, str] = {}
+        self._checksums: dict[str, str] = {}
+        for name in self.model.shard(dist.get_rank()):
+            new = self.model.tensor(name)
+            old = self._snapshot[name]
+            if new != old:
+                self._delta[name] = _xor(new, old).hex()
+                self._checksums[name] = tensor_checksum(new)
+            self._snapshot[name] = new  # the next sync's base
+
+    def _write_delta_files(self) -> None:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        counts: list[Any] = [None] * world
+        dist.all_gather_object(counts, int(bool(self._delta)), group=get_gloo_group())
+        offset, total = sum(counts[:rank]), sum(counts)
+        fname = None
+        if self._delta:
+            fname = f"model-{offset:05d}-of-{total:05d}.safetensors"
+            shard = {"__metadata__": self._checksums, "tensors": self._delta}
+            _atomic_write(self._version_dir / fname, json.dumps(shard).encode())
+        maps: list[Any] = [None] * world
+        dist.all_gather_object(maps, {name: fname for name in self._delta}, group=get_gloo_group())
+        if rank == 0:
+            index = {
+                "metadata": {"version": f"{self.weight_version:06d}", "base_version": f"{self.weight_version - 1:06d}"},
+                "weight_map": {name: f for m in maps for name, f in m.items()},
+            }
+            _atomic_write(self._version_dir / "model.safetensors.index.json", json.dumps(index).encode())
         dist.barrier(group=get_gloo_group())
 
     def _reload_engines(self) -> None:
@@ -675,7 +896,7 @@ class UpdateWeightFromDiskDelta(_Connects, DistBucketedWeightUpdateMixin):
             results = ray.get(
                 [
                     e.update_weights_from_disk.remote(
-                        model_path=f"{self.args.update_weight_local_checkpoint_dir}@{self.model.step}",
+                        model_path=self.args.update_weight_local_checkpoint_dir,
                         weight_version=str(self.weight_version),
                     )
                     for e in self.rollout_engines
@@ -902,6 +1123,13 @@ class MegatronTrainRayActor:
         self.weight_updater.update_weights()
         if dist.get_rank() == 0:
             ray.get(self.rollout_manager.set_weight_version.remote(self.weight_updater.weight_version))
+        if self.args.ci_test and info.rollout_engines and not self.args.lora_rank:
+            # miles (actor.py:789-795), on every rank, with one engine at random: here every engine
+            for engine in info.rollout_engines:
+                engine_version = ray.get(engine.get_weight_version.remote())
+                updater_version = self.weight_updater.weight_version
+                if str(engine_version) != str(updater_version):
+                    raise RuntimeError(f"Weight version mismatch! Engine: {engine_version}, Updater: {updater_version}")
 
 
 class Cell:
@@ -910,6 +1138,9 @@ class Cell:
     def __init__(self, args: Namespace, rollout_manager: ActorHandle, *, world_size: int = 1) -> None:
         self.world = World(world_size)
         self.actors = [MegatronTrainRayActor(self.world, r, rollout_manager) for r in range(world_size)]
+        seed = uuid.uuid4().hex[:8]
+        for actor in self.actors:
+            actor.model.seed = seed
         self.alive = True
         self.world.run(lambda r: self.actors[r].init(args))
 
@@ -947,6 +1178,8 @@ def make_trainer_args(**overrides: Any) -> Namespace:
         indep_dp=True,
         check_weight_update_equal=False,
         update_weight_local_checkpoint_dir="/ckpt/local",
+        update_weight_disk_dir=None,
+        multi_lora=False,
         ci_test=False,
     )
     base.update(overrides)
@@ -966,6 +1199,7 @@ _MIXIN_METHODS = (
 _UW = "miles.backends.megatron_utils.update_weight"
 _DIST = f"{_UW}.update_weight_from_distributed"
 _TENSOR = f"{_UW}.update_weight_from_tensor"
+_MULTI_LORA = "miles.utils.multi_lora"
 
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:
@@ -998,6 +1232,7 @@ def install_miles_trainer(
     tensor = type(
         "UpdateWeightFromTensor", (UpdateWeightFromTensor,), {"update_weights": UpdateWeightFromTensor.update_weights}
     )
+    multi_lora = _module(_MULTI_LORA, slot_lora_name=slot_lora_name, is_multi_lora_enabled=is_multi_lora_enabled)
     modules = {
         "mixin": _module(
             f"{_DIST}.mixin", DistBucketedWeightUpdateMixin=mixin, LORA_ADAPTER_NAME=LORA_ADAPTER_NAME, **runtime
@@ -1018,13 +1253,14 @@ def install_miles_trainer(
         suffix, _, what = key.partition(":")
         cls_name, _, method = what.partition(".")
         setattr(getattr(modules[suffix], cls_name), method, fn)
-    parents = ["miles", "miles.backends", "miles.backends.megatron_utils", _UW, _DIST]
-    names = [*parents, *(m.__name__ for m in modules.values())]
+    parents = ["miles", "miles.utils", "miles.backends", "miles.backends.megatron_utils", _UW, _DIST]
+    names = [*parents, _MULTI_LORA, *(m.__name__ for m in modules.values())]
     saved = {n: sys.modules.get(n) for n in names}
     for n in parents:
         sys.modules[n] = sys.modules.get(n) or _module(n, __path__=[])  # packages: finders are asked
     for m in modules.values():
         sys.modules[m.__name__] = m
+    sys.modules[_MULTI_LORA] = multi_lora
     try:
         yield modules
     finally:

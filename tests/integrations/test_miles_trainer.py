@@ -15,6 +15,7 @@ import importlib.abc
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,15 +34,18 @@ from tests.integrations.miles_standin import (
 from tests.integrations.miles_trainer_standin import (
     FSDP_MODULE,
     ActorHandle,
+    AdapterRun,
     Cell,
     FakeModel,
     RayTrainGroup,
     RolloutManager,
     SGLangEngine,
+    chain_files,
     engines_info,
     install_miles_trainer,
     make_trainer_args,
     ray,
+    replay_chain,
     write_fsdp_package,
 )
 from weightbus.bus import NatsBus, subjects
@@ -60,10 +64,11 @@ pytestmark = pytest.mark.nats
 class RefEngines:
     """Reference engines over real HTTP, each behind a stand-in ``SGLangEngine`` actor handle."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, delta_dir: Path) -> None:
+        self.delta_dir = delta_dir  # the shared filesystem of the disk delta (--update-weight-disk-dir)
         self.states = [EngineState() for _ in range(n)]
         self.servers = [ServedEngine(create_app(s)).start() for s in self.states]
-        self.actors = [SGLangEngine(s.url) for s in self.servers]
+        self.actors = [SGLangEngine(s.url, delta_dir=delta_dir) for s in self.servers]
         self.handles = [ActorHandle(a) for a in self.actors]
 
     def labels(self) -> list[str]:
@@ -75,7 +80,7 @@ class RefEngines:
         self.states[i].lora_adapters.clear()
         self.handles[i].kill()
         self.actors[i].close()
-        self.actors[i] = SGLangEngine(self.servers[i].url)
+        self.actors[i] = SGLangEngine(self.servers[i].url, delta_dir=self.delta_dir)
         self.handles[i] = ActorHandle(self.actors[i])
 
     def close(self) -> None:
@@ -88,8 +93,8 @@ class RefEngines:
 
 
 @pytest.fixture
-def ref_engines() -> Iterator[RefEngines]:
-    engines = RefEngines(2)
+def ref_engines(tmp_path: Path) -> Iterator[RefEngines]:
+    engines = RefEngines(2, tmp_path / "delta")
     yield engines
     engines.close()
 
@@ -271,16 +276,16 @@ async def test_a_push_that_fails_halfway_leaves_the_engines_quarantined(
 # -- LoRA on every path ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["broadcast", "p2p", "tensor", "multi-lora"])
+@pytest.mark.parametrize("mode", ["broadcast", "tensor", "multi-lora"])  # miles refuses LoRA on p2p (p2p.py:65)
 async def test_lora_pushes_on_each_path_are_stamped(
     nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines, mode: str
 ) -> None:
     transfer = "broadcast" if mode == "multi-lora" else mode
-    args = make_trainer_args(update_weight_transfer_mode=transfer, lora_rank=8)
+    args = make_trainer_args(update_weight_transfer_mode=transfer, lora_rank=8, multi_lora=mode == "multi-lora")
     manager = RolloutManager(args)
     cell = Cell(args, ActorHandle(manager))
-    if mode == "multi-lora":
-        cell.updater.multi_lora_adapters = {"math": object(), "code": object()}
+    if mode == "multi-lora":  # miles' actor sets them before each update; the controller gave them slots
+        cell.updater.multi_lora_adapters = {"math": AdapterRun("math", slot=0), "code": AdapterRun("code", slot=1)}
     info = engines_info(ref_engines.handles, new=True)
     resumes = watch_resumes(ref_engines, nats_bus, miles_env)
     for _ in range(2):
@@ -290,10 +295,13 @@ async def test_lora_pushes_on_each_path_are_stamped(
     assert manager.versions == [1, 2]
     events = [e for e in await weight_events(nats_bus, miles_env) if isinstance(e, WeightUpdated)]
     assert [e.version for e in events] == [1, 2]
-    expected = "code,math" if mode == "multi-lora" else "miles_lora"
-    assert all(e.lora is not None and e.lora.name == expected for e in events)
-    loaded = set(ref_engines.states[0].lora_adapters)
-    assert loaded == ({"math", "code"} if mode == "multi-lora" else {"miles_lora"})
+    # Announced: what the engines serve (a client sends it as lora_path), with miles' own name for each.
+    expected = {"__miles_slot_0": "math", "__miles_slot_1": "code"} if mode == "multi-lora" else {"miles_lora": None}
+    for event in events:
+        assert event.lora is not None
+        assert {a.name: a.trainer_name for a in event.lora.adapters()} == expected
+    for state in ref_engines.states:
+        assert set(state.lora_adapters) == set(expected)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -326,7 +334,9 @@ async def test_an_engine_restarted_to_default_is_alerted_and_stamped_only_when_t
 async def test_disk_delta_keeps_its_file_chain_and_labels_the_bus_number_across_a_failover(
     nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines
 ) -> None:
-    args = make_trainer_args(update_weight_transfer_mode="disk-delta")
+    args = make_trainer_args(
+        update_weight_transfer_mode="disk-delta", update_weight_disk_dir=str(ref_engines.delta_dir)
+    )
     manager = RolloutManager(args)
     rm = ActorHandle(manager)
     cells = [Cell(args, rm), Cell(args, rm)]
@@ -344,6 +354,98 @@ async def test_disk_delta_keeps_its_file_chain_and_labels_the_bus_number_across_
     assert ref_engines.actors[0].pulls == [0, 1, 2, 0, 1]
     loads = [kw for name, kw in ref_engines.actors[0].calls if name == "update_weights_from_disk"]
     assert all(kw["weight_version"] is None for kw in loads)  # weightbus stamps the bus's number
+
+
+async def test_a_disk_delta_zombie_writes_nothing_to_the_chain_and_pulls_nothing_on_the_owners_engines(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    args = make_trainer_args(
+        update_weight_transfer_mode="disk-delta", update_weight_disk_dir=str(ref_engines.delta_dir)
+    )
+    manager = RolloutManager(args)
+    rm = ActorHandle(manager)
+    cells = [Cell(args, rm, world_size=2), Cell(args, rm, world_size=2)]
+    group = RayTrainGroup(cells)
+    info = engines_info(ref_engines.handles, new=True)
+    for _ in range(2):  # cell 0: the baseline, then its weight_v000001
+        await run(group.update_weights, info)
+    cells[0].alive = False
+    for _ in range(3):  # cell 1: its baseline (a clean dir), then its own weight_v000001 and weight_v000002
+        await run(group.update_weights, info)
+    files = chain_files(ref_engines.delta_dir)
+    assert "weight_v000002/model.safetensors.index.json" in files and "weight_v000003" not in str(list(files))
+    assert replay_chain(ref_engines.delta_dir, 2).digest() == ref_engines.actors[0].local.digest()
+    calls = [list(a.calls) for a in ref_engines.actors]
+    labels, versions = ref_engines.labels(), await announced(nats_bus, miles_env)
+
+    # The zombie: cell 0 (its own chain at 1) runs an update again. miles alone would write its
+    # weight_v000002 over the owner's, from both ranks, and have the owner's engines pull it.
+    for _ in range(2):
+        with pytest.raises(FencedError):
+            await run(cells[0].update_weights, info)
+    assert chain_files(ref_engines.delta_dir) == files  # byte for byte: no shard, no index, no tmp file
+    replay_chain(ref_engines.delta_dir, 2)  # a host replaying the owner's chain still verifies every tensor
+    assert [a.calls for a in ref_engines.actors] == calls  # no pull_weights, no pause: nothing reached them
+    assert ref_engines.labels() == labels and await announced(nats_bus, miles_env) == versions
+
+    await run(group.update_weights, info)  # the owner goes on; a host joining now replays its whole chain
+    replayed = replay_chain(ref_engines.delta_dir, 3).digest()
+    assert [a.local.digest() for a in ref_engines.actors] == [replayed, replayed]
+    assert ref_engines.labels() == [str(manager.versions[-1])] * 2 and manager.regressions == []
+
+
+async def test_a_disk_delta_stamps_an_engine_restarted_to_default_at_the_next_update(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    args = make_trainer_args(
+        update_weight_transfer_mode="disk-delta", update_weight_disk_dir=str(ref_engines.delta_dir)
+    )
+    manager = RolloutManager(args)
+    cell = Cell(args, ActorHandle(manager))
+    for _ in range(2):  # the baseline, then weight_v000001
+        await run(cell.update_weights, engines_info(ref_engines.handles, new=True))
+    local = ref_engines.actors[1].local
+    ref_engines.restart(1)  # the same host: its local checkpoint survives the engine
+    ref_engines.actors[1].local = local
+    await run(cell.update_weights, engines_info(ref_engines.handles, new=True))
+    # the reload is of the whole local checkpoint the pull brought to weight_v000002: stamped with the other
+    assert ref_engines.labels() == ["2", "2"] and manager.versions == [0, 1, 2]
+    replayed = replay_chain(ref_engines.delta_dir, 2).digest()
+    assert [a.local.digest() for a in ref_engines.actors] == [replayed, replayed]
+
+
+# -- miles' own checks --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["broadcast", "p2p", "disk-delta", "tensor"])
+async def test_miles_ci_test_read_back_passes_with_the_install_on_every_path_across_a_failover(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines, mode: str
+) -> None:
+    # --ci-test turns on --check-weight-update-equal (arguments.py:3254-3260); the actor then compares
+    # the engines' label with its updater's counter after every update, on every rank.
+    args = make_trainer_args(
+        update_weight_transfer_mode=mode,
+        ci_test=True,
+        check_weight_update_equal=True,
+        update_weight_disk_dir=str(ref_engines.delta_dir),
+    )
+    manager = RolloutManager(args)
+    rm = ActorHandle(manager)
+    cells = [Cell(args, rm, world_size=2), Cell(args, rm, world_size=2)]
+    group = RayTrainGroup(cells)
+    info = engines_info(ref_engines.handles, new=True)
+    for _ in range(3):
+        await run(group.update_weights, info)
+    cells[0].alive = False
+    for _ in range(3):
+        await run(group.update_weights, info)
+    assert manager.regressions == [] and manager.versions == sorted(manager.versions)
+    assert ref_engines.labels() == [str(manager.versions[-1])] * 2
+    assert set(manager.versions) - {0} <= set(await announced(nats_bus, miles_env))
+    if mode == "disk-delta":
+        # the run's first baseline reloads the boot checkpoint under miles' "0" (the pre-training
+        # baseline); the takeover's baseline leaves the engines on the announced weights
+        assert manager.versions[:4] == [0, 1, 2, 2]
 
 
 # -- the rollout side restarted ---------------------------------------------------------------------------------

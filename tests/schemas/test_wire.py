@@ -113,6 +113,24 @@ def test_older_payload_decodes_with_defaults() -> None:
     assert event.lora is None and event.engines == ()
 
 
+def test_a_multi_adapter_lora_round_trips_and_an_older_one_decodes_as_a_single_adapter() -> None:
+    lora = LoraAdapter(name="__miles_slot_0", trainer_name="math", more=(LoraAdapter(name="__miles_slot_1"),))
+    event = WeightUpdated(policy="p", version=3, epoch=1, trainer_id="t", published_at=1.0, lora=lora)
+    back = decode(W, encode(event))
+    assert isinstance(back, WeightUpdated) and back.lora == lora
+    assert [(a.name, a.trainer_name, a.more) for a in lora.adapters()] == [
+        ("__miles_slot_0", "math", ()),
+        ("__miles_slot_1", None, ()),
+    ]
+    old = (
+        b'{"type":"weight.updated","policy":"p","version":7,"epoch":0,"trainer_id":"t","published_at":1.0,'
+        b'"lora":{"name":"a","path":null}}'
+    )
+    older = decode(W, old)
+    assert isinstance(older, WeightUpdated) and older.lora is not None
+    assert older.lora.adapters() == (LoraAdapter(name="a"),)
+
+
 def test_unknown_fields_are_ignored() -> None:
     newer = (
         b'{"type":"weight.updated","policy":"p","version":7,"epoch":0,"trainer_id":"t",'

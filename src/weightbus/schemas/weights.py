@@ -43,10 +43,25 @@ __all__ = [
 
 
 class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True):
-    """The LoRA adapter a push loaded; engines serve it under ``name`` (SGLang's ``lora_path`` in /generate)."""
+    """The LoRA adapter a push loaded; engines serve it under ``name`` (SGLang's ``lora_path`` in /generate).
+
+    Attributes:
+        name: the name the engines serve it under.
+        path: where it was loaded from, when known.
+        trainer_name: the trainer's own name for it when that differs from ``name`` (a miles multi-LoRA
+            adapter ``math`` is served as its controller slot's ``__miles_slot_0``); None otherwise.
+        more: the other adapters the same push loaded (a multi-LoRA push), each as above; ``adapters()``
+            lists them all.
+    """
 
     name: str
     path: str | None = None
+    trainer_name: str | None = None
+    more: tuple[LoraAdapter, ...] = ()
+
+    def adapters(self) -> tuple[LoraAdapter, ...]:
+        """Every adapter the push loaded: this one, then ``more``."""
+        return (msgspec.structs.replace(self, more=()), *self.more)
 
 
 class WeightEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

@@ -28,6 +28,14 @@ through weightbus' update protocol (``producers.update.VersionUpdate``, driven b
   (``VersionPublisher.update()``'s cleanup) and resumes it; the number stays used up and the error
   is raised. A fenced cell (a zombie after failover) raises at its next update before it pauses,
   pushes or stamps anything (``FencedError``): one read of the weights subject precedes the pause.
+  On the disk delta that read precedes miles' writes to the shared delta dir (every rank of the
+  cell learns its outcome) and is repeated before the first ``pull_weights``.
+* **The disk delta's reload is a full push** (the engines reload their whole host-local checkpoint).
+  Its baseline keeps miles' ``"0"`` (version 0, the pre-training baseline) on the boot reload of
+  ``--check-weight-update-equal``, and drops that reload where every engine already serves the
+  announced version, so miles' ``--ci-test`` read-back holds and ``set_weight_version`` never goes back.
+* **Adapters are announced as the engines serve them**: multi-LoRA by miles' slot names
+  (``slot_lora_name``), each with miles' name for it (``LoraAdapter.trainer_name``, ``.more``).
 * **A bus that does not answer** at init is a ``BusConnectError`` within ``WEIGHTBUS_CONNECT_TIMEOUT``;
   during a run, taking the number is retried (nothing is paused or pushed in between) for at most
   ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds, then the error is raised. Weights are never pushed under a
@@ -39,13 +47,16 @@ uses exactly the objects miles uses.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
+
+import msgspec
 
 from weightbus.bus.options import redact_url
 from weightbus.errors import (
@@ -69,10 +80,12 @@ log = logging.getLogger("weightbus.integrations.miles")
 
 #: miles' adapter name when the mixin module does not say (``miles.utils.lora.LORA_ADAPTER_NAME``).
 LORA_NAME: Final = "miles_lora"
-#: What a baseline reload of the boot checkpoint is labelled instead of miles' ``"0"`` (a number).
-_BOOT_LABEL: Final = "default"
+#: Where miles names its multi-LoRA adapters' engine slots (``slot_lora_name``).
+_MULTI_LORA: Final = "miles.utils.multi_lora"
 
 Kind = Literal["mixin", "delta", "tensor", "fsdp"]
+
+_T = TypeVar("_T")
 
 _FINAL_BUS_ERRORS: Final = (CounterExhaustedError, PermissionDeniedError, BusConfigError, StreamConfigError)
 
@@ -200,7 +213,7 @@ class MilesTrainer:
         rank0 = runtime.rank() == 0
         session: _Session | None = None
         if rank0:
-            session = _Session(self.cell(updater), updater, runtime, self._plan(updater, kind))
+            session = _Session(self.cell(updater), updater, runtime, self._plan(updater, kind, runtime))
             try:
                 session.enter()
             except BaseException as exc:
@@ -216,7 +229,11 @@ class MilesTrainer:
         updater.weight_version = shared
 
     def _update_delta(self, updater: Any, original: Callable[[Any], None], runtime: Runtime) -> None:
-        """The disk delta: miles' count names the files; the bus's number labels the engines, entered at the pause."""
+        """The disk delta: miles' count names the files; the bus's number labels the engines, entered at the pause.
+
+        Before miles writes a file or calls an engine, rank 0 checks the fence and every rank learns
+        the outcome (one broadcast): a fenced cell raises on every rank with the shared chain untouched.
+        """
         rank0 = runtime.rank() == 0
         chain = updater.__dict__.get("_weightbus_chain", updater.weight_version)
         updater.weight_version = chain
@@ -224,7 +241,7 @@ class MilesTrainer:
         session: _Session | None = None
         if rank0:
             cell = self.cell(updater)
-            session = _Session(cell, updater, runtime, Plan("delta", False, None), lazy=True, baseline=baseline)
+            session = _Session(cell, updater, runtime, Plan("full", False, None), lazy=True, baseline=baseline)
             if baseline:
                 try:  # the claim, before any engine is touched; the first real update retries it
                     session.version = cell.ready(updater, runtime).version
@@ -233,6 +250,19 @@ class MilesTrainer:
                         "could not claim the counter at miles' disk-delta baseline; the first update retries",
                         extra={"policy": self.policy, "error": str(exc)},
                     )
+                if getattr(getattr(updater, "args", None), "check_weight_update_equal", False):
+                    session.keep = _serves_announced(session.version, updater, runtime)
+            else:
+                try:
+                    cell.check_owner(updater, runtime)
+                except BaseException as exc:
+                    runtime.share(f"{type(exc).__name__}: {exc}")
+                    raise
+                runtime.share(None)
+        elif not baseline:
+            refused = runtime.share(None)
+            if refused is not None:
+                raise RuntimeError(f"rank 0 refused miles' disk-delta update before it wrote anything: {refused}")
         _run_original(updater, original, session)
         updater.__dict__["_weightbus_chain"] = updater.weight_version
         mine = None
@@ -245,14 +275,37 @@ class MilesTrainer:
         shared = runtime.share(mine)
         updater.weight_version = shared if isinstance(shared, int) else updater.weight_version
 
-    def _plan(self, updater: Any, kind: Kind) -> Plan:
+    def _plan(self, updater: Any, kind: Kind, runtime: Runtime) -> Plan:
         if kind in ("mixin", "tensor") and getattr(updater, "is_lora", False):
-            lora_name = LORA_NAME
             adapters = getattr(updater, "multi_lora_adapters", None) if kind == "mixin" else None
-            if adapters:
-                lora_name = ",".join(sorted(str(name) for name in adapters))
-            return Plan("delta", False, LoraAdapter(name=lora_name))
+            if adapters is None:
+                return Plan("delta", False, LoraAdapter(name=runtime.lora_name))
+            # Multi-LoRA: the engines serve each adapter under its controller slot's name.
+            served = sorted((_slot_name(adapter), str(name)) for name, adapter in adapters.items())
+            if not served:
+                return Plan("delta", False, None)  # nothing loaded: the engines serve what they served
+            loaded = [LoraAdapter(name=engine, trainer_name=name) for engine, name in served]
+            return Plan("delta", False, msgspec.structs.replace(loaded[0], more=tuple(loaded[1:])))
         return Plan("full", kind == "mixin" and isinstance(updater, tuple(self.labelling)), None)
+
+
+def _slot_name(adapter: Any) -> str:
+    """The engine-side name of a multi-LoRA adapter: miles' own ``slot_lora_name(adapter.slot)``."""
+    module = importlib.import_module(_MULTI_LORA)
+    namer = getattr(module, "slot_lora_name", None)
+    if not callable(namer):
+        raise RuntimeError(f"{_MULTI_LORA}.slot_lora_name is missing: weightbus cannot name miles' adapters")
+    return str(namer(adapter.slot))
+
+
+def _serves_announced(version: int | None, updater: Any, runtime: Runtime) -> bool:
+    """Whether every engine already carries ``version`` (announced on the bus), read on rank 0 once."""
+    if not version:
+        return False
+    handles = [_real(h) for h in getattr(updater, "rollout_engines", None) or ()]
+    labels = runtime.ray_get([h.get_weight_version.remote() for h in handles]) if handles else []
+    answered = [label for label in labels if label is not None]  # a multi-node engine's other nodes: None
+    return bool(answered) and all(str(label) == str(version) for label in answered)
 
 
 class _FleetSlot:
@@ -307,6 +360,35 @@ class _Cell:
             fleet, given, ray_get = slot.fleet, slot.handles, runtime.ray_get
             pub.call(lambda _: fleet.retarget(given, ray_get))
         return pub
+
+    def check_owner(self, updater: Any, runtime: Runtime) -> None:
+        """``FencedError`` if another publisher owns the counter (one read); retried while the bus does not answer."""
+
+        def attempt() -> None:
+            self.ready(updater, runtime).call(lambda p: p.check_owner())
+
+        self._retrying(attempt)
+
+    def _retrying(self, attempt: Callable[[], _T]) -> _T:
+        timeout = self.trainer.settings.update_timeout
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while True:
+            try:
+                return attempt()
+            except BusError as exc:
+                if isinstance(exc, _FINAL_BUS_ERRORS) or time.monotonic() + delay > deadline:
+                    exc.add_note(
+                        f"weightbus gave up reading the bus after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); "
+                        "nothing was written or pushed"
+                    )
+                    raise
+                log.warning(
+                    "the bus did not answer; retrying (nothing is written or pushed meanwhile)",
+                    extra={"policy": self.trainer.policy, "error": str(exc), "retry_in": delay},
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def enter(self, updater: Any, runtime: Runtime, plan: Plan) -> VersionUpdate:
         """Take the number, pause, read the labels, mark them pending: retried while the bus does not answer."""
@@ -371,6 +453,8 @@ class _Session:
         self.update: VersionUpdate | None = None
         self.version: int | None = None
         self.closed = False
+        self.keep = False  # a disk-delta baseline whose engines already serve the announced version
+        self.fence_checked = False
 
     def enter(self) -> None:
         self.update = self.cell.enter(self.updater, self.runtime, self.plan)
@@ -399,9 +483,17 @@ class _Session:
     def intercept(self, name: str, handle: Any, method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """What miles' call ``handle.<name>.remote(*args, **kwargs)`` does during this update."""
         if self.baseline:
-            if name == "update_weights_from_disk" and kwargs.get("weight_version") is not None:
-                kwargs["weight_version"] = _BOOT_LABEL  # the boot checkpoint; miles' "0" is a number
+            if name == "update_weights_from_disk" and self.keep:
+                # --check-weight-update-equal reloads the boot checkpoint to undo the checker's reset at
+                # the run's first sync; engines that serve an announced version were never reset, and
+                # a reload would take them back to the boot weights: they keep what they serve.
+                return handle.get_weight_version.remote()
+            # Otherwise miles' reload of the boot checkpoint keeps miles' "0": version 0 is the
+            # pre-training baseline, what the reload loads (judged the oldest there is).
             return method.remote(*args, **kwargs)
+        if name == "pull_weights" and self.update is None and not self.fence_checked:
+            self.fence_checked = True  # the files are written; the engines are not touched yet: check again
+            self.cell.check_owner(self.updater, self.runtime)
         if self.closed and name in _LOADS:
             raise RuntimeError(f"miles called {name} after the update was announced; it was not sent")
         if self.update is None and self.lazy and name in _STARTS:
@@ -433,7 +525,7 @@ _LOADS: Final = frozenset(
     }
 )
 _STARTS: Final = _LOADS | {"pause_generation"}
-_INTERCEPTED: Final = _STARTS | {"update_weight_version", "continue_generation"}
+_INTERCEPTED: Final = _STARTS | {"update_weight_version", "continue_generation", "pull_weights"}
 
 
 class _EngineProxy:
