@@ -42,7 +42,8 @@ On any failure after the take (a pending relabel that did not take, an exception
 push that covers no engine, a stamp that did not take, an announcement refused, lost or cancelled),
 the engines' weights may not match any number: every engine is relabelled ``quarantine:<v>``
 (never a version, so every sample from it is judged stale), a ``FleetQuarantined`` alert is
-published, and only then are the engines resumed. A fenced
+published while the engines are still paused (its publish bounded by 5 s: a bus that is away must not
+hold the fleet paused), and only then are the engines resumed. A fenced
 publisher resumes them too: it cannot tell whether the owner is between its own pause and resume,
 and an early resume costs no integrity, because SGLang applies a weight load between forward passes
 and a request that spans a label change carries token spans whose oldest version is the one judged.
@@ -384,15 +385,9 @@ class VersionUpdate:
         for url, err in results.items():
             if err is not None:
                 failure.add_note(f"quarantining {url} failed: {err}")
-        resumed = False
-        if self._paused:
-            try:
-                await fleet.resume()
-                resumed = True
-            except EngineError as exc:
-                log.error("resume after a failed update failed", extra={"policy": policy, "error": str(exc)})
-                failure.add_note(f"resuming the engines afterwards failed too: {exc}")
-        self._paused = False
+        # The alert goes out while the engines are still paused, so a watcher has it before any sample from
+        # a quarantined engine can be generated; ``resumed`` says this publisher resumes them right after.
+        resumes = self._paused
         alert = FleetQuarantined(
             policy=policy,
             label=label,
@@ -402,17 +397,25 @@ class VersionUpdate:
             published_at=now(),
             engines=tuple(url for url, err in results.items() if err is None),
             failed=failed,
-            resumed=resumed,
+            resumed=resumes,
             detail=f"{type(failure).__name__}: {failure}"[:500],
         )
         self.quarantined = alert
         log.error(
             "engines quarantined after a failed update",
-            extra={"policy": policy, "version": self.version, "reason": reason, "label": label, "resumed": resumed},
+            extra={"policy": policy, "version": self.version, "reason": reason, "label": label, "resumed": resumes},
         )
         try:
             msg_id = f"{policy}:quarantine:{counter.incarnation}:{self.version}"
-            await self._bus.publish(subjects.alerts(policy), alert, msg_id=msg_id)
-        except BusError as exc:
-            log.error("could not publish the quarantine alert", extra={"policy": policy, "error": str(exc)})
-            failure.add_note(f"the FleetQuarantined alert was not published: {exc}")
+            # Bounded: a bus that is away (often why the update failed) must not hold the fleet paused.
+            await asyncio.wait_for(self._bus.publish(subjects.alerts(policy), alert, msg_id=msg_id), _CLEANUP_TIMEOUT)
+        except (BusError, TimeoutError) as exc:
+            log.error("could not publish the quarantine alert", extra={"policy": policy, "error": repr(exc)})
+            failure.add_note(f"the FleetQuarantined alert was not published: {exc!r}")
+        if self._paused:
+            self._paused = False
+            try:
+                await fleet.resume()
+            except EngineError as exc:
+                log.error("resume after a failed update failed", extra={"policy": policy, "error": str(exc)})
+                failure.add_note(f"resuming the engines afterwards failed too: {exc}")

@@ -116,8 +116,10 @@ class FleetQuarantined(AlertEvent, tag="alert.fleet_quarantined"):
             publisher took over mid-update).
         version: the reserved number of the update that failed; it is never issued again.
         engines: the engines relabelled; ``failed`` those that could not be (listed with errors).
-        resumed: whether this publisher resumed the engines afterwards (a fenced one does not resume
-            engines that the owner may be updating).
+        resumed: whether this publisher resumes the engines right after this alert (it held them
+            paused). The alert is published before the resume, so no engine generates again before it
+            is on the bus (unless its publish fails or takes over 5 s); a resume that then fails is
+            logged and noted on the update's error. A fenced publisher resumes them too.
     """
 
     policy: PolicyId
