@@ -26,7 +26,7 @@ from weightbus.bus import subjects
 from weightbus.bus.marks import read_high_water
 from weightbus.bus.protocol import Bus
 from weightbus.errors import PublishError, SequenceConflictError
-from weightbus.schemas import CounterHighWater, now
+from weightbus.schemas import ClaimStanding, CounterHighWater, now
 
 __all__ = ["HighWaterMark"]
 
@@ -42,6 +42,9 @@ class HighWaterMark:
         bus: the bus (borrowed).
         policy: the policy id.
         trainer_id, incarnation: the writer, recorded on each mark.
+
+    Attributes:
+        standing: the writer's claim standing, recorded on each mark (set by the counter's claim).
     """
 
     def __init__(self, bus: Bus, policy: str, *, trainer_id: str, incarnation: str) -> None:
@@ -52,6 +55,7 @@ class HighWaterMark:
         self._incarnation = incarnation
         self._covers = 0
         self._seq = 0
+        self.standing: ClaimStanding | None = None
 
     @property
     def covers(self) -> int:
@@ -69,6 +73,10 @@ class HighWaterMark:
         self._seq = stored.seq
         self._covers = stored.mark.version if stored.mark is not None else 0
         return stored.mark
+
+    async def peek(self) -> CounterHighWater | None:
+        """Read the newest mark without moving this writer's position (``read`` does)."""
+        return (await read_high_water(self._bus, self._policy)).mark
 
     async def cover(self, version: int, *, epoch: int, announced: int | None) -> None:
         """Make sure a stored mark covers ``version``: nothing to do when one does, else write one.
@@ -92,6 +100,7 @@ class HighWaterMark:
             published_at=now(),
             incarnation=self._incarnation,
             announced=announced,
+            standing=self.standing,
         )
         msg_id = f"{self._policy}:mark:{self._incarnation}:{version}"
         for _ in range(_WRITE_ATTEMPTS):

@@ -5,6 +5,8 @@
 * ``staleness``: the staleness rule (``judge``) and its one per-sample scan.
 * ``abort``: the early-abort rule (``certain_stale``): a group still generating that must be stale.
 * ``history``: the fold of a stored weights history with the chain rule.
+* ``standing``: the re-claim rule (``outranks``): a fenced publisher claims again only when the
+  host's failover order put it above the owner.
 
 Producers and consumers import these; these import only ``weightbus.schemas`` and ``weightbus.errors``.
 """
@@ -25,6 +27,7 @@ from weightbus.rules.staleness import (
     scan_group,
     staleness,
 )
+from weightbus.rules.standing import outranks, owner_claim
 
 __all__ = [
     "UNKNOWN_POLICIES",
@@ -46,6 +49,8 @@ __all__ = [
     "group_versions",
     "judge",
     "min_fresh_version",
+    "outranks",
+    "owner_claim",
     "oldest_bound",
     "raw_scan",
     "scan_group",

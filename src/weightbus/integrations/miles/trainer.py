@@ -52,6 +52,7 @@ from weightbus.errors import (
     BusConfigError,
     BusError,
     CounterExhaustedError,
+    FencedError,
     PermissionDeniedError,
     StreamConfigError,
 )
@@ -61,7 +62,7 @@ from weightbus.producers.coverage import Push
 from weightbus.producers.publisher import default_trainer_id
 from weightbus.producers.sync import SyncVersionPublisher
 from weightbus.producers.update import VersionUpdate
-from weightbus.schemas import LoraAdapter
+from weightbus.schemas import ClaimStanding, LoraAdapter
 
 __all__ = ["Kind", "LORA_NAME", "MilesTrainer", "Plan", "Runtime"]
 
@@ -85,6 +86,37 @@ class Runtime:
     gloo: Callable[[], Any]
     ray_get: Callable[[Any], Any]
     lora_name: str
+    parallel_state: Callable[[], Any] | None = None  # miles' get_parallel_state (absent from FSDP's module)
+    runtime_context: Callable[[], Any] | None = None  # ray.get_runtime_context
+
+    def standing(self) -> ClaimStanding | None:
+        """Where miles' group puts this cell now: its driver's Ray job, its quorum id and its alive rank.
+
+        Read from miles' own state at the time of the update: ``get_parallel_state().indep_dp`` is the
+        group miles builds from the cell's ``IndepDPInfo`` at init and rebuilds at every
+        ``reconfigure_indep_dp`` (its ``rank`` is the alive rank, its ``debug_info["quorum"]`` the
+        quorum id). None when miles does not say (FSDP, a miles without it): the cell then never
+        claims again once fenced.
+        """
+        if self.parallel_state is None or self.runtime_context is None:
+            return None
+        try:
+            group = self.parallel_state().indep_dp
+            quorum, rank = group.debug_info.get("quorum"), group.rank
+            job = self.runtime_context().get_job_id()
+        except Exception as exc:  # miles' state is not what this commit has: no standing, and it is said
+            log.warning(
+                "miles' indep-DP state could not be read; this cell will not claim again once fenced",
+                extra={"error": repr(exc)},
+            )
+            return None
+        if type(quorum) is not int or type(rank) is not int or quorum < 0 or rank < 0 or not job:
+            log.warning(
+                "miles' indep-DP state has no quorum id or alive rank; this cell will not claim again once fenced",
+                extra={"quorum": repr(quorum), "rank": repr(rank), "job": repr(job)},
+            )
+            return None
+        return ClaimStanding(scope=f"ray-job:{job}", term=quorum, rank=rank)
 
     def rank(self) -> int:
         is_initialized = getattr(self.dist, "is_initialized", None)
@@ -270,43 +302,105 @@ class _FleetSlot:
 
 
 class _Cell:
-    """Rank 0's publisher for one weight updater: one claim of the counter, one fleet over miles' engines."""
+    """Rank 0's publisher for one weight updater, and its fleet over miles' engines.
+
+    One publisher per claim: a cell that was fenced and that miles picked again (its standing, see
+    ``Runtime.standing``, outranks the owner's claim) claims again with a new publisher; one that
+    miles did not pick stays fenced.
+    """
 
     def __init__(self, trainer: MilesTrainer) -> None:
         self.trainer = trainer
-        s = trainer.settings
         self._slot = _FleetSlot()
-        self.publisher = SyncVersionPublisher(
+        self.publisher = self._publisher(self._slot)
+
+    def _publisher(self, slot: _FleetSlot) -> SyncVersionPublisher:
+        s = self.trainer.settings
+        return SyncVersionPublisher(
             s.policy,
             nats_url=s.nats,
             trainer_id=s.trainer_id or f"miles:{default_trainer_id()}",
-            pause=getattr(trainer.args, "pause_generation_mode", None) or "retract",
+            pause=getattr(self.trainer.args, "pause_generation_mode", None) or "retract",
             connect_timeout=s.connect_timeout,
             floor=s.floor,
             options=s.options,
-            fleet_factory=self._slot.build,
+            fleet_factory=slot.build,
         )
 
-    def ready(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
-        """The publisher, started (claimed) and pointed at the engines miles connected now."""
+    def _point(self, slot: _FleetSlot, updater: Any, runtime: Runtime) -> None:
         handles = getattr(updater, "rollout_engines", None)
         if handles is None:
             raise RuntimeError(
                 f"{type(updater).__name__}.rollout_engines is not set: miles connects its engines "
                 "(connect_rollout_engines) before update_weights"
             )
-        slot = self._slot
         more = getattr(updater, "distributed_rollout_engines", None) or ()
         # Inside miles' update (the disk delta enters at its pause) the updater holds our proxies.
         slot.handles = [_real(h) for h in (*handles, *more)]
         slot.ray_get = runtime.ray_get
+
+    def ready(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
+        """The publisher, started (claimed) and pointed at the engines miles connected now."""
+        slot = self._slot
+        self._point(slot, updater, runtime)
         pub = self.publisher
         if not pub.started:
-            pub.start()
+            pub.start(standing=runtime.standing())
         elif slot.fleet is not None:
             fleet, given, ray_get = slot.fleet, slot.handles, runtime.ray_get
             pub.call(lambda _: fleet.retarget(given, ray_get))
         return pub
+
+    def owned(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
+        """``ready``, and the counter's owner: claimed again if miles picked this cell after the owner.
+
+        One read of the weights subject first (before anything pauses the owner's engines). A fenced
+        cell claims again only through ``start(outrank=True)``: the bus's history, read by the claim
+        it is conditional on, must show an owner whose standing this cell's outranks (the same Ray
+        job, a later quorum or a later alive rank of the same one). Otherwise the ``FencedError``
+        stands: a zombie never touches the owner's engines.
+
+        Raises:
+            FencedError: fenced, and miles did not pick this cell after the owner.
+        """
+        pub = self.ready(updater, runtime)
+        try:
+            pub.call(lambda p: p.check_owner())
+        except FencedError as fenced:
+            return self._claim_again(updater, runtime, fenced)
+        return pub
+
+    def _claim_again(self, updater: Any, runtime: Runtime, fenced: FencedError) -> SyncVersionPublisher:
+        standing = runtime.standing()
+        if standing is None:
+            fenced.add_note("miles' standing of this cell (quorum id, alive rank) is unknown: it stays fenced")
+            raise fenced
+        try:  # reads only: a cell miles did not pick learns it without touching an engine
+            self.publisher.call(lambda p: p.check_outranks(standing))
+        except FencedError as refused:
+            refused.add_note(f"this cell stays fenced since {fenced}")
+            raise refused from None
+        slot = _FleetSlot()
+        self._point(slot, updater, runtime)
+        fresh = self._publisher(slot)
+        try:
+            fresh.start(standing=standing, outrank=True)  # a failed start closes ``fresh``
+        except FencedError as refused:
+            refused.add_note(f"this cell stays fenced since {fenced}")
+            raise refused from None
+        old, self.publisher, self._slot = self.publisher, fresh, slot
+        old.close()
+        log.warning(
+            "miles picked this cell again after another took the counter: claimed it again",
+            extra={
+                "policy": self.trainer.policy,
+                "quorum": standing.term,
+                "alive_rank": standing.rank,
+                "epoch": fresh.epoch,
+                "fenced_by": fenced.owner,
+            },
+        )
+        return fresh
 
     def enter(self, updater: Any, runtime: Runtime, plan: Plan) -> VersionUpdate:
         """Take the number, pause, read the labels, mark them pending: retried while the bus does not answer."""
@@ -315,10 +409,9 @@ class _Cell:
         delay = 0.2
         while True:
             try:
-                pub = self.ready(updater, runtime)
-                # A cell that lost the counter (a zombie after a failover) raises here, before it pauses
-                # the owner's engines; the take beside the pause checks again.
-                pub.call(lambda p: p.check_owner())
+                # A cell that lost the counter raises here, before it pauses the owner's engines, unless
+                # miles picked it again after the owner (then it claims again); the take checks again.
+                pub = self.owned(updater, runtime)
                 update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
                 pub.call(lambda _, entering=update: entering.__aenter__())
                 return update
