@@ -608,6 +608,17 @@ async def test_a_disk_delta_cell_miles_picks_again_claims_again_before_miles_wri
     assert standings == [(0, 0), (0, 1), (1, 0), (1, 1)]  # the last one: cell 1 claimed again over cell 0's
     assert len({c.incarnation for c in claims}) == len(claims)
 
+    # Both stopped incarnations of cell 0 are zombies miles no longer calls; the second one claimed but
+    # never captured its baseline, so running it again would clear the shared delta dir: fenced first.
+    del cells[0].stale[-1][0].weight_updater._capture_baseline  # its node is back (cut off from Ray only)
+    files, calls = chain_files(ref_engines.delta_dir), [list(a.calls) for a in ref_engines.actors]
+    for incarnation in range(len(cells[0].stale)):
+        with pytest.raises(FencedError):
+            await run(functools.partial(cells[0].run_stale, "update_weights", info, incarnation=incarnation))
+    assert chain_files(ref_engines.delta_dir) == files  # byte for byte
+    assert [a.calls for a in ref_engines.actors] == calls  # no pull, no pause
+    assert len(_claims(await weight_events(nats_bus, miles_env))) == len(claims)
+
 
 async def test_a_disk_delta_stamps_an_engine_restarted_to_default_at_the_next_update(
     nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines

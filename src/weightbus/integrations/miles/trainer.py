@@ -263,8 +263,10 @@ class MilesTrainer:
     def _update_delta(self, updater: Any, original: Callable[[Any], None], runtime: Runtime) -> None:
         """The disk delta: miles' count names the files; the bus's number labels the engines, entered at the pause.
 
-        Before miles writes a file or calls an engine, rank 0 checks the fence and every rank learns
-        the outcome (one broadcast): a fenced cell raises on every rank with the shared chain untouched.
+        Before miles writes a file, clears the delta dir or calls an engine, rank 0 claims (a cell's
+        first baseline) or checks the fence, claiming again if miles picked this cell again
+        (``_Cell.check_owner``), and every rank learns the outcome (one broadcast): a fenced cell
+        raises on every rank with the shared chain untouched.
         """
         rank0 = runtime.rank() == 0
         chain = updater.__dict__.get("_weightbus_chain", updater.weight_version)
@@ -274,24 +276,28 @@ class MilesTrainer:
         if rank0:
             cell = self.cell(updater)
             session = _Session(cell, updater, runtime, Plan("full", False, None), lazy=True, baseline=baseline)
-            if baseline:
-                try:  # the claim, before any engine is touched; the first real update retries it
-                    session.version = cell.ready(updater, runtime).version
-                except BusError as exc:
-                    log.warning(
-                        "could not claim the counter at miles' disk-delta baseline; the first update retries",
-                        extra={"policy": self.policy, "error": str(exc)},
-                    )
-                if getattr(getattr(updater, "args", None), "check_weight_update_equal", False):
-                    session.keep = _serves_announced(session.version, updater, runtime)
-            else:
-                try:
+            try:
+                if baseline and not cell.publisher.started:
+                    try:  # the first claim, before any engine is touched; the first real update retries it
+                        session.version = cell.ready(updater, runtime).version
+                    except BusError as exc:
+                        log.warning(
+                            "could not claim the counter at miles' disk-delta baseline; the first update retries",
+                            extra={"policy": self.policy, "error": str(exc)},
+                        )
+                else:
+                    # Fenced, or claimed again if miles picked this cell again; before miles writes a file
+                    # (or, at a baseline retried after its claim, clears the shared delta dir).
                     cell.check_owner(updater, runtime)
-                except BaseException as exc:
-                    runtime.share(f"{type(exc).__name__}: {exc}")
-                    raise
-                runtime.share(None)
-        elif not baseline:
+                    if baseline:
+                        session.version = cell.publisher.version
+                if baseline and getattr(getattr(updater, "args", None), "check_weight_update_equal", False):
+                    session.keep = _serves_announced(session.version, updater, runtime)
+            except BaseException as exc:
+                runtime.share(f"{type(exc).__name__}: {exc}")
+                raise
+            runtime.share(None)
+        else:
             refused = runtime.share(None)
             if refused is not None:
                 raise RuntimeError(f"rank 0 refused miles' disk-delta update before it wrote anything: {refused}")
