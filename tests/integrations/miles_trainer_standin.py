@@ -25,12 +25,19 @@ way miles drives it:
   pause and the reload; the engines' host-local checkpoints apply the chain checksum-verified, and
   ``replay_chain`` is a host that replays it from the base); the colocated ``UpdateWeightFromTensor``
   (base buckets labelled, LoRA not); each with ``weight_version = 0`` at construction and ``+= 1`` per update.
-* **The actor and the group.** ``MegatronTrainRayActor.init`` calls ``args.custom_megatron_init_path``
-  then builds its updater; ``update_weights(info)`` connects engines when needed, runs the updater,
-  then rank 0 calls ``rollout_manager.set_weight_version.remote(updater.weight_version)``; with
-  ``--ci-test`` (not LoRA) every rank then compares the engines' ``get_weight_version`` with its
+* **The actor and the group.** ``MegatronTrainRayActor.init`` sets the cell's indep-DP group (miles'
+  ``ParallelState.indep_dp``: its alive rank, and the quorum id in ``debug_info``), calls
+  ``args.custom_megatron_init_path``, then builds its updater; ``reconfigure_indep_dp`` replaces that
+  group and marks the engine connection stale; ``update_weights(info)`` connects engines when needed,
+  runs the updater, then rank 0 calls ``rollout_manager.set_weight_version.remote(updater.weight_version)``;
+  with ``--ci-test`` (not LoRA) every rank then compares the engines' ``get_weight_version`` with its
   updater's counter and raises ``Weight version mismatch!`` (miles compares one engine at random).
-  ``RayTrainGroup`` runs ``_execute_first_alive("update_weights")`` over its cells.
+  ``Cell`` is miles' ``RayTrainCell`` (alive, errored, stopped, pending; a failed ``execute`` stops the
+  cell; a healed cell gets new actors, with a training run of their own). ``RayTrainGroup`` is miles'
+  group: ``update_weights`` runs ``_execute_first_alive`` (the lowest-index alive cell) under miles'
+  ``retry`` (30 attempts, then "No alive cells, therefore cannot heal anymore"); ``train`` first
+  refreshes the cells (quorum id + 1, heal pending cells, reconfigure alive ones with their new
+  ``IndepDPInfo``). ``ray.get_runtime_context().get_job_id()`` answers the cell's driver job.
   ``RolloutManager.set_weight_version`` warns on a regression under ``--indep-dp`` and asserts
   otherwise, and records every version it was given.
 """
@@ -64,12 +71,15 @@ __all__ = [
     "LocalCheckpoint",
     "EnginesAndLock",
     "FakeModel",
+    "IndepDPInfo",
     "MegatronTrainRayActor",
+    "RayActorError",
     "RayTrainGroup",
     "RolloutManager",
     "SGLangEngine",
     "World",
     "dist",
+    "get_parallel_state",
     "install_miles_trainer",
     "make_trainer_args",
     "chain_files",
@@ -146,9 +156,21 @@ def _put(value: Any) -> ObjectRef:
     return ObjectRef(future)
 
 
+class _RuntimeContext:
+    """``ray.get_runtime_context()``: the job of the driver that made the actor (one per driver run)."""
+
+    def get_job_id(self) -> str:
+        world = _world()
+        return world.job_id if world is not None else DEFAULT_JOB_ID
+
+
+#: The Ray job id every stand-in actor belongs to unless its ``World`` says otherwise (another driver).
+DEFAULT_JOB_ID = "01000000"
+
 ray = types.ModuleType("ray")
 ray.get = _get  # type: ignore[attr-defined]
 ray.put = _put  # type: ignore[attr-defined]
+ray.get_runtime_context = _RuntimeContext  # type: ignore[attr-defined]
 
 
 # -- torch.distributed, one world of thread ranks per cell -------------------------------------------------
@@ -159,12 +181,16 @@ _local = threading.local()
 class World:
     """One cell's ranks as threads of this process (``dist`` answers per thread)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, *, job_id: str | None = None) -> None:
         self.size = size
         self._barrier = threading.Barrier(size, timeout=20)
         self._slot: list[Any] = []
         self._gathered: list[Any] = [None] * size
         self.broadcasts = 0
+        self.job_id = job_id or DEFAULT_JOB_ID
+        # miles' process-global ParallelState (``set_parallel_state`` in init and at each reconfigure):
+        # one per cell here, as each cell's ranks are processes of their own in miles.
+        self.parallel_state: ParallelState | None = None
 
     @contextmanager
     def as_rank(self, rank: int) -> Iterator[None]:
@@ -263,6 +289,57 @@ dist.all_gather_object = _all_gather_object  # type: ignore[attr-defined]
 def get_gloo_group() -> str:
     """``miles.utils.distributed_utils.get_gloo_group``."""
     return "gloo"
+
+
+# -- independent DP: the cell's place in its group ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndepDPInfo:
+    """``miles/utils/ft_utils/indep_dp.py``: what the group tells a cell at init and at each reconfigure."""
+
+    cell_index: int
+    num_cells: int
+    alive_rank: int
+    alive_size: int
+    quorum_id: int
+    alive_cell_indices: list[int]
+
+    def __post_init__(self) -> None:
+        assert self.alive_rank == self.alive_cell_indices.index(self.cell_index)
+        assert self.alive_size == len(self.alive_cell_indices)
+
+
+@dataclass
+class GroupInfo:
+    """``miles/utils/ft_utils/process_group_utils.py`` ``GroupInfo`` (the fields the stand-in needs)."""
+
+    rank: int
+    size: int
+    group: Any = None
+    debug_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParallelState:
+    """``miles/backends/training_utils/parallel.py`` ``ParallelState`` (its ``indep_dp`` group only)."""
+
+    indep_dp: GroupInfo
+
+
+def create_indep_dp_group(info: IndepDPInfo) -> GroupInfo:
+    """``miles/backends/megatron_utils/ft/indep_dp.py`` ``create_indep_dp_group``: rank, size and the quorum."""
+    if info.alive_size <= 1:
+        return GroupInfo(rank=0, size=1, debug_info={"quorum": info.quorum_id})
+    return GroupInfo(rank=info.alive_rank, size=info.alive_size, group="torchft", debug_info={"quorum": info.quorum_id})
+
+
+def get_parallel_state() -> ParallelState:
+    """``miles.backends.training_utils.parallel.get_parallel_state`` (per cell here; see ``World``)."""
+    world = _world()
+    state = world.parallel_state if world is not None else None
+    assert state is not None, "ParallelState not initialized. Call set_parallel_state() first."
+    return state
 
 
 # -- the engine actor ---------------------------------------------------------------------------------------
@@ -675,10 +752,13 @@ class DistBucketedWeightUpdateMixin:
 
 
 class _Connects:
-    """``connect_rollout_engines`` / ``is_rollout_engines_fresh`` as every updater has them."""
+    """``connect_rollout_engines``, ``is_rollout_engines_fresh``, ``mark_engine_connection_stale``: every updater's."""
 
     def is_rollout_engines_fresh(self) -> bool:
         return self.rollout_engines is not None and not self._connection_stale
+
+    def mark_engine_connection_stale(self) -> None:
+        self._connection_stale = True
 
     def connect_rollout_engines(
         self,
@@ -1088,6 +1168,10 @@ def load_function(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+class RayActorError(RuntimeError):
+    """``ray.exceptions.RayActorError``: the actor died (a crash, a kill, a lost node)."""
+
+
 class MegatronTrainRayActor:
     """``miles/backends/megatron_utils/actor.py``: one rank of one cell."""
 
@@ -1097,9 +1181,13 @@ class MegatronTrainRayActor:
         self.rollout_manager = rollout_manager
         self.model = FakeModel()
         self.weight_updater: Any = None
+        self.trained: list[int] = []
 
-    def init(self, args: Namespace) -> None:
+    def init(self, args: Namespace, indep_dp_info: IndepDPInfo | None = None) -> None:
         self.args = args
+        # miles' initialize.init: the indep-DP group (its quorum, the cell's alive rank) is set before the hook.
+        info = indep_dp_info or IndepDPInfo(0, 1, 0, 1, 0, [0])
+        self.world.parallel_state = ParallelState(indep_dp=create_indep_dp_group(info))
         if getattr(args, "custom_megatron_init_path", None):  # end of Megatron's initialisation
             load_function(args.custom_megatron_init_path)(args)
         name = _UPDATERS[args.update_weight_transfer_mode]
@@ -1110,6 +1198,15 @@ class MegatronTrainRayActor:
             args, self.model, lambda: {}, model_name="qwen", quantization_config=None, is_lora=bool(args.lora_rank)
         )
 
+    def train(self, rollout_id: int) -> None:
+        self.model.step += 1
+        self.trained.append(rollout_id)
+
+    def reconfigure_indep_dp(self, indep_dp_info: IndepDPInfo) -> None:
+        """``actor.py:864-872``: a new indep-DP group for the new quorum; the engine connection goes stale."""
+        self.world.parallel_state = ParallelState(indep_dp=create_indep_dp_group(indep_dp_info))
+        self.weight_updater.mark_engine_connection_stale()
+
     def update_weights(self, info: EnginesAndLock) -> None:
         if info.has_new_engines or not self.weight_updater.is_rollout_engines_fresh():
             self.weight_updater.connect_rollout_engines(
@@ -1119,7 +1216,6 @@ class MegatronTrainRayActor:
                 engine_gpu_offsets=info.engine_gpu_offsets,
             )
             dist.barrier(group=get_gloo_group())
-        self.model.step += 1
         self.weight_updater.update_weights()
         if dist.get_rank() == 0:
             ray.get(self.rollout_manager.set_weight_version.remote(self.weight_updater.weight_version))
@@ -1133,39 +1229,205 @@ class MegatronTrainRayActor:
 
 
 class Cell:
-    """The actors of one training cell (``--indep-dp``: each cell updates the engines on its own)."""
+    """``miles/ray/train/cell.py`` ``RayTrainCell``: the actors of one training cell and its state.
 
-    def __init__(self, args: Namespace, rollout_manager: ActorHandle, *, world_size: int = 1) -> None:
-        self.world = World(world_size)
-        self.actors = [MegatronTrainRayActor(self.world, r, rollout_manager) for r in range(world_size)]
-        seed = uuid.uuid4().hex[:8]
+    States as miles': alive (with its ``IndepDPInfo``), errored, stopped, pending. ``execute`` runs a
+    method on every actor of the cell; a failure marks the cell errored and stops it (miles kills its
+    actors), then raises. A pending cell gets new actors at the group's next refresh (``heal``): a new
+    incarnation, with new processes in miles (here: a new ``World``, new actors, new updaters). The
+    actors of a stopped incarnation keep running here (``stale``): a partitioned zombie that miles
+    gave up on, which miles itself never calls again.
+    """
+
+    def __init__(
+        self, args: Namespace, rollout_manager: ActorHandle, *, world_size: int = 1, job_id: str | None = None
+    ) -> None:
+        self.args = args
+        self.rollout_manager = rollout_manager
+        self.world_size = world_size
+        self.job_id = job_id
+        self.index = 0
+        self.state = "alive"
+        self.indep_dp_info: IndepDPInfo | None = None
+        self.stale: list[list[MegatronTrainRayActor]] = []  # stopped incarnations (zombies if still running)
+        self._crash: dict[str, BaseException] = {}
+        self._allocate(None)
+
+    def _allocate(self, info: IndepDPInfo | None) -> None:
+        self.world = World(self.world_size, job_id=self.job_id)
+        self.actors = [MegatronTrainRayActor(self.world, r, self.rollout_manager) for r in range(self.world_size)]
+        seed = uuid.uuid4().hex[:8]  # new actors: a training run of their own
         for actor in self.actors:
             actor.model.seed = seed
-        self.alive = True
-        self.world.run(lambda r: self.actors[r].init(args))
+        self.world.run(lambda r: self.actors[r].init(self.args, info))
+        self.indep_dp_info = info
 
     @property
     def updater(self) -> Any:
         return self.actors[0].weight_updater
 
+    @property
+    def alive(self) -> bool:
+        return self.state == "alive"
+
+    @alive.setter
+    def alive(self, value: bool) -> None:
+        """``False``: the cell died and miles stopped it (what ``stop_cell`` and a failed ``execute`` do)."""
+        if value:
+            raise ValueError("a stopped cell comes back through start_cell and the group's next refresh")
+        self.stop()
+
+    def crash(self, fn_name: str, error: BaseException | None = None) -> None:
+        """The next ``execute(fn_name)`` fails as a dead actor does (before the method runs)."""
+        self._crash[fn_name] = error or RayActorError(f"The actor died unexpectedly before finishing {fn_name}")
+
+    def execute(self, fn_name: str, *args: Any) -> list[Any]:
+        """``RayTrainCell.execute``: every actor runs ``fn_name``; a failure marks the cell errored and stops it."""
+        assert self.state in ("alive", "errored", "uninitialized"), f"cell {self.index} is {self.state}"
+        try:
+            crash = self._crash.pop(fn_name, None)
+            if crash is not None:
+                raise crash
+            return self.world.run(lambda r: getattr(self.actors[r], fn_name)(*args))
+        except Exception:
+            self.state = "errored"
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """``RayTrainCell.stop``: kill the actors (here they keep running: see ``stale``)."""
+        if self.state == "stopped":
+            return
+        self.stale.append(self.actors)
+        self.state = "stopped"
+
+    def mark_as_pending(self) -> None:
+        if self.state == "stopped":
+            self.state = "pending"
+
+    def heal(self, info: IndepDPInfo) -> None:
+        """``prepare_indep_dp_mode_healing``: new actors, initialised with the group's new ``IndepDPInfo``."""
+        assert self.state == "pending"
+        self.state = "uninitialized"
+        try:
+            self._allocate(info)
+        except Exception:
+            self.state = "errored"
+            self.stop()
+            raise
+        self.state = "alive"
+
+    def reconfigure(self, info: IndepDPInfo) -> None:
+        """``prepare_indep_dp_mode_alive``: the new quorum reaches every actor of the cell."""
+        self.execute("reconfigure_indep_dp", info)
+        self.indep_dp_info = info
+
     def update_weights(self, info: EnginesAndLock) -> None:
+        """The actors' ``update_weights`` called directly (not through the group: a stale driver)."""
         self.world.run(lambda r: self.actors[r].update_weights(info))
+
+    def run_stale(self, fn_name: str, *args: Any, incarnation: int = -1) -> list[Any]:
+        """A stopped incarnation's actors run ``fn_name`` anyway: a partitioned zombie miles no longer calls."""
+        actors = self.stale[incarnation]
+        world = actors[0].world
+        return world.run(lambda r: getattr(actors[r], fn_name)(*args))
 
 
 class RayTrainGroup:
-    """``miles/ray/train/group.py``: ``update_weights`` runs on the first cell still alive."""
+    """``miles/ray/train/group.py``: the cells, their quorum, and which cell runs what.
+
+    ``update_weights`` runs ``_execute_first_alive`` under miles' ``retry`` (30 attempts): the cell
+    with the lowest index among those alive; a cell that fails is stopped, so the next attempt
+    picks the next one, and with none left miles asserts "No alive cells, therefore cannot heal
+    anymore". ``train`` first refreshes the cells (``_refresh_cells``): if a cell is pending or the
+    alive set changed, the quorum id goes up by one, pending cells are healed (new actors) and every
+    alive cell is reconfigured with its new ``IndepDPInfo``; then every alive cell trains.
+    """
+
+    RETRY_MAX_ATTEMPTS = 30
 
     def __init__(self, cells: list[Cell]) -> None:
         self.cells = cells
+        self.quorum_id = 0
+        alive = list(range(len(cells)))
+        for index, cell in enumerate(cells):
+            cell.index = index
+            # What miles' group.init passes to every cell's init (all alive, quorum 0).
+            info = self._info(index, alive)
+            cell.world.run(lambda r, c=cell, i=info: _set_indep_dp(c.actors[r], i))
+            cell.indep_dp_info = info
+        self.attempts: list[tuple[str, int]] = []  # (method, cell index) of every attempt
 
-    def _execute_first_alive(self, method: str, *args: Any) -> Any:
-        for cell in self.cells:
-            if cell.alive:
-                return getattr(cell, method)(*args)
-        raise RuntimeError("no cell is alive")
+    def _info(self, index: int, alive: list[int]) -> IndepDPInfo:
+        return IndepDPInfo(index, len(self.cells), alive.index(index), len(alive), self.quorum_id, alive)
+
+    @staticmethod
+    def _retry(fn: Callable[[int], Any], max_attempts: int) -> Any:
+        """``miles.utils.retry_utils.retry`` (without its back-off sleeps)."""
+        attempt = 0
+        while True:
+            try:
+                return fn(attempt)
+            except Exception:
+                attempt += 1
+                if attempt >= max_attempts:
+                    raise
+                log.warning("retry: attempt %s failed, retrying", attempt, exc_info=True)
+
+    def _execute_first_alive(self, fn_name: str, *args: Any) -> Any:
+        alive_cells = [c for c in self.cells if c.alive]
+        assert alive_cells, "No alive cells, therefore cannot heal anymore"
+        self.attempts.append((fn_name, alive_cells[0].index))
+        return alive_cells[0].execute(fn_name, *args)
 
     def update_weights(self, info: EnginesAndLock) -> None:
-        self._execute_first_alive("update_weights", info)
+        self._retry(lambda _: self._execute_first_alive("update_weights", info), self.RETRY_MAX_ATTEMPTS)
+
+    def train(self, rollout_id: int) -> None:
+        def attempt(_: int) -> None:
+            self._refresh_cells()
+            alive = [c for c in self.cells if c.alive]
+            assert alive, "No alive cells"
+            failed = 0
+            for cell in alive:
+                try:
+                    cell.execute("train", rollout_id)
+                except Exception:
+                    failed += 1
+            if failed == len(alive):
+                raise RuntimeError("All cells failed in this training attempt")
+
+        self._retry(attempt, self.RETRY_MAX_ATTEMPTS)
+
+    def stop_cell(self, index: int) -> None:
+        self.cells[index].stop()
+
+    def start_cell(self, index: int) -> None:
+        """Mark a stopped cell as pending; it is healed at the next ``train``."""
+        self.cells[index].mark_as_pending()
+
+    def _refresh_cells(self) -> None:
+        pending = [c.index for c in self.cells if c.state == "pending"]
+        alive = [c.index for c in self.cells if c.alive]
+        will_alive = sorted(set(pending + alive))
+        assert alive, "Cannot recover when all cells are dead"
+        changed = any(self.cells[i].indep_dp_info.alive_cell_indices != will_alive for i in alive)  # type: ignore[union-attr]
+        if not pending and not changed:
+            return
+        self.quorum_id += 1
+        for index in will_alive:
+            cell = self.cells[index]
+            try:
+                if index in alive:
+                    cell.reconfigure(self._info(index, will_alive))
+                else:
+                    cell.heal(self._info(index, will_alive))
+            except Exception:
+                log.exception("refresh: cell %s failed to prepare", index)
+
+
+def _set_indep_dp(actor: MegatronTrainRayActor, info: IndepDPInfo) -> None:
+    actor.world.parallel_state = ParallelState(indep_dp=create_indep_dp_group(info))
 
 
 def make_trainer_args(**overrides: Any) -> Namespace:
@@ -1218,7 +1480,7 @@ def install_miles_trainer(
         drop: ``{"module suffix": "Class.method" or "Class" or "global"}`` to delete (a miles without it).
         replace: ``{"module suffix:Class.method": fn}`` to replace (a miles with another signature).
     """
-    runtime = {"dist": dist, "ray": ray, "get_gloo_group": get_gloo_group}
+    runtime = {"dist": dist, "ray": ray, "get_gloo_group": get_gloo_group, "get_parallel_state": get_parallel_state}
     # Fresh subclasses per install, whose methods are their own attributes: a patch or a drop never
     # outlives the context, and the install patches this context's classes only.
     mixin = type("DistBucketedWeightUpdateMixin", (DistBucketedWeightUpdateMixin,), {})
@@ -1238,7 +1500,7 @@ def install_miles_trainer(
             f"{_DIST}.mixin", DistBucketedWeightUpdateMixin=mixin, LORA_ADAPTER_NAME=LORA_ADAPTER_NAME, **runtime
         ),
         "broadcast": _module(f"{_DIST}.broadcast", UpdateWeightFromDistributed=broadcast, **runtime),
-        "p2p": _module(f"{_DIST}.p2p", UpdateWeightP2P=p2p, **runtime),
+        "p2p": _module(f"{_DIST}.p2p", UpdateWeightP2P=p2p, **_without(runtime, "get_parallel_state", "ray")),
         "delta": _module(f"{_DIST}.delta", UpdateWeightFromDiskDelta=delta, **runtime),
         "tensor": _module(_TENSOR, UpdateWeightFromTensor=tensor, **runtime),
     }
@@ -1269,6 +1531,11 @@ def install_miles_trainer(
                 sys.modules.pop(n, None)
             else:
                 sys.modules[n] = m
+
+
+def _without(names: dict[str, Any], *drop: str) -> dict[str, Any]:
+    """miles' p2p module imports neither ``ray`` nor ``get_parallel_state`` (its mixin's module does)."""
+    return {k: v for k, v in names.items() if k not in drop}
 
 
 class _Missing:

@@ -10,6 +10,7 @@ install too, and checks that miles' own counter regresses there (the test can fa
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.abc
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.integrations.miles_standin import (
     DataBufferConstructorInput,
@@ -50,13 +52,15 @@ from tests.integrations.miles_trainer_standin import (
 )
 from weightbus.bus import NatsBus, subjects
 from weightbus.bus.history import read_subject_history
+from weightbus.bus.nats import connect
+from weightbus.consumers import VersionTracker
 from weightbus.embedded.server import EmbeddedNats, free_port
 from weightbus.errors import BusConnectError, BusError, FencedError, InstallError
 from weightbus.integrations.miles import MILES_COMMIT, WeightbusDataBuffer, install, install_fsdp, uninstall
 from weightbus.integrations.miles.engines import engine_name
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
-from weightbus.schemas import EngineOutOfSync, FleetQuarantined, WeightUpdated
+from weightbus.schemas import EngineOutOfSync, FleetQuarantined, PublisherClaimed, WeightUpdated
 
 pytestmark = pytest.mark.nats
 
@@ -239,6 +243,138 @@ async def test_the_first_cell_coming_back_is_fenced(
     assert manager.versions == [1, 3, 4] and ref_engines.labels() == ["4", "4"]
 
 
+# -- failover ping-pong: miles picks a cell again ----------------------------------------------------------
+
+
+async def _tracked(nats_url: str, policy: str) -> tuple[Any, list[Any], NatsBus]:
+    """A ``VersionTracker`` of its own connection, recording every change it makes."""
+    bus = await connect(nats_url, connect_timeout=5)
+    changes: list[Any] = []
+    tracker = VersionTracker(bus, policy, registry=CollectorRegistry(), on_change=changes.append)
+    await tracker.__aenter__()
+    return tracker, changes, bus
+
+
+def _claims(events: list[Any]) -> list[Any]:
+    return [e for e in events if isinstance(e, PublisherClaimed)]
+
+
+@pytest.mark.parametrize("with_weightbus", [True, False], ids=["installed", "miles-alone"])
+@pytest.mark.parametrize("mode", ["broadcast", "p2p"])
+async def test_a_failover_ping_pong_through_miles_alive_cell_choice_keeps_the_job_and_the_versions_rising(
+    nats_bus: NatsBus,
+    nats_url: str,
+    miles_env: str,
+    standin: dict[str, Any],
+    ref_engines: RefEngines,
+    mode: str,
+    with_weightbus: bool,
+) -> None:
+    hook = "weightbus.integrations.miles.install" if with_weightbus else None
+    args = make_trainer_args(update_weight_transfer_mode=mode, custom_megatron_init_path=hook)
+    manager = RolloutManager(args)
+    rm = ActorHandle(manager)
+    cells = [Cell(args, rm, world_size=2), Cell(args, rm, world_size=2)]
+    group = RayTrainGroup(cells)
+    info = engines_info(ref_engines.handles, new=True)
+    tracker, changes, tracker_bus = await _tracked(nats_url, miles_env)
+
+    def crash_mid_push(i: int) -> None:
+        if i == 1:
+            raise RuntimeError("NCCL error: unhandled system error (cell 0 lost its node)")
+
+    async def step(rollout: int) -> None:
+        await run(group.train, rollout)
+        await run(group.update_weights, info)
+
+    try:
+        await step(0)  # cell 0 (quorum 0, alive rank 0)
+        cells[0].crash("update_weights")  # cell 0 dies in the update: miles' retry picks cell 1 at once
+        await step(1)  # cell 1 (quorum 0, alive rank 1)
+        group.start_cell(0)  # miles heals cell 0 (new actors) at the next train: quorum 1, alive [0, 1]
+        await step(2)  # cell 0 again, a new incarnation
+        cells[0].crash("train")  # cell 0 dies in training; cell 1 trained, so miles does not retry
+        await run(group.train, 3)
+        await step(4)  # the refresh makes quorum 2, alive [1]: cell 1, picked again, at alive rank 0
+        group.start_cell(0)
+        await run(group.train, 5)  # quorum 3, alive [0, 1]
+        cells[0].actors[0].model.on_bucket = crash_mid_push  # this time cell 0 dies halfway through its push
+        await run(group.update_weights, info)  # cell 0 fails; the retry picks cell 1 (quorum 3, alive rank 1)
+        await step(6)  # cell 1 again
+        await asyncio.sleep(0.5)
+    finally:
+        await tracker.__aexit__(None, None, None)
+        await tracker_bus.close()
+
+    # miles' own choice, the same with and without weightbus: the job survived the ping-pong.
+    picked = [cell for name, cell in group.attempts if name == "update_weights"]
+    assert picked == [0, 0, 1, 0, 1, 0, 1, 1]
+    assert [c.state for c in cells] == ["stopped", "alive"] and group.quorum_id == 4
+    if not with_weightbus:  # miles alone: each incarnation's own counter; a healed cell starts at 1 again
+        assert manager.versions == [1, 1, 1, 2, 3, 4]
+        return
+
+    versions = list(manager.versions)
+    assert versions == sorted(set(versions)) and manager.regressions == []
+    assert versions == await announced(nats_bus, miles_env)
+    assert ref_engines.labels() == [str(versions[-1])] * 2
+    # What a tracker on the real nats-server saw: the version never went back, nothing was held or rejected.
+    moved = [c.version for c in changes if c.action.value in ("adopted", "advanced")]
+    assert moved == versions  # every announcement, in order, strictly rising
+    assert all(c.action.value != "held" and c.reason is None for c in changes), changes
+    # Every claim names where miles put its cell; each re-claim outranks the owner it fenced.
+    claims = _claims(await weight_events(nats_bus, miles_env))
+    standings = [(c.standing.term, c.standing.rank) if c.standing else None for c in claims]
+    assert standings == [(0, 0), (0, 1), (1, 0), (2, 0), (3, 0), (3, 1)]
+    assert [c.epoch for c in claims] == sorted({c.epoch for c in claims})
+    assert len({c.incarnation for c in claims}) == len(claims)  # each claim is a new publisher instance
+    floor = 0  # a claim resumes above every number issued before it: none is reused, none goes back
+    for event in await weight_events(nats_bus, miles_env):
+        if isinstance(event, PublisherClaimed):
+            assert (event.reserved or 0) >= floor
+            floor = event.reserved or 0
+        elif isinstance(event, WeightUpdated):
+            assert event.version > floor
+            floor = event.version
+
+    # Every stopped incarnation of cell 0 is a zombie miles no longer calls: all stay fenced and touch nothing.
+    calls = [len(a.calls) for a in ref_engines.actors]
+    for incarnation in range(len(cells[0].stale)):
+        with pytest.raises(FencedError):
+            await run(functools.partial(cells[0].run_stale, "update_weights", info, incarnation=incarnation))
+    assert [len(a.calls) for a in ref_engines.actors] == calls  # not even a pause
+    assert await announced(nats_bus, miles_env) == versions and ref_engines.labels() == [str(versions[-1])] * 2
+    assert len(_claims(await weight_events(nats_bus, miles_env))) == len(claims)  # no zombie re-claimed
+    # and the owner goes on
+    await run(group.update_weights, info)
+    assert manager.versions[-1] > versions[-1] and manager.regressions == []
+
+
+async def test_a_cell_of_another_miles_job_stays_fenced_whatever_its_quorum(
+    nats_bus: NatsBus, miles_env: str, standin: dict[str, Any], ref_engines: RefEngines
+) -> None:
+    args = make_trainer_args()
+    rm = ActorHandle(RolloutManager(args))
+    info = engines_info(ref_engines.handles, new=True)
+    old = RayTrainGroup([Cell(args, rm, job_id="01000000"), Cell(args, rm, job_id="01000000")])
+    await run(old.update_weights, info)
+    old.cells[0].crash("update_weights")
+    await run(old.update_weights, info)  # the old job's cell 1 claimed (quorum 0, alive rank 1)
+    new = RayTrainGroup([Cell(args, rm, job_id="02000000")])  # a new driver: a new Ray job, quorum 0 again
+    await run(new.update_weights, info)
+    owner = await announced(nats_bus, miles_env)
+    # The old driver goes on (nobody stopped it): its group moves to a higher quorum than the new job's.
+    await run(old.train, 1)
+    assert old.quorum_id == 1
+    calls = [len(a.calls) for a in ref_engines.actors]
+    with pytest.raises(AssertionError, match="No alive cells"):
+        await run(old.update_weights, info)  # the old job's cell 1: fenced for good; miles gives up on it
+    assert [len(a.calls) for a in ref_engines.actors] == calls  # it touched no engine
+    assert await announced(nats_bus, miles_env) == owner
+    await run(new.update_weights, info)
+    assert await announced(nats_bus, miles_env) == [*owner, owner[-1] + 1]
+
+
 # -- a failed push ------------------------------------------------------------------------------------------
 
 
@@ -392,6 +528,96 @@ async def test_a_disk_delta_zombie_writes_nothing_to_the_chain_and_pulls_nothing
     replayed = replay_chain(ref_engines.delta_dir, 3).digest()
     assert [a.local.digest() for a in ref_engines.actors] == [replayed, replayed]
     assert ref_engines.labels() == [str(manager.versions[-1])] * 2 and manager.regressions == []
+
+
+@pytest.mark.parametrize("with_weightbus", [True, False], ids=["installed", "miles-alone"])
+async def test_a_disk_delta_cell_miles_picks_again_claims_again_before_miles_writes_its_files(
+    nats_bus: NatsBus,
+    nats_url: str,
+    miles_env: str,
+    standin: dict[str, Any],
+    ref_engines: RefEngines,
+    with_weightbus: bool,
+) -> None:
+    """The ping-pong on the disk delta: the fence check before miles writes a file takes the same decision.
+
+    A fenced cell that miles picks again must get past the disk delta's first check (before miles
+    writes a file), not only the take at the pause: there it claims again, fencing the cell that
+    took the counter, and its chain goes on. A healed cell 0 claims at its baseline, then dies
+    before miles touched the delta dir (its node is gone), so cell 1's own chain is still the one the
+    engines pull: miles alone survives this, and so must the install.
+    """
+    hook = "weightbus.integrations.miles.install" if with_weightbus else None
+    args = make_trainer_args(
+        update_weight_transfer_mode="disk-delta",
+        update_weight_disk_dir=str(ref_engines.delta_dir),
+        custom_megatron_init_path=hook,
+    )
+    manager = RolloutManager(args)
+    rm = ActorHandle(manager)
+    cells = [Cell(args, rm, world_size=2), Cell(args, rm, world_size=2)]
+    group = RayTrainGroup(cells)
+    info = engines_info(ref_engines.handles, new=True)
+    tracker, changes, tracker_bus = await _tracked(nats_url, miles_env)
+
+    def node_lost() -> None:
+        raise RuntimeError("cell 0 lost its node during the disk-delta baseline")
+
+    try:
+        for _ in range(2):  # cell 0 (quorum 0, alive rank 0): the baseline, then its weight_v000001
+            await run(group.update_weights, info)
+        cells[0].crash("update_weights")  # miles' retry picks cell 1 (quorum 0, alive rank 1): its baseline
+        await run(group.update_weights, info)
+        await run(group.update_weights, info)  # cell 1's weight_v000001
+        group.start_cell(0)
+        await run(group.train, 1)  # quorum 1, alive [0, 1]: cell 0 healed (new actors)
+        # The healed cell's rank 0 claims at its baseline, then dies before miles' rmtree (rank 1 then
+        # fails at miles' barrier): miles' retry moves to cell 1 with the delta dir untouched.
+        cells[0].actors[0].weight_updater._capture_baseline = node_lost
+        calls = [len(a.calls) for a in ref_engines.actors]
+        files = chain_files(ref_engines.delta_dir)
+        await run(group.update_weights, info)  # cell 0 fails; the retry picks cell 1 (quorum 1, alive rank 1)
+        # cell 1 claimed again at the check before miles wrote its files, then wrote and pulled them
+        assert all(len(a.calls) > n for a, n in zip(ref_engines.actors, calls, strict=True))
+        assert chain_files(ref_engines.delta_dir) != files
+        await run(group.update_weights, info)  # cell 1 again
+        await asyncio.sleep(0.5)
+    finally:
+        await tracker.__aexit__(None, None, None)
+        await tracker_bus.close()
+
+    picked = [cell for name, cell in group.attempts if name == "update_weights"]
+    assert picked == [0, 0, 0, 1, 1, 0, 1, 1]  # the job survived: miles' own choice, with and without
+    assert [c.state for c in cells] == ["stopped", "alive"]
+    head = cells[1].updater.pushed_versions[-1]  # miles' own count names the files
+    assert cells[1].updater.pushed_versions == [1, 2, 3]  # cell 1's chain: weight_v000001..3, all its own
+    replayed = replay_chain(ref_engines.delta_dir, head).digest()
+    assert [a.local.digest() for a in ref_engines.actors] == [replayed, replayed]
+    if not with_weightbus:
+        return
+    versions = list(manager.versions)
+    assert manager.regressions == [] and versions == sorted(versions)
+    bus_versions = await announced(nats_bus, miles_env)
+    assert bus_versions == sorted(set(bus_versions)) and versions[-1] == bus_versions[-1]
+    assert ref_engines.labels() == [str(versions[-1])] * 2
+    moved = [c.version for c in changes if c.action.value in ("adopted", "advanced")]
+    assert moved == bus_versions
+    assert all(c.action.value != "held" and c.reason is None for c in changes), changes
+    claims = _claims(await weight_events(nats_bus, miles_env))
+    standings = [(c.standing.term, c.standing.rank) if c.standing else None for c in claims]
+    assert standings == [(0, 0), (0, 1), (1, 0), (1, 1)]  # the last one: cell 1 claimed again over cell 0's
+    assert len({c.incarnation for c in claims}) == len(claims)
+
+    # Both stopped incarnations of cell 0 are zombies miles no longer calls; the second one claimed but
+    # never captured its baseline, so running it again would clear the shared delta dir: fenced first.
+    del cells[0].stale[-1][0].weight_updater._capture_baseline  # its node is back (cut off from Ray only)
+    files, calls = chain_files(ref_engines.delta_dir), [list(a.calls) for a in ref_engines.actors]
+    for incarnation in range(len(cells[0].stale)):
+        with pytest.raises(FencedError):
+            await run(functools.partial(cells[0].run_stale, "update_weights", info, incarnation=incarnation))
+    assert chain_files(ref_engines.delta_dir) == files  # byte for byte
+    assert [a.calls for a in ref_engines.actors] == calls  # no pull, no pause
+    assert len(_claims(await weight_events(nats_bus, miles_env))) == len(claims)
 
 
 async def test_a_disk_delta_stamps_an_engine_restarted_to_default_at_the_next_update(

@@ -52,8 +52,10 @@ from weightbus.producers.highwater import HighWaterMark
 from weightbus.rules.chain import TrackerState
 from weightbus.rules.history import WeightsHistory, fold_history
 from weightbus.rules.marks import unexplained_mark_alert_id
+from weightbus.rules.standing import outranks, owner_standing
 from weightbus.schemas import (
     MAX_VERSION,
+    ClaimStanding,
     EngineOutOfSync,
     LoraAdapter,
     PublisherClaimed,
@@ -113,6 +115,7 @@ class FencedCounter:
         self._last_event: WeightUpdated | None = None
         self._mark = HighWaterMark(bus, policy, trainer_id=trainer_id, incarnation=incarnation)
         self._lineage = Lineage.UNKNOWN
+        self._standing: ClaimStanding | None = None
 
     # -- read-only state ---------------------------------------------------------------------------
 
@@ -187,7 +190,13 @@ class FencedCounter:
     # -- claiming ----------------------------------------------------------------------------------
 
     async def claim(
-        self, *, engine_high: int | None = None, engines: Sequence[str] = (), floor: int | None = None
+        self,
+        *,
+        engine_high: int | None = None,
+        engines: Sequence[str] = (),
+        floor: int | None = None,
+        standing: ClaimStanding | None = None,
+        outrank: bool = False,
     ) -> None:
         """Resume the counter and claim it, fencing any previous owner.
 
@@ -198,17 +207,25 @@ class FencedCounter:
             engine_high: the highest numeric label any engine carries (None: no fleet, or no label).
             engines: the engines' URLs (named in the alert when they are ahead of the bus).
             floor: a number the trainer knows was issued (its checkpoint's version), or None.
+            standing: where the host's failover order puts this claimant (recorded on the claim and
+                on every mark this counter writes), or None.
+            outrank: claim only over an owner whose standing ``standing`` outranks
+                (``rules.standing.outranks``: the host picked this claimant after the owner); the
+                check reads the same history the claim is conditional on, so no claim slips in
+                between. For a publisher that was fenced and is claiming again.
 
         Raises:
+            FencedError: ``outrank`` and the owner's standing is not below ``standing`` (or unknown):
+                nothing was published.
             PublishError: the claim could not be stored, or other publishers kept claiming
                 ``claim_attempts`` times in a row.
             BusError: the history or the mark could not be read.
         """
         for attempt in range(1, self._claim_attempts + 1):
-            # The marks before the history: every event that explains one is in the history read after it.
-            marks = await read_subject_history(self._bus, subjects.counter(self._policy))
-            history = await read_subject_history(self._bus, self._subject)
+            marks, history = await self._read_both()
             folded = fold_history(self._policy, history.events, marks=marks.events)
+            if outrank:
+                self._check_outranks(history, marks, folded, standing)
             version, issued, high_epoch = _fold(folded)
             await self._report_unexplained(folded)
             # Only the mark the rule credits raises the counter, and only it covers a number: a newer mark
@@ -239,6 +256,7 @@ class FencedCounter:
                 issued = engine_high
             if engine_high is not None and (version is None or engine_high > version):
                 version = engine_high  # an engine carries it: it was announced, even if the mark lags
+            self._standing = self._mark.standing = standing
             claim = await self._claim(high_epoch + 1, version, issued, previous, history.last_seq)
             if claim is not None:
                 if self.next_version > MAX_VERSION:
@@ -258,6 +276,58 @@ class FencedCounter:
             )
         raise PublishError(self._subject, f"could not claim the counter in {self._claim_attempts} attempts")
 
+    async def _read_both(self) -> tuple[History, History]:
+        """The counter subject's retained marks, then the weights history (the order ``rules.marks`` needs)."""
+        # The marks before the history: every event that explains one is in the history read after it.
+        marks = await read_subject_history(self._bus, subjects.counter(self._policy))
+        history = await read_subject_history(self._bus, self._subject)
+        return marks, history
+
+    async def check_outranks(self, standing: ClaimStanding | None) -> None:
+        """Two reads (the marks, the weights history): ``FencedError`` unless ``standing`` outranks the owner's.
+
+        A read-only look before a claim with ``outrank=True`` (which checks again, atomically), so
+        that a publisher that may not claim again learns it without touching anything else.
+
+        Raises:
+            FencedError: the owner's standing is not below ``standing``, or unknown.
+            BusError: the bus did not answer.
+        """
+        marks, history = await self._read_both()
+        folded = fold_history(self._policy, history.events, marks=marks.events)
+        self._check_outranks(history, marks, folded, standing)
+
+    def _check_outranks(
+        self, history: History, marks: History, folded: WeightsHistory, standing: ClaimStanding | None
+    ) -> None:
+        """Raise ``FencedError`` unless ``standing`` outranks the standing the owner claimed with.
+
+        The owner's standing is read from its claim or its credited mark (``rules.standing``), the
+        marks judged by the same rule as the claim's resume (``rules.marks``).
+        """
+        state = folded.state
+        if not state.has_owner:
+            return  # nobody to outrank: the history is gone, and the claim resumes above the mark
+        owner = owner_standing(self._policy, history.events, marks=marks.events)
+        if outranks(standing, owner):
+            log.warning(
+                "claiming the counter again: the host picked this publisher after the owner",
+                extra={
+                    "policy": self._policy,
+                    "owner": state.publisher,
+                    "owner_standing": _show(owner),
+                    "standing": _show(standing),
+                },
+            )
+            return
+        assert state.publisher is not None and state.epoch is not None
+        err = FencedError(self._policy, state.publisher, state.epoch, state.version)
+        err.add_note(
+            f"not claimed again: this publisher's standing {_show(standing)} does not outrank the owner's "
+            f"{_show(owner)} (the host did not pick it after the owner)"
+        )
+        raise err
+
     async def _claim(
         self, epoch: int, version: int | None, issued: int, previous: str | None, seq: int
     ) -> PublisherClaimed | None:
@@ -270,6 +340,7 @@ class FencedCounter:
             previous_trainer_id=previous,
             incarnation=self._incarnation,
             reserved=issued or None,
+            standing=self._standing,
         )
         try:
             ack = await self._bus.publish(
@@ -590,6 +661,12 @@ class FencedCounter:
             },
         )
         return err
+
+
+def _show(standing: ClaimStanding | None) -> str:
+    if standing is None:
+        return "(none)"
+    return f"(scope {standing.scope}, term {standing.term}, rank {standing.rank})"
 
 
 async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:

@@ -31,7 +31,7 @@ from weightbus.bus.marks import read_high_water
 from weightbus.bus.protocol import Bus
 from weightbus.errors import PublishError, SequenceConflictError
 from weightbus.rules.marks import mark_explained
-from weightbus.schemas import CounterHighWater, now
+from weightbus.schemas import ClaimStanding, CounterHighWater, now
 
 __all__ = ["HighWaterMark"]
 
@@ -47,6 +47,9 @@ class HighWaterMark:
         bus: the bus (borrowed).
         policy: the policy id.
         trainer_id, incarnation: the writer, recorded on each mark.
+
+    Attributes:
+        standing: the writer's claim standing, recorded on each mark (set by the counter's claim).
     """
 
     def __init__(self, bus: Bus, policy: str, *, trainer_id: str, incarnation: str) -> None:
@@ -57,6 +60,7 @@ class HighWaterMark:
         self._incarnation = incarnation
         self._covers = 0
         self._seq = 0
+        self.standing: ClaimStanding | None = None
 
     @property
     def covers(self) -> int:
@@ -107,6 +111,7 @@ class HighWaterMark:
             published_at=now(),
             incarnation=self._incarnation,
             announced=announced,
+            standing=self.standing,
         )
         msg_id = f"{self._policy}:mark:{self._incarnation}:{version}"
         for _ in range(_WRITE_ATTEMPTS):

@@ -34,7 +34,7 @@ from weightbus.producers.counter import FencedCounter
 from weightbus.producers.coverage import Push
 from weightbus.producers.fleet import EngineFleet
 from weightbus.producers.update import UpdateSlot, VersionUpdate
-from weightbus.schemas import MAX_VERSION, LoraAdapter, WeightUpdated, parse_version
+from weightbus.schemas import MAX_VERSION, ClaimStanding, LoraAdapter, WeightUpdated, parse_version
 
 __all__ = ["VersionPublisher", "default_trainer_id"]
 
@@ -168,16 +168,23 @@ class VersionPublisher:
 
     # -- claiming ----------------------------------------------------------------------------------
 
-    async def start(self) -> VersionPublisher:
+    async def start(self, *, standing: ClaimStanding | None = None, outrank: bool = False) -> VersionPublisher:
         """Resume the counter and claim it, fencing any previous owner.
 
         The counter resumes above the highest of: what the weights history shows as issued, the
         counter's high-water mark (``weightbus.<policy>.counter``), the engines' labels, and ``floor``.
 
+        Args:
+            standing: where the host's failover order puts this publisher (a miles cell's place in
+                its group), recorded on the claim; None for a host without one.
+            outrank: claim only over an owner whose standing ``standing`` outranks
+                (``rules.standing``): a host's replica claiming again after it was fenced.
+
         Returns:
             ``self``.
 
         Raises:
+            FencedError: ``outrank`` and ``standing`` does not outrank the owner's (nothing published).
             PublishError: the claim could not be stored, or other publishers kept claiming
                 ``claim_attempts`` times in a row.
             BusError: the history could not be read.
@@ -185,7 +192,13 @@ class VersionPublisher:
         if self.started:
             return self
         engines = self._fleet.urls if self._fleet is not None else ()
-        await self._counter.claim(engine_high=await self._engine_high(), engines=engines, floor=self._floor)
+        await self._counter.claim(
+            engine_high=await self._engine_high(),
+            engines=engines,
+            floor=self._floor,
+            standing=standing,
+            outrank=outrank,
+        )
         return self
 
     async def _engine_high(self) -> int | None:
@@ -216,6 +229,19 @@ class VersionPublisher:
         if not self.started:
             raise RuntimeError("call VersionPublisher.start() before check_owner()")
         await self._counter.check_owner()
+
+    async def check_outranks(self, standing: ClaimStanding | None) -> None:
+        """Raise ``FencedError`` unless ``standing`` outranks the standing the owner claimed with (reads only).
+
+        What ``start(standing=..., outrank=True)`` of a new publisher would check, asked beforehand
+        by one that is fenced (``rules.standing``), so that a refusal touches neither the engines
+        nor the counter.
+
+        Raises:
+            FencedError: the owner's standing is not below ``standing`` (or unknown).
+            BusError: the bus did not answer.
+        """
+        await self._counter.check_outranks(standing)
 
     async def __aenter__(self) -> VersionPublisher:
         return await self.start()

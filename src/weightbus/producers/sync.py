@@ -21,7 +21,7 @@ from weightbus.engines.sglang import PauseMode
 from weightbus.producers.coverage import Push
 from weightbus.producers.fleet import EngineFleet
 from weightbus.producers.publisher import VersionPublisher
-from weightbus.schemas import LoraAdapter
+from weightbus.schemas import ClaimStanding, LoraAdapter
 
 __all__ = ["SyncVersionPublisher"]
 
@@ -170,10 +170,13 @@ class SyncVersionPublisher:
             self._nats_url, name="weightbus-trainer", connect_timeout=self._connect_timeout, options=self._options
         )
 
-    def start(self) -> SyncVersionPublisher:
+    def start(self, *, standing: ClaimStanding | None = None, outrank: bool = False) -> SyncVersionPublisher:
         """Start the private loop, connect (unless ``connect()`` did), build the fleet, and claim the counter.
 
+        ``standing`` and ``outrank`` are ``VersionPublisher.start``'s.
+
         Raises:
+            FencedError: ``outrank`` and ``standing`` does not outrank the owner's (nothing published).
             BusConnectError: NATS did not answer.
             EngineError: the router could not list its workers.
             PublishError: the claim failed.
@@ -182,13 +185,13 @@ class SyncVersionPublisher:
             return self
         self.connect()
         try:
-            self._pub = self._run(self._astart())
+            self._pub = self._run(self._astart(standing, outrank))
         except BaseException:
             self.close()
             raise
         return self
 
-    async def _astart(self) -> VersionPublisher:
+    async def _astart(self, standing: ClaimStanding | None, outrank: bool) -> VersionPublisher:
         assert self._bus is not None
         if self._fleet_factory is not None:
             self._fleet = await self._fleet_factory()
@@ -204,7 +207,7 @@ class SyncVersionPublisher:
             pause=self._pause,
             floor=self._floor,
         )
-        return await pub.start()
+        return await pub.start(standing=standing, outrank=outrank)
 
     def call(self, fn: Callable[[VersionPublisher], Awaitable[_T]]) -> _T:
         """Run ``fn(publisher)`` on the private loop and return its result (e.g. a custom push)."""

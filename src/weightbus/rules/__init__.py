@@ -6,6 +6,8 @@
 * ``abort``: the early-abort rule (``certain_stale``): a group still generating that must be stale.
 * ``history``: the fold of a stored weights history with the chain rule.
 * ``marks``: how far the counter's high-water mark may raise the counter (``MarkJudge``).
+* ``standing``: the re-claim rule (``outranks``): a fenced publisher claims again only when the
+  host's failover order put it above the owner.
 
 Producers and consumers import these; these import only ``weightbus.schemas`` and ``weightbus.errors``.
 """
@@ -27,6 +29,7 @@ from weightbus.rules.staleness import (
     scan_group,
     staleness,
 )
+from weightbus.rules.standing import outranks, owner_claim, owner_standing
 
 __all__ = [
     "UNKNOWN_POLICIES",
@@ -53,6 +56,9 @@ __all__ = [
     "mark_explained",
     "min_fresh_version",
     "oldest_bound",
+    "outranks",
+    "owner_claim",
+    "owner_standing",
     "raw_scan",
     "scan_group",
     "staleness",

@@ -22,6 +22,7 @@ from weightbus.schemas.drains import DrainMessage, DrainReport
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus, TokenSpan, parse_version
 from weightbus.schemas.weights import (
     AppliedMessage,
+    ClaimStanding,
     CounterHighWater,
     CounterMessage,
     LoraAdapter,
@@ -42,6 +43,7 @@ __all__ = [
     "QUARANTINE_PREFIX",
     "AlertMessage",
     "AppliedMessage",
+    "ClaimStanding",
     "CounterHighWater",
     "CounterMessage",
     "DrainMessage",

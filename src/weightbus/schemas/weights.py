@@ -23,12 +23,15 @@ Evolution: new fields get defaults and go at the end; unknown fields are ignored
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
-from weightbus.schemas.common import Epoch, PolicyId, Timestamp, Version
+from weightbus.schemas.common import MAX_VERSION, Epoch, PolicyId, Timestamp, Version
 
 __all__ = [
     "AppliedMessage",
+    "ClaimStanding",
     "CounterEvent",
     "CounterHighWater",
     "CounterMessage",
@@ -62,6 +65,23 @@ class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True):
     def adapters(self) -> tuple[LoraAdapter, ...]:
         """Every adapter the push loaded: this one, then ``more``."""
         return (msgspec.structs.replace(self, more=()), *self.more)
+
+
+class ClaimStanding(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the host's own failover order put a claimant when it claimed (miles: its cell's place in its group).
+
+    A host that picks one of several trainer replicas to update the engines, and moves the pick only
+    forward, says so here: within one ``scope`` (the host job), a standing with a higher ``(term,
+    rank)`` was picked after every lower one. miles: ``scope`` is the Ray job id of the driver,
+    ``term`` the group's quorum id (``IndepDPInfo.quorum_id``) and ``rank`` the cell's alive rank in
+    that quorum: its group runs ``update_weights`` on the first alive cell, a cell that stops being
+    alive comes back only in a later quorum, so the cell picked moves up the alive ranks within a
+    quorum and a new quorum is given only to the cells the group keeps alive.
+    """
+
+    scope: str
+    term: Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
+    rank: Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
 
 
 class WeightEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -101,7 +121,9 @@ class PublisherClaimed(WeightEvent, tag="weight.claimed"):
     ``version`` is None for a policy that has never published a version. ``previous_trainer_id`` is
     None when the claimant found no earlier event (a new policy, or a history that was lost: then
     ``version`` may come from the engines' labels). ``reserved`` is the highest number ever issued
-    (reserved or published) that the claimant saw; its own first update is above it.
+    (reserved or published) that the claimant saw; its own first update is above it. ``standing`` is
+    where the host's failover order put the claimant (None: a host without one); a publisher that
+    was fenced claims again only over an owner whose standing its own outranks (``rules.standing``).
     """
 
     policy: PolicyId
@@ -112,6 +134,7 @@ class PublisherClaimed(WeightEvent, tag="weight.claimed"):
     previous_trainer_id: str | None = None
     incarnation: str = ""
     reserved: Version | None = None
+    standing: ClaimStanding | None = None
 
 
 class VersionReserved(WeightEvent, tag="weight.reserved"):
@@ -162,6 +185,8 @@ class CounterHighWater(CounterEvent, tag="counter.high_water"):
         epoch, trainer_id, incarnation: the writer (the owner when it wrote).
         announced: the highest version announced and acknowledged when the mark was written (None:
             none yet). A tracker that holds less has lost history: a counter reset.
+        standing: the writer's claim standing (``PublisherClaimed.standing``), so that it outlives the
+            claim in the weights history.
     """
 
     policy: PolicyId
@@ -171,6 +196,7 @@ class CounterHighWater(CounterEvent, tag="counter.high_water"):
     published_at: Timestamp
     incarnation: str = ""
     announced: Version | None = None
+    standing: ClaimStanding | None = None
 
 
 WeightMessage = WeightUpdated | PublisherClaimed | VersionReserved

@@ -63,6 +63,7 @@ from weightbus.errors import (
     BusConfigError,
     BusError,
     CounterExhaustedError,
+    FencedError,
     PermissionDeniedError,
     StreamConfigError,
 )
@@ -72,7 +73,7 @@ from weightbus.producers.coverage import Push
 from weightbus.producers.publisher import default_trainer_id
 from weightbus.producers.sync import SyncVersionPublisher
 from weightbus.producers.update import VersionUpdate
-from weightbus.schemas import LoraAdapter
+from weightbus.schemas import ClaimStanding, LoraAdapter
 
 __all__ = ["Kind", "LORA_NAME", "MilesTrainer", "Plan", "Runtime"]
 
@@ -98,6 +99,37 @@ class Runtime:
     gloo: Callable[[], Any]
     ray_get: Callable[[Any], Any]
     lora_name: str
+    parallel_state: Callable[[], Any] | None = None  # miles' get_parallel_state (absent from FSDP's module)
+    runtime_context: Callable[[], Any] | None = None  # ray.get_runtime_context
+
+    def standing(self) -> ClaimStanding | None:
+        """Where miles' group puts this cell now: its driver's Ray job, its quorum id and its alive rank.
+
+        Read from miles' own state at the time of the update: ``get_parallel_state().indep_dp`` is the
+        group miles builds from the cell's ``IndepDPInfo`` at init and rebuilds at every
+        ``reconfigure_indep_dp`` (its ``rank`` is the alive rank, its ``debug_info["quorum"]`` the
+        quorum id). None when miles does not say (FSDP, a miles without it): the cell then never
+        claims again once fenced.
+        """
+        if self.parallel_state is None or self.runtime_context is None:
+            return None
+        try:
+            group = self.parallel_state().indep_dp
+            quorum, rank = group.debug_info.get("quorum"), group.rank
+            job = self.runtime_context().get_job_id()
+        except Exception as exc:  # miles' state is not what this commit has: no standing, and it is said
+            log.warning(
+                "miles' indep-DP state could not be read; this cell will not claim again once fenced",
+                extra={"error": repr(exc)},
+            )
+            return None
+        if type(quorum) is not int or type(rank) is not int or quorum < 0 or rank < 0 or not job:
+            log.warning(
+                "miles' indep-DP state has no quorum id or alive rank; this cell will not claim again once fenced",
+                extra={"quorum": repr(quorum), "rank": repr(rank), "job": repr(job)},
+            )
+            return None
+        return ClaimStanding(scope=f"ray-job:{job}", term=quorum, rank=rank)
 
     def rank(self) -> int:
         is_initialized = getattr(self.dist, "is_initialized", None)
@@ -231,8 +263,10 @@ class MilesTrainer:
     def _update_delta(self, updater: Any, original: Callable[[Any], None], runtime: Runtime) -> None:
         """The disk delta: miles' count names the files; the bus's number labels the engines, entered at the pause.
 
-        Before miles writes a file or calls an engine, rank 0 checks the fence and every rank learns
-        the outcome (one broadcast): a fenced cell raises on every rank with the shared chain untouched.
+        Before miles writes a file, clears the delta dir or calls an engine, rank 0 claims (a cell's
+        first baseline) or checks the fence, claiming again if miles picked this cell again
+        (``_Cell.check_owner``), and every rank learns the outcome (one broadcast): a fenced cell
+        raises on every rank with the shared chain untouched.
         """
         rank0 = runtime.rank() == 0
         chain = updater.__dict__.get("_weightbus_chain", updater.weight_version)
@@ -242,24 +276,28 @@ class MilesTrainer:
         if rank0:
             cell = self.cell(updater)
             session = _Session(cell, updater, runtime, Plan("full", False, None), lazy=True, baseline=baseline)
-            if baseline:
-                try:  # the claim, before any engine is touched; the first real update retries it
-                    session.version = cell.ready(updater, runtime).version
-                except BusError as exc:
-                    log.warning(
-                        "could not claim the counter at miles' disk-delta baseline; the first update retries",
-                        extra={"policy": self.policy, "error": str(exc)},
-                    )
-                if getattr(getattr(updater, "args", None), "check_weight_update_equal", False):
-                    session.keep = _serves_announced(session.version, updater, runtime)
-            else:
-                try:
+            try:
+                if baseline and not cell.publisher.started:
+                    try:  # the first claim, before any engine is touched; the first real update retries it
+                        session.version = cell.ready(updater, runtime).version
+                    except BusError as exc:
+                        log.warning(
+                            "could not claim the counter at miles' disk-delta baseline; the first update retries",
+                            extra={"policy": self.policy, "error": str(exc)},
+                        )
+                else:
+                    # Fenced, or claimed again if miles picked this cell again; before miles writes a file
+                    # (or, at a baseline retried after its claim, clears the shared delta dir).
                     cell.check_owner(updater, runtime)
-                except BaseException as exc:
-                    runtime.share(f"{type(exc).__name__}: {exc}")
-                    raise
-                runtime.share(None)
-        elif not baseline:
+                    if baseline:
+                        session.version = cell.publisher.version
+                if baseline and getattr(getattr(updater, "args", None), "check_weight_update_equal", False):
+                    session.keep = _serves_announced(session.version, updater, runtime)
+            except BaseException as exc:
+                runtime.share(f"{type(exc).__name__}: {exc}")
+                raise
+            runtime.share(None)
+        else:
             refused = runtime.share(None)
             if refused is not None:
                 raise RuntimeError(f"rank 0 refused miles' disk-delta update before it wrote anything: {refused}")
@@ -323,53 +361,69 @@ class _FleetSlot:
 
 
 class _Cell:
-    """Rank 0's publisher for one weight updater: one claim of the counter, one fleet over miles' engines."""
+    """Rank 0's publisher for one weight updater, and its fleet over miles' engines.
+
+    One publisher per claim: a cell that was fenced and that miles picked again (its standing, see
+    ``Runtime.standing``, outranks the owner's claim) claims again with a new publisher; one that
+    miles did not pick stays fenced.
+    """
 
     def __init__(self, trainer: MilesTrainer) -> None:
         self.trainer = trainer
-        s = trainer.settings
         self._slot = _FleetSlot()
-        self.publisher = SyncVersionPublisher(
+        self.publisher = self._publisher(self._slot)
+
+    def _publisher(self, slot: _FleetSlot) -> SyncVersionPublisher:
+        s = self.trainer.settings
+        return SyncVersionPublisher(
             s.policy,
             nats_url=s.nats,
             trainer_id=s.trainer_id or f"miles:{default_trainer_id()}",
-            pause=getattr(trainer.args, "pause_generation_mode", None) or "retract",
+            pause=getattr(self.trainer.args, "pause_generation_mode", None) or "retract",
             connect_timeout=s.connect_timeout,
             floor=s.floor,
             options=s.options,
-            fleet_factory=self._slot.build,
+            fleet_factory=slot.build,
         )
 
-    def ready(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
-        """The publisher, started (claimed) and pointed at the engines miles connected now."""
+    def _point(self, slot: _FleetSlot, updater: Any, runtime: Runtime) -> None:
         handles = getattr(updater, "rollout_engines", None)
         if handles is None:
             raise RuntimeError(
                 f"{type(updater).__name__}.rollout_engines is not set: miles connects its engines "
                 "(connect_rollout_engines) before update_weights"
             )
-        slot = self._slot
         more = getattr(updater, "distributed_rollout_engines", None) or ()
         # Inside miles' update (the disk delta enters at its pause) the updater holds our proxies.
         slot.handles = [_real(h) for h in (*handles, *more)]
         slot.ray_get = runtime.ray_get
+
+    def ready(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
+        """The publisher, started (claimed) and pointed at the engines miles connected now."""
+        slot = self._slot
+        self._point(slot, updater, runtime)
         pub = self.publisher
         if not pub.started:
-            pub.start()
+            pub.start(standing=runtime.standing())
         elif slot.fleet is not None:
             fleet, given, ray_get = slot.fleet, slot.handles, runtime.ray_get
             pub.call(lambda _: fleet.retarget(given, ray_get))
         return pub
 
     def check_owner(self, updater: Any, runtime: Runtime) -> None:
-        """``FencedError`` if another publisher owns the counter (one read); retried while the bus does not answer."""
+        """Own the counter or raise ``FencedError`` (``owned``: fenced, or claimed again); retried while the bus is out.
 
-        def attempt() -> None:
-            self.ready(updater, runtime).call(lambda p: p.check_owner())
+        The one check every path makes before it touches anything shared (the disk delta's before miles
+        writes a file and before the first pull, ``enter``'s before the pause), so a cell miles picked
+        again after another took the counter claims again wherever it first looks, and a zombie stays
+        fenced wherever it first looks.
 
-        self._retrying(attempt)
+        Raises:
+            FencedError: fenced, and miles did not pick this cell after the owner.
+        """
+        self._retrying(lambda: self.owned(updater, runtime), "reading the bus", "nothing was written or pushed")
 
-    def _retrying(self, attempt: Callable[[], _T]) -> _T:
+    def _retrying(self, attempt: Callable[[], _T], doing: str, untouched: str) -> _T:
         timeout = self.trainer.settings.update_timeout
         deadline = time.monotonic() + timeout
         delay = 0.2
@@ -379,44 +433,79 @@ class _Cell:
             except BusError as exc:
                 if isinstance(exc, _FINAL_BUS_ERRORS) or time.monotonic() + delay > deadline:
                     exc.add_note(
-                        f"weightbus gave up reading the bus after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); "
-                        "nothing was written or pushed"
+                        f"weightbus gave up {doing} after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); {untouched}"
                     )
                     raise
                 log.warning(
-                    "the bus did not answer; retrying (nothing is written or pushed meanwhile)",
+                    f"the bus did not answer while {doing}; retrying (nothing is written or pushed meanwhile)",
                     extra={"policy": self.trainer.policy, "error": str(exc), "retry_in": delay},
                 )
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def owned(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
+        """``ready``, and the counter's owner: claimed again if miles picked this cell after the owner.
+
+        One read of the weights subject first (before anything pauses the owner's engines). A fenced
+        cell claims again only through ``start(outrank=True)``: the bus's history, read by the claim
+        it is conditional on, must show an owner whose standing this cell's outranks (the same Ray
+        job, a later quorum or a later alive rank of the same one). Otherwise the ``FencedError``
+        stands: a zombie never touches the owner's engines.
+
+        Raises:
+            FencedError: fenced, and miles did not pick this cell after the owner.
+        """
+        pub = self.ready(updater, runtime)
+        try:
+            pub.call(lambda p: p.check_owner())
+        except FencedError as fenced:
+            return self._claim_again(updater, runtime, fenced)
+        return pub
+
+    def _claim_again(self, updater: Any, runtime: Runtime, fenced: FencedError) -> SyncVersionPublisher:
+        standing = runtime.standing()
+        if standing is None:
+            fenced.add_note("miles' standing of this cell (quorum id, alive rank) is unknown: it stays fenced")
+            raise fenced
+        try:  # reads only: a cell miles did not pick learns it without touching an engine
+            self.publisher.call(lambda p: p.check_outranks(standing))
+        except FencedError as refused:
+            refused.add_note(f"this cell stays fenced since {fenced}")
+            raise refused from None
+        slot = _FleetSlot()
+        self._point(slot, updater, runtime)
+        fresh = self._publisher(slot)
+        try:
+            fresh.start(standing=standing, outrank=True)  # a failed start closes ``fresh``
+        except FencedError as refused:
+            refused.add_note(f"this cell stays fenced since {fenced}")
+            raise refused from None
+        old, self.publisher, self._slot = self.publisher, fresh, slot
+        old.close()
+        log.warning(
+            "miles picked this cell again after another took the counter: claimed it again",
+            extra={
+                "policy": self.trainer.policy,
+                "quorum": standing.term,
+                "alive_rank": standing.rank,
+                "epoch": fresh.epoch,
+                "fenced_by": fenced.owner,
+            },
+        )
+        return fresh
+
     def enter(self, updater: Any, runtime: Runtime, plan: Plan) -> VersionUpdate:
         """Take the number, pause, read the labels, mark them pending: retried while the bus does not answer."""
-        timeout = self.trainer.settings.update_timeout
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while True:
-            try:
-                pub = self.ready(updater, runtime)
-                # A cell that lost the counter (a zombie after a failover) raises here, before it pauses
-                # the owner's engines; the take beside the pause checks again.
-                pub.call(lambda p: p.check_owner())
-                update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
-                pub.call(lambda _, entering=update: entering.__aenter__())
-                return update
-            except BusError as exc:
-                if isinstance(exc, _FINAL_BUS_ERRORS) or time.monotonic() + delay > deadline:
-                    exc.add_note(
-                        f"weightbus gave up taking a version after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); "
-                        "nothing was pushed"
-                    )
-                    raise
-                log.warning(
-                    "the bus did not answer while taking a version; retrying (nothing is pushed meanwhile)",
-                    extra={"policy": self.trainer.policy, "error": str(exc), "retry_in": delay},
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+
+        def attempt() -> VersionUpdate:
+            # A cell that lost the counter raises here, before it pauses the owner's engines, unless
+            # miles picked it again after the owner (then it claims again); the take checks again.
+            pub = self.owned(updater, runtime)
+            update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
+            pub.call(lambda _: update.__aenter__())
+            return update
+
+        return self._retrying(attempt, "taking a version", "nothing was pushed")
 
 
 def _run_original(updater: Any, original: Callable[[Any], None], session: _Session | None) -> None:
