@@ -10,6 +10,9 @@ Invariants:
 * A secret (password, token, the userinfo of a URL) never reaches a log line or an error message:
   ``redact_url`` and ``ConnectOptions.redact`` replace it with ``***`` and every message weightbus builds
   about a connection goes through them. ``repr(ConnectOptions(...))`` shows no secret either.
+* Any TLS option (``tls_ca``, ``tls_cert``) or a ``tls://`` URL means TLS or a typed error: ``requires_tls``
+  says so, and the connection refuses, before CONNECT (which carries the credentials), a server that did not
+  encrypt the connection (``weightbus.bus._connection``).
 * Files (creds, seed, CA, certificate, key) are named by path; their content is read by nats-py or ``ssl``
   when connecting, and a missing file is reported by path before any network traffic.
 """
@@ -159,6 +162,15 @@ class ConnectOptions:
         for secret in self.secrets(url):
             out = out.replace(secret, _MASK)
         return out
+
+    def requires_tls(self, url: str = "") -> bool:
+        """Whether a connection to ``url`` must be encrypted: a TLS option is set, or a server URL is ``tls://``.
+
+        A connection that must be encrypted and is not is refused before any credential is sent.
+        """
+        if self.tls_ca is not None or self.tls_cert is not None:
+            return True
+        return any(part.strip().lower().startswith("tls://") for part in url.split(","))
 
     def check_files(self) -> None:
         """Fail early, naming the option, when a file it names does not exist.
