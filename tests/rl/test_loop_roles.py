@@ -85,7 +85,7 @@ def test_a_rollout_refused_its_batch_subject_exits_with_one_line(server: Embedde
         timeout=60,
         env={**os.environ, **_as("monitor")},
     )
-    assert run.returncode == 5, run.stderr
+    assert run.returncode == 77, run.stderr  # denied, not unreachable (5)
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: permission denied"), run.stderr
     assert batch_subject("roles") in lines[0]

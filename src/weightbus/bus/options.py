@@ -181,7 +181,8 @@ class ConnectOptions:
         for field in ("creds", "nkey_seed", "tls_ca", "tls_cert", "tls_key"):
             path = getattr(self, field)
             if path is not None and not Path(path).is_file():
-                raise BusConfigError(f"{field.replace('_', '-')} file not found: {path}")
+                flag = "nkey" if field == "nkey_seed" else field.replace("_", "-")
+                raise BusConfigError(f"--{flag} file not found: {path}")
 
     def tls_context(self) -> ssl.SSLContext | None:
         """An ``ssl.SSLContext`` trusting ``tls_ca`` (plus the client certificate), or None without TLS options.
@@ -193,10 +194,16 @@ class ConnectOptions:
             return None
         try:
             ctx = ssl.create_default_context(cafile=self.tls_ca)
-            if self.tls_cert is not None and self.tls_key is not None:
-                ctx.load_cert_chain(self.tls_cert, self.tls_key)
         except (OSError, ssl.SSLError) as exc:
-            raise BusConfigError(f"cannot load the TLS files: {exc}") from None
+            raise BusConfigError(f"--tls-ca {self.tls_ca}: not a readable PEM CA certificate ({exc})") from None
+        if self.tls_cert is not None and self.tls_key is not None:
+            try:
+                ctx.load_cert_chain(self.tls_cert, self.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise BusConfigError(
+                    f"--tls-cert {self.tls_cert} / --tls-key {self.tls_key}: not a readable PEM certificate and key"
+                    f" ({exc})"
+                ) from None
         return ctx
 
     def nats_kwargs(self) -> dict[str, Any]:
