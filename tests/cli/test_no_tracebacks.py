@@ -327,3 +327,35 @@ def test_a_huge_in_flight_ends_at_once_in_a_real_process() -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "--in-flight" in done.stderr and "Traceback" not in done.stderr, done
+
+
+@pytest.mark.nats
+def test_a_permission_denial_has_its_own_exit_code_and_the_subject_as_spelled(tmp_path: Path) -> None:
+    """77 (denied), not 5 (unreachable): the server answered, and said no."""
+    import os
+
+    from tests.roles import PASSWORDS, roles_server
+
+    env = {**os.environ, "WEIGHTBUS_USER": "monitor", "WEIGHTBUS_PASSWORD": PASSWORDS["monitor"]}
+    with roles_server(tmp_path / "js") as server:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "weightbus",
+                "publish",
+                "--policy",
+                "Mixed-Case",
+                "--no-engines",
+                "--nats",
+                server.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("{")]
+    assert done.returncode == 77, done
+    assert len(lines) == 1 and lines[0].startswith("error: permission denied"), done.stderr
+    assert "'weightbus.Mixed-Case.weights'" in lines[0], lines[0]
