@@ -129,6 +129,8 @@ async def test_no_jetstream_is_named(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # else its collection, at whatever test runs then, fails that test
 
 
 @pytest.fixture

@@ -133,3 +133,16 @@ def test_the_header_parser_switch_is_where_it_is_read() -> None:
     # nats-py picks fast_mail_parser's parse_email (None without it); weightbus then avoids direct gets.
     assert hasattr(nats.aio.client, "parse_email")
     assert _natspy.direct_get_supported() is (importlib.util.find_spec("fast_mail_parser") is None)
+
+
+async def test_the_connect_command_is_built_between_the_tls_upgrade_and_its_write(client: NatsClient) -> None:
+    # ``refuse_plaintext`` checks the transport where nats-py builds CONNECT; both must be where it looks.
+    assert callable(client._connect_command) and b"CONNECT" in client._connect_command()
+    assert client._transport is not None and client._transport._io_writer is not None
+    assert client._current_server is not None and client._current_server.uri.port is not None
+    assert _natspy.is_encrypted(client) is False  # the fixture's server speaks plaintext
+    import inspect
+
+    source = inspect.getsource(NatsClient._process_connect_init)
+    upgrade, build = source.find("connect_tls"), source.find("_connect_command()")
+    assert 0 <= upgrade < build, "nats-py no longer upgrades to TLS before building CONNECT"

@@ -40,6 +40,31 @@ def test_embedded_server_starts_on_loopback_and_stops_by_pid() -> None:
     assert not store.exists()
 
 
+@pytest.mark.nats
+def test_a_config_with_its_own_store_dir_leaves_nothing_beside_a_given_store(tmp_path: Path) -> None:
+    """The rewritten config copy lives in a temporary directory of its own, removed at stop; the store stays."""
+    given = tmp_path / "given"
+    given.mkdir()
+    store = given / "store"
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    conf = conf_dir / "server.conf"
+    conf.write_text('jetstream { store_dir: "/nonexistent/elsewhere" }\n')
+    server = EmbeddedNats(store_dir=store, config=conf).start()
+    try:
+        assert sorted(p.name for p in given.iterdir()) == ["store"], list(given.iterdir())
+        assert sorted(p.name for p in conf_dir.iterdir()) == ["server.conf"]
+        running = server.command()[server.command().index("-c") + 1]
+        assert Path(running).parent not in (given, conf_dir, tmp_path), running
+        assert Path(running).exists()
+    finally:
+        server.stop()
+    assert sorted(p.name for p in given.iterdir()) == ["store"], list(given.iterdir())
+    assert store.is_dir() and any(store.iterdir())  # a given store is kept
+    assert not Path(running).parent.exists(), running
+    assert conf.read_text() == 'jetstream { store_dir: "/nonexistent/elsewhere" }\n'  # the original untouched
+
+
 def test_find_nats_server_prefers_the_venv_binary() -> None:
     assert Path(find_nats_server()).parent == Path(sys.executable).parent
 

@@ -265,3 +265,97 @@ async def test_the_library_refuses_an_empty_url_at_once() -> None:
     with pytest.raises(BusConnectError, match="no server URL"):
         await connect(" , ", connect_timeout=30)
     assert time.monotonic() - started < 1
+
+
+# --- rollout and trainer flags checked before anything starts (no NATS, no router, no engine) ---------------
+
+_NOWHERE = ["--router", "http://127.0.0.1:9", "--nats", "nats://127.0.0.1:9"]
+
+
+@pytest.fixture
+def not_pem(tmp_path: Path) -> str:
+    path = tmp_path / "not-a-ca.pem"
+    path.write_text("this is not a certificate\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["rollout", "trainer", "status"])
+def test_a_missing_or_non_pem_tls_ca_is_a_bad_flag(command: str, tmp_path: Path, not_pem: str) -> None:
+    extra = {"rollout": _NOWHERE, "trainer": [*_NOWHERE, "--run-dir", str(tmp_path / "run")], "status": _NOWHERE[2:]}
+    base = [command, "--policy", "p", *extra[command]]
+    started = time.monotonic()
+    one_line_error(invoke(*base, "--tls-ca", str(tmp_path / "missing.pem")), 2, "--tls-ca", "missing.pem")
+    one_line_error(invoke(*base, "--tls-ca", not_pem), 2, "--tls-ca", "not a readable PEM")
+    assert time.monotonic() - started < 10  # refused before any connect attempt
+
+
+@pytest.mark.parametrize("command", ["rollout", "trainer"])
+def test_a_policy_that_is_not_a_subject_token_is_a_bad_flag(command: str, tmp_path: Path) -> None:
+    extra = ["--run-dir", str(tmp_path / "run")] if command == "trainer" else []
+    one_line_error(invoke(command, "--policy", "a.b", *_NOWHERE, *extra), 2, "--policy", "'a.b'")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--in-flight", "1000000000", "<= 1024"),
+        ("--admission-cap", "1000000000", "<= 1024"),
+        ("--group-size", "1", ">= 2"),
+    ],
+)
+def test_rollout_bounds_are_named_by_their_flag(flag: str, value: str, needle: str) -> None:
+    result = invoke("rollout", "--policy", "p", *_NOWHERE, "--admission", "cap", flag, value)
+    one_line_error(result, 2, flag, needle)
+    assert "$." not in result.stderr
+
+
+def test_a_shared_lease_too_short_is_a_bad_config_value(tmp_path: Path) -> None:
+    config = tmp_path / "rollout.json"
+    config.write_text(
+        '{"router_url": "http://127.0.0.1:9", "nats_url": "nats://127.0.0.1:9", "policy": "p", '
+        '"admission_shared": true, "admission_lease_s": 2}'
+    )
+    one_line_error(invoke("rollout", "--config", str(config)), 2, '"admission_lease_s" in --config', "longer than 3")
+
+
+def test_a_huge_in_flight_ends_at_once_in_a_real_process() -> None:
+    """It used to pass validation and wedge the process, which then ignored SIGTERM."""
+    done = subprocess.run(
+        [sys.executable, "-m", "weightbus", "rollout", "--policy", "p", *_NOWHERE, "--in-flight", "1000000000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--in-flight" in done.stderr and "Traceback" not in done.stderr, done
+
+
+@pytest.mark.nats
+def test_a_permission_denial_has_its_own_exit_code_and_the_subject_as_spelled(tmp_path: Path) -> None:
+    """77 (denied), not 5 (unreachable): the server answered, and said no."""
+    import os
+
+    from tests.roles import PASSWORDS, roles_server
+
+    env = {**os.environ, "WEIGHTBUS_USER": "monitor", "WEIGHTBUS_PASSWORD": PASSWORDS["monitor"]}
+    with roles_server(tmp_path / "js") as server:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "weightbus",
+                "publish",
+                "--policy",
+                "Mixed-Case",
+                "--no-engines",
+                "--nats",
+                server.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("{")]
+    assert done.returncode == 77, done
+    assert len(lines) == 1 and lines[0].startswith("error: permission denied"), done.stderr
+    assert "'weightbus.Mixed-Case.weights'" in lines[0], lines[0]

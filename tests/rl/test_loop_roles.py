@@ -3,8 +3,8 @@
 The rollout and trainer processes run as the ``rollout-policy-a`` and ``trainer-policy-a`` users (the roles are
 per policy), against a reference engine behind the real SGLang router, for a few steps: the trainer must finish
 and neither log may carry a permission warning.
-A user that may not serve the batch subject gets the permission exit code (5) and one ``error:`` line at once,
-instead of a warning per attempt and a loop that never trains.
+A user that may not serve the batch subject gets the permission exit code (77, not 5: NATS is reachable) and one
+``error:`` line at once, instead of a warning per attempt and a loop that never trains.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def test_the_loop_trains_under_the_shipped_roles_without_a_permission_warning(
 
 def test_a_rollout_refused_its_batch_subject_exits_with_one_line(server: EmbeddedNats, tmp_path: Path) -> None:
     # The monitor role reads the stream (so the tracker starts) but may not serve batches.
-    config = RolloutConfig(router_url="http://127.0.0.1:9", nats_url=server.url, policy="roles")
+    # A mixed-case policy: the error names the subject as weightbus spells it (nats-py lower-cases the server's text).
+    config = RolloutConfig(router_url="http://127.0.0.1:9", nats_url=server.url, policy="Roles-Mixed")
     started = time.monotonic()
     run = subprocess.run(
         [sys.executable, "-m", "weightbus", "rollout", "--config", str(dump_config(config, tmp_path / "r.json"))],
@@ -86,10 +87,10 @@ def test_a_rollout_refused_its_batch_subject_exits_with_one_line(server: Embedde
         timeout=60,
         env={**os.environ, **_as("monitor")},
     )
-    assert run.returncode == 5, run.stderr
+    assert run.returncode == 77, run.stderr  # denied, not unreachable (5)
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: permission denied"), run.stderr
-    assert batch_subject("roles") in lines[0]
+    assert batch_subject("Roles-Mixed") in lines[0], lines[0]
     assert time.monotonic() - started < 30
 
 

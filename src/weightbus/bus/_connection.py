@@ -5,6 +5,10 @@ Invariants:
 * The first connect never hangs: it is bounded by ``connect_timeout`` and fails with ``BusConnectError`` naming
   the URL (secrets redacted) and the cause (refused, DNS, auth, TLS, timeout). A refused login or TLS handshake
   on a single server ends the attempt at once instead of retrying until the timeout.
+* TLS asked for (a TLS option or a ``tls://`` URL, ``ConnectOptions.requires_tls``) is TLS or nothing: a server
+  that leaves the connection in plaintext (it does not require TLS, or something in the middle strips it) is
+  refused before CONNECT, so no credential crosses in clear; on the first connect that is a ``BusConnectError``
+  with cause ``tls`` naming the server, on a reconnect a logged refusal and the next attempt.
 * Once connected, the client reconnects forever (every ``RECONNECT_TIME_WAIT`` seconds) and logs each transition;
   a deliberate close (``Link.closing`` set) is not logged as an outage.
 * A permission refusal reported through the error callback goes to the connection's ``Denials`` (which turn it
@@ -25,6 +29,7 @@ from urllib.parse import urlsplit
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
+from weightbus.bus import _natspy
 from weightbus.bus._denials import Denials
 from weightbus.bus.options import ConnectOptions
 from weightbus.errors import BusConnectError
@@ -37,6 +42,7 @@ RECONNECT_TIME_WAIT: Final = 0.5
 """Seconds nats-py waits between reconnection attempts to one server."""
 
 _DEFINITE: Final = ("auth", "tls", "dns")
+_PLAINTEXT: Final = "nats: plaintext refused:"
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ def classify(exc: BaseException | None, redacted: str) -> tuple[str, str]:
     """``(cause, detail)`` of the last error seen while connecting, for ``BusConnectError``."""
     if exc is None or isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return "timeout", "no answer"
+    if isinstance(exc, nats.errors.Error) and str(exc).startswith(_PLAINTEXT):
+        return "tls", str(exc).removeprefix(_PLAINTEXT).strip()
     if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in str(exc).lower():
         return "auth", "authentication failed: the server refused these credentials (user, token, creds or NKEY)"
     if isinstance(exc, ssl.SSLError) or "tls" in str(exc).lower() or "ssl" in str(exc).lower():
@@ -106,6 +114,16 @@ class _Callbacks:
                 self.fatal.set()
         log.debug("nats client error", extra={"error": self.opts.redact(repr(exc), self.url)})
 
+    def plaintext(self, server: str) -> nats.errors.Error:
+        """The refusal of ``server``, which left the connection unencrypted while TLS is required."""
+        shown = self.opts.redact(server, self.url)
+        detail = (
+            f"TLS is required (a TLS option or a tls:// URL) but the server {shown} did not encrypt the connection "
+            "(its INFO does not ask for TLS); refused before sending any credential"
+        )
+        log.error("refused a plaintext NATS connection", extra={"url": shown, "error": detail})
+        return nats.errors.Error(f"{_PLAINTEXT} {detail}")
+
     async def disconnected(self) -> None:
         if not (self.closing.is_set() or self.client.is_closed):
             log.warning("disconnected from NATS; reconnecting", extra={"url": self.shown})
@@ -138,6 +156,8 @@ async def open_link(url: str, *, name: str, connect_timeout: float, opts: Connec
     servers = _servers(url)
     client = NatsClient()
     calls = _Callbacks(client, opts, url, shown, single_server=len(servers) == 1)
+    if opts.requires_tls(url):
+        _natspy.refuse_plaintext(client, calls.plaintext)
     attempt = asyncio.ensure_future(
         client.connect(
             servers=servers,

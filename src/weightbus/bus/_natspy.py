@@ -11,7 +11,10 @@ nats-py has no public handle on what weightbus needs at these points:
   heartbeat and flow-control checks), which ``end_tasks`` ends after ``close()``: on CPython 3.11 a cancel
   that lands while nats-py's ``TcpTransport.connect`` returns a refused connection is swallowed, and the
   reconnection task keeps retrying every ``reconnect_time_wait`` on a closed client;
-* whether nats-py parses headers with ``fast_mail_parser`` (``parse_email``), which breaks direct gets.
+* whether nats-py parses headers with ``fast_mail_parser`` (``parse_email``), which breaks direct gets;
+* the moment between the server's INFO (and nats-py's TLS upgrade, which it does only when that INFO says
+  ``tls_required``) and the CONNECT that carries the credentials: ``refuse_plaintext`` wraps the client's
+  ``_connect_command`` to check there that its transport is encrypted (``_transport``, ``_current_server``).
 
 Checked on nats-py 2.14.0 and 2.16.0 (``CHECKED_ON``; the lowest is the dependency's lower bound) with CPython
 3.11: ``tests/bus/test_natspy_shape.py`` asserts each of these shapes on the installed version, on a client
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 import nats.aio.client
@@ -37,6 +41,8 @@ __all__ = [
     "direct_get_supported",
     "drop_buffered_writes",
     "end_tasks",
+    "is_encrypted",
+    "refuse_plaintext",
     "reopen_for_close",
     "subscription_tasks",
 ]
@@ -131,3 +137,32 @@ async def end_tasks(tasks: list[asyncio.Task[Any]], bound: float) -> list[asynci
 def direct_get_supported() -> bool:
     """Whether nats-py can read a direct get's reply (it cannot with ``fast_mail_parser``: list-valued headers)."""
     return getattr(nats.aio.client, "parse_email", None) is None
+
+
+def is_encrypted(client: NatsClient) -> bool:
+    """Whether ``client``'s current connection runs over TLS (its transport's stream has an SSL object)."""
+    transport = client._transport
+    writer = getattr(transport, "_io_writer", None)
+    if writer is not None:
+        return writer.get_extra_info("ssl_object") is not None
+    return bool(getattr(transport, "_using_tls", False))  # nats-py's websocket transport
+
+
+def refuse_plaintext(client: NatsClient, refusal: Callable[[str], Exception]) -> None:
+    """Make ``client`` raise ``refusal(server)`` instead of sending CONNECT over an unencrypted connection.
+
+    nats-py upgrades to TLS only when the server's INFO asks for it, and then writes CONNECT (user, password,
+    token, signed nonce) at once; this check runs in between, on the first connect and on every reconnect.
+    ``refusal`` should return a ``nats.errors.Error`` so that nats-py's connect loop reports it to the error
+    callback and moves on (to the next server, or to its next attempt), as it does for a failed handshake.
+    """
+    build = client._connect_command
+
+    def checked() -> bytes:
+        if not is_encrypted(client):
+            current = client._current_server
+            server = current.uri.geturl() if current is not None else "?"
+            raise refusal(server)
+        return build()
+
+    client._connect_command = checked  # type: ignore[method-assign]

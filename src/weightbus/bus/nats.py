@@ -223,9 +223,12 @@ class NatsBus:
             raise BusConnectError(url, "JetStream did not answer (is it enabled?)", "no_jetstream") from None
         return outcome, _stream.describe(info)
 
-    async def guard(self, match: Callable[[str, str], bool], op: Awaitable[T]) -> T:
-        """Run ``op``, raising ``PermissionDeniedError`` as soon as the server refuses a matching action."""
-        return await self._denials.guard(match, op)
+    async def guard(self, match: Callable[[str, str], bool], op: Awaitable[T], *, subject: str | None = None) -> T:
+        """Run ``op``, raising ``PermissionDeniedError`` as soon as the server refuses a matching action.
+
+        ``subject`` is the name the error gives (the caller's spelling: nats-py lower-cases the server's text).
+        """
+        return await self._denials.guard(match, op, subject=subject)
 
     def _url(self) -> str:
         if self._shown_url is not None:

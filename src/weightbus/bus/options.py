@@ -10,6 +10,9 @@ Invariants:
 * A secret (password, token, the userinfo of a URL) never reaches a log line or an error message:
   ``redact_url`` and ``ConnectOptions.redact`` replace it with ``***`` and every message weightbus builds
   about a connection goes through them. ``repr(ConnectOptions(...))`` shows no secret either.
+* Any TLS option (``tls_ca``, ``tls_cert``) or a ``tls://`` URL means TLS or a typed error: ``requires_tls``
+  says so, and the connection refuses, before CONNECT (which carries the credentials), a server that did not
+  encrypt the connection (``weightbus.bus._connection``).
 * Files (creds, seed, CA, certificate, key) are named by path; their content is read by nats-py or ``ssl``
   when connecting, and a missing file is reported by path before any network traffic.
 """
@@ -160,6 +163,15 @@ class ConnectOptions:
             out = out.replace(secret, _MASK)
         return out
 
+    def requires_tls(self, url: str = "") -> bool:
+        """Whether a connection to ``url`` must be encrypted: a TLS option is set, or a server URL is ``tls://``.
+
+        A connection that must be encrypted and is not is refused before any credential is sent.
+        """
+        if self.tls_ca is not None or self.tls_cert is not None:
+            return True
+        return any(part.strip().lower().startswith("tls://") for part in url.split(","))
+
     def check_files(self) -> None:
         """Fail early, naming the option, when a file it names does not exist.
 
@@ -169,7 +181,8 @@ class ConnectOptions:
         for field in ("creds", "nkey_seed", "tls_ca", "tls_cert", "tls_key"):
             path = getattr(self, field)
             if path is not None and not Path(path).is_file():
-                raise BusConfigError(f"{field.replace('_', '-')} file not found: {path}")
+                flag = "nkey" if field == "nkey_seed" else field.replace("_", "-")
+                raise BusConfigError(f"--{flag} file not found: {path}")
 
     def tls_context(self) -> ssl.SSLContext | None:
         """An ``ssl.SSLContext`` trusting ``tls_ca`` (plus the client certificate), or None without TLS options.
@@ -181,10 +194,16 @@ class ConnectOptions:
             return None
         try:
             ctx = ssl.create_default_context(cafile=self.tls_ca)
-            if self.tls_cert is not None and self.tls_key is not None:
-                ctx.load_cert_chain(self.tls_cert, self.tls_key)
         except (OSError, ssl.SSLError) as exc:
-            raise BusConfigError(f"cannot load the TLS files: {exc}") from None
+            raise BusConfigError(f"--tls-ca {self.tls_ca}: not a readable PEM CA certificate ({exc})") from None
+        if self.tls_cert is not None and self.tls_key is not None:
+            try:
+                ctx.load_cert_chain(self.tls_cert, self.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise BusConfigError(
+                    f"--tls-cert {self.tls_cert} / --tls-key {self.tls_key}: not a readable PEM certificate and key"
+                    f" ({exc})"
+                ) from None
         return ctx
 
     def nats_kwargs(self) -> dict[str, Any]:

@@ -24,7 +24,8 @@ app = typer.Typer(
         "Weight versions for fully-async RL over NATS JetStream: trainers publish the version after each "
         "engine push; rollout managers follow it and judge the staleness of drained groups.\n\n"
         "Exit codes shared by every command: 0 success, 1 runtime failure, 2 bad arguments, 5 NATS "
-        "unreachable, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); each command's --help lists its own.\n\n"
+        "unreachable, 77 permission denied, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); each command's "
+        "--help lists its own.\n\n"
         "The NATS URL is --nats, else WEIGHTBUS_NATS, else NATS_URL; the policy is --policy, else WEIGHTBUS_POLICY.\n\n"
         "Commands run on uvloop when it is installed; WEIGHTBUS_EVENT_LOOP=asyncio runs them on asyncio's own loop."
     ),

@@ -59,7 +59,11 @@ def with_connection(command: Callable[..., T]) -> Callable[..., T]:
     def wrapper(*args: Any, **kwargs: Any) -> T:
         values = {name: kwargs.pop(name, None) for name in flags}
         try:
-            kwargs["connection"] = ConnectOptions(**{k: v for k, v in values.items() if v is not None})
+            connection = ConnectOptions(**{k: v for k, v in values.items() if v is not None})
+            # A missing or unreadable CA, certificate or key is a bad flag: named now, before anything starts.
+            connection.check_files()
+            connection.tls_context()
+            kwargs["connection"] = connection
         except BusConfigError as exc:
             raise fail(str(exc), EXIT_USAGE) from None
         return command(*args, **kwargs)

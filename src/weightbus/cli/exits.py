@@ -26,6 +26,7 @@ from weightbus.process.eventloop import EventLoopError
 from weightbus.process.eventloop import run as run_on_loop
 
 __all__ = [
+    "EXIT_DENIED",
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
     "EXIT_NATS",
@@ -47,6 +48,8 @@ EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
 #: NATS unreachable (or refusing what the command needs).
 EXIT_NATS: Final = 5
+#: NATS refused this user an action the command needs (permissions): reachable, but not allowed (sysexits' NOPERM).
+EXIT_DENIED: Final = 77
 #: Ctrl-C (SIGINT).
 EXIT_INTERRUPTED: Final = 128 + signal.SIGINT
 #: SIGTERM.

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.options import ConnectOptions
 from weightbus.cli.connection import with_connection
-from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.exits import EXIT_DENIED, EXIT_USAGE, fail, run_async
 from weightbus.cli.metrics_server import start_metrics
 from weightbus.cli.options import (
     DEFAULT_NATS,
@@ -32,7 +32,7 @@ from weightbus.cli.options import (
 )
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.consumers.tracker.tracker import TrackerStatus, VersionChange, VersionTracker
-from weightbus.errors import BusError, InvalidPolicyError, VersionRegressionError
+from weightbus.errors import BusError, InvalidPolicyError, PermissionDeniedError, VersionRegressionError
 from weightbus.process.logs import setup_logging
 from weightbus.rules.chain import RegressionMode
 
@@ -87,7 +87,7 @@ def follow_command(
     """Follow POLICY's weight version and print each change (the current one first).
 
     Exit codes: 0 done (--duration), 2 bad arguments, 3 a lower version in --regression raise mode,
-    5 NATS unreachable, 130/143 interrupted.
+    5 NATS unreachable, 77 permission denied, 130/143 interrupted.
     """
     setup_logging(verbose)
 
@@ -136,6 +136,8 @@ def follow_command(
         raise fail(str(exc), EXIT_USAGE) from None
     except VersionRegressionError as exc:
         raise fail(str(exc), code=EXIT_REGRESSION) from None
+    except PermissionDeniedError as exc:
+        raise fail(str(exc), EXIT_DENIED) from None
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
 

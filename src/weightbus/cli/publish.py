@@ -28,7 +28,7 @@ import typer
 from weightbus.bus.nats import connect
 from weightbus.bus.options import ConnectOptions
 from weightbus.cli.connection import with_connection
-from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.exits import EXIT_DENIED, EXIT_USAGE, fail, run_async
 from weightbus.cli.options import (
     DEFAULT_NATS,
     ApiKeyOption,
@@ -47,6 +47,7 @@ from weightbus.errors import (
     FencedError,
     InvalidEventError,
     OwnerAliveError,
+    PermissionDeniedError,
 )
 from weightbus.process.logs import setup_logging
 from weightbus.producers import EngineFleet, VersionPublisher
@@ -215,6 +216,8 @@ def _run(request: _Request) -> int:
         raise fail(_with_notes(exc) + "; nothing was published", EXIT_ENGINE) from None
     except InvalidEventError as exc:
         raise fail(f"{exc}; fix or purge the subject before publishing", EXIT_INVALID) from None
+    except PermissionDeniedError as exc:
+        raise fail(str(exc), EXIT_DENIED) from None
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
     except ValueError as exc:
@@ -247,7 +250,8 @@ def publish_command(
     this command paused.
 
     Exit codes: 0 published (version on stdout), 2 bad arguments, 3 fenced or owner alive, 4 engine error
-    or out of sync, 5 NATS unreachable or publish failed, 6 invalid event stored, 130/143 interrupted.
+    or out of sync, 5 NATS unreachable or publish failed, 6 invalid event stored, 77 permission denied,
+    130/143 interrupted.
     """
     setup_logging(verbose)
     engines = list(engine or [])

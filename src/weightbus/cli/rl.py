@@ -6,18 +6,20 @@ field's. ``--policy`` is required (or ``WEIGHTBUS_POLICY``, or ``policy`` in the
 per step on stderr (a bar for the trainer on a terminal); ``--quiet`` silences it.
 
 torch is imported by the trainer command only, after option parsing. Exit codes: 2 bad option, config or task,
-3 fenced (another trainer took the counter over), 4 an engine push failed or is out of sync, 5 NATS unreachable or
-a permission refusal on a subject the process cannot work without.
+3 fenced (another trainer took the counter over), 4 an engine push failed or is out of sync, 5 NATS unreachable,
+77 a permission refusal on a subject the process cannot work without. Flags are checked before anything starts.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Final
 
 import msgspec
 import typer
 
+from weightbus.bus import subjects
 from weightbus.bus.options import ConnectOptions
 from weightbus.cli._common import (
     MetricsHostOption,
@@ -30,16 +32,26 @@ from weightbus.cli._common import (
     start_metrics,
     with_connection,
 )
-from weightbus.rl.config import ConfigError, RolloutConfig, TrainerConfig, load_config, make_config
+from weightbus.errors import InvalidPolicyError
+from weightbus.rl.config import (
+    MIN_SHARED_LEASE_S,
+    ConfigError,
+    RolloutConfig,
+    TrainerConfig,
+    load_config,
+    make_config,
+)
 
-__all__ = ["EXIT_ENGINE", "EXIT_FENCED", "EXIT_NATS", "register"]
+__all__ = ["EXIT_DENIED", "EXIT_ENGINE", "EXIT_FENCED", "EXIT_NATS", "register"]
 
 #: Another trainer took the counter over.
 EXIT_FENCED: Final = 3
 #: An engine push failed or an engine is out of sync.
 EXIT_ENGINE: Final = 4
-#: NATS unreachable, or the user may not use a subject the process needs (``PermissionDeniedError``).
+#: NATS unreachable.
 EXIT_NATS: Final = 5
+#: The user may not use a subject the process needs (``PermissionDeniedError``).
+EXIT_DENIED: Final = 77
 
 
 def _default(kind: type[Any], name: str) -> str:
@@ -77,10 +89,46 @@ PolicyRequired = Annotated[
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")]
 
 
+#: The flag of each config field whose flag is not ``--<field-with-dashes>``; None: the field has no flag.
+_FLAGS: Final[dict[str, str | None]] = {
+    "router_url": "--router",
+    "nats_url": "--nats",
+    "cap": "--admission-cap",
+    "admission_lease_s": None,
+    "temperature": None,
+    "clip": None,
+    "consumer": None,
+    "freeze_heap": None,
+    "early_abort": None,
+}
+_AT_FIELD = re.compile(r"\s*-\s*at `\$\.(?P<field>[a-z_]+)`")
+
+
+def _where(field: str) -> str:
+    """How an operator names ``field``: its flag (or ``"field" in --config``) and the config key."""
+    flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+    return f'{flag} (or "{field}" in --config)' if flag is not None else f'"{field}" in --config'
+
+
+def _check(config: Any) -> None:
+    """The checks a field's own type cannot make; each names the flag. Raises ConfigError."""
+    try:
+        subjects.validate_policy(config.policy)
+    except InvalidPolicyError as exc:
+        raise ConfigError(f"{_where('policy')}: {exc}") from None
+    if isinstance(config, RolloutConfig) and config.admission_shared and config.admission_lease_s <= MIN_SHARED_LEASE_S:
+        raise ConfigError(
+            f"{_where('admission_lease_s')} is {config.admission_lease_s:g}: with --admission-shared a lease must "
+            f"be longer than {MIN_SHARED_LEASE_S:g} s (three times the budget's 1 s clock-skew allowance)"
+        )
+
+
 def _build(kind: type[Any], config_file: Path | None, **given: Any) -> Any:
     try:
         base = load_config(config_file, kind) if config_file is not None else None
-        return make_config(kind, base, **given)
+        config = make_config(kind, base, **given)
+        _check(config)
+        return config
     except ConfigError as exc:
         message = str(exc)
         if "missing required field `policy`" in message:
@@ -89,6 +137,9 @@ def _build(kind: type[Any], config_file: Path | None, **given: Any) -> Any:
             message = '--router is required (or "router_url" in --config)'
         elif "missing required field `run_dir`" in message:
             message = '--run-dir is required (or "run_dir" in --config)'
+        elif (at := _AT_FIELD.search(message)) is not None:
+            # msgspec names the field by its JSON path; the operator typed a flag.
+            message = f"{_where(at.group('field'))}: {message[: at.start()]}{message[at.end() :]}"
         raise fail(message, 2) from None
 
 
@@ -200,7 +251,9 @@ def rollout_command(
 
         try:
             run_async(run_rollout(config, task=loaded, connection=connection, registry=registry, progress=progress))
-        except (BusConnectError, PermissionDeniedError) as exc:
+        except PermissionDeniedError as exc:
+            raise fail(str(exc), EXIT_DENIED) from None
+        except BusConnectError as exc:
             raise fail(str(exc), EXIT_NATS) from None
 
 
@@ -284,7 +337,9 @@ def trainer_command(
             raise fail(str(exc), EXIT_FENCED) from None
         except EngineError as exc:
             raise fail(str(exc), EXIT_ENGINE) from None
-        except (BusConnectError, PermissionDeniedError) as exc:
+        except PermissionDeniedError as exc:
+            raise fail(str(exc), EXIT_DENIED) from None
+        except BusConnectError as exc:
             raise fail(str(exc), EXIT_NATS) from None
     typer.echo(f"trained {config.steps} steps; last version v{version}")
 

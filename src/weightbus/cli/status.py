@@ -23,7 +23,7 @@ import typer
 from weightbus.bus.nats import connect
 from weightbus.bus.options import ConnectOptions
 from weightbus.cli.connection import with_connection
-from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.exits import EXIT_DENIED, EXIT_USAGE, fail, run_async
 from weightbus.cli.options import (
     DEFAULT_NATS,
     ApiKeyOption,
@@ -35,7 +35,7 @@ from weightbus.cli.options import (
     VerboseOption,
 )
 from weightbus.engines._http import normalize_url
-from weightbus.errors import BusError, EngineError
+from weightbus.errors import BusError, EngineError, PermissionDeniedError
 from weightbus.process.logs import setup_logging
 from weightbus.producers import EngineFleet
 from weightbus.producers.status import EngineReadBack, read_weights_history
@@ -252,7 +252,7 @@ def status_command(
 
     Exit codes (lowest wins): 0 ok, 2 bad arguments, 3 engine out of sync or unreadable, 4 never
     published, 5 NATS unreachable or without JetStream, 6 newest stored event invalid, 7 newest stored
-    event rejected.
+    event rejected, 77 permission denied.
     """
     setup_logging(verbose)
     try:
@@ -266,6 +266,8 @@ def status_command(
         status = run_async(
             _status(nats, policy, list(engine or []), router, connect_timeout, api_key, engine_timeout, connection)
         )
+    except PermissionDeniedError as exc:
+        raise fail(str(exc), EXIT_DENIED) from None
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
     if as_json:

@@ -4,7 +4,7 @@ Clients only create the stream when it is missing and never change an existing o
 explicit admin action: it creates the stream, or upgrades an existing one to what weightbus relies on,
 with the replicas asked for and ``deny_delete``/``deny_purge`` on by default; settings weightbus does not
 rely on (limits, placement) are kept. ``check`` only reads. Exit codes: 0 fine, 1 the stream does not fit
-(check) or the server refused the change (create), 2 bad arguments, 5 NATS unreachable or permission denied.
+(check) or the server refused the change (create), 2 bad arguments, 5 NATS unreachable, 77 permission denied.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import typer
 
 from weightbus.bus.options import ConnectOptions
 from weightbus.cli.connection import with_connection
-from weightbus.cli.exits import fail, run_async
+from weightbus.cli.exits import EXIT_DENIED, fail, run_async
 from weightbus.cli.options import DEFAULT_NATS, ConnectTimeoutOption, NatsOption, VerboseOption
-from weightbus.errors import BusConnectError, BusError, StreamNotFoundError
+from weightbus.errors import BusConnectError, BusError, PermissionDeniedError, StreamNotFoundError
 from weightbus.process.logs import setup_logging
 
 __all__ = ["EXIT_BUS", "EXIT_MISMATCH", "register"]
@@ -83,6 +83,8 @@ def create_command(
     except BusConnectError as exc:
         code = EXIT_MISMATCH if exc.cause == "stream" else EXIT_BUS
         raise fail(str(exc), code) from None
+    except PermissionDeniedError as exc:
+        raise fail(str(exc), EXIT_DENIED) from None
     except BusError as exc:
         raise fail(str(exc), EXIT_BUS) from None
 
@@ -123,6 +125,8 @@ def check_command(
         ) from None
     except BusConnectError as exc:
         raise fail(str(exc), EXIT_MISMATCH if exc.cause == "stream" else EXIT_BUS) from None
+    except PermissionDeniedError as exc:
+        raise fail(str(exc), EXIT_DENIED) from None
     except BusError as exc:
         raise fail(str(exc), EXIT_BUS) from None
     typer.echo(described)

@@ -29,10 +29,10 @@ from weightbus.bus.trace import record as record_events
 from weightbus.bus.trace import replay as replay_events
 from weightbus.cli.checks import check_policy, check_writable_file
 from weightbus.cli.connection import with_connection
-from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.exits import EXIT_DENIED, EXIT_USAGE, fail, run_async
 from weightbus.cli.metrics_server import start_metrics
 from weightbus.cli.options import DEFAULT_NATS, MetricsHostOption, MetricsPortOption, NatsOption, VerboseOption
-from weightbus.errors import BusError, InvalidEventError, InvalidPolicyError
+from weightbus.errors import BusError, InvalidEventError, InvalidPolicyError, PermissionDeniedError
 from weightbus.process.logs import setup_logging
 from weightbus.schemas import decode, encode
 
@@ -71,7 +71,7 @@ def record_command(
     By default only new events are recorded (--deliver new): on an idle bus, --count N waits for N new
     events; --deliver all records the retained history first. One line on stderr says which at start.
     The format is documented in docs/trace-format.md; `weightbus replay` republishes a trace.
-    Exit codes: 0 done, 2 bad arguments or unwritable --out, 5 NATS unreachable, 130/143 interrupted.
+    Exit codes: 0 done, 2 bad arguments or unwritable --out, 5 NATS unreachable, 77 denied, 130/143 interrupted.
     """
     setup_logging(verbose)
     pattern = subjects_.strip()
@@ -100,6 +100,8 @@ def record_command(
         n = run_async(_run())
     except OSError as exc:
         raise fail(f"cannot write {out}: {exc.strerror or exc}", EXIT_USAGE) from None
+    except PermissionDeniedError as exc:
+        raise fail(str(exc), EXIT_DENIED) from None
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
     typer.echo(f"recorded {n} events", err=True)
@@ -212,7 +214,8 @@ def replay_command(
     A policy whose weights subject already has events needs --force (replaying would fence its trainer);
     --as-policy NEW replays the trace under another policy id.
 
-    Exit codes: 0 done, 2 invalid trace or arguments, 3 target policy has events (no --force), 5 NATS unreachable.
+    Exit codes: 0 done, 2 invalid trace or arguments, 3 target policy has events (no --force), 5 NATS unreachable,
+    77 denied.
     """
     setup_logging(verbose)
     try:
@@ -249,6 +252,8 @@ def replay_command(
         n = run_async(_run())
     except _LivePolicyError as exc:
         raise fail(str(exc), EXIT_LIVE_POLICY) from None
+    except PermissionDeniedError as exc:
+        raise fail(str(exc), EXIT_DENIED) from None
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
     typer.echo(f"replayed {n} new events", err=True)

@@ -36,7 +36,7 @@ from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.options import ConnectOptions
 from weightbus.bus.protocol import Bus, Deliver, Envelope
 from weightbus.cli.connection import with_connection
-from weightbus.cli.exits import EXIT_USAGE, fail, run_async
+from weightbus.cli.exits import EXIT_DENIED, EXIT_USAGE, fail, run_async
 from weightbus.cli.metrics_server import start_metrics
 from weightbus.cli.options import (
     DEFAULT_NATS,
@@ -49,7 +49,7 @@ from weightbus.cli.options import (
 from weightbus.consumers.monitor import MonitorState, PolicyView, reduce, waste_summary
 from weightbus.consumers.tracker.heap import freeze_startup_heap
 from weightbus.consumers.tracker.metrics import TrackerMetrics
-from weightbus.errors import BusError, InvalidPolicyError, SlowConsumerError
+from weightbus.errors import BusError, InvalidPolicyError, PermissionDeniedError, SlowConsumerError
 from weightbus.process.logs import route_logs, setup_logging
 from weightbus.rules.chain import TrackerAction
 from weightbus.schemas.weights import WeightUpdated
@@ -290,7 +290,8 @@ def watch_command(
     Versions go through the trackers' rule: a lower version is held and its event flagged as rejected.
     Works against `weightbus replay` of a recorded trace too.
 
-    Exit codes: 0 done (--duration/--count), 2 bad arguments, 5 NATS unreachable, 130/143 interrupted.
+    Exit codes: 0 done (--duration/--count), 2 bad arguments, 5 NATS unreachable, 77 permission denied,
+    130/143 interrupted.
     """
     setup_logging(verbose)
     try:
@@ -313,6 +314,8 @@ def watch_command(
 
     try:
         run_async(_run())
+    except PermissionDeniedError as exc:
+        raise fail(str(exc), EXIT_DENIED) from None
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
 

@@ -15,6 +15,9 @@ Invariants:
   the owner dies by any signal (SIGKILL included) the pipe closes and the watchdog kills the server
   and removes a temporary store. A clean ``stop()`` stands the watchdog down first.
 * It is stopped by its pid: SIGTERM, then SIGKILL after a grace period. Port 4222 is never assumed free.
+* Nothing is written beside a store or a config it is given: a config naming its own ``store_dir`` is run as a
+  rewritten copy in a temporary directory of its own, removed by ``stop()`` (and by the watchdog, or the next
+  instance's sweep, when the owner dies).
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ _WATCHDOG: Final = (
     "if data!=b'stop':\n"
     "    try: os.kill(int(sys.argv[1]),signal.SIGKILL)\n"
     "    except ProcessLookupError: pass\n"
-    "    if sys.argv[2]: shutil.rmtree(sys.argv[2],ignore_errors=True)\n"
+    "    for d in sys.argv[2:]:\n"
+    "        if d: shutil.rmtree(d,ignore_errors=True)\n"
 )
 
 
@@ -156,7 +160,8 @@ class EmbeddedNats:
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
         self._saw_ready = False
-        self._config_copy: Path | None = None
+        self._config_dir: Path | None = None
+        """The temporary directory of the rewritten config copy, when one is needed."""
 
     @property
     def url(self) -> str:
@@ -181,9 +186,10 @@ class EmbeddedNats:
             text = Path(self.config).read_text()
             if _STORE_DIR.search(text):
                 # nats-server refuses -sd beside a config's store_dir: run a copy pointing at our store.
-                copy = self.store_dir.parent / f"{self.store_dir.name}.conf"
+                if self._config_dir is None:
+                    self._config_dir = Path(tempfile.mkdtemp(prefix=f"{_STORE_PREFIX}{os.getpid()}-conf-"))
+                copy = self._config_dir / Path(self.config).name
                 copy.write_text(_STORE_DIR.sub(lambda m: f"{m.group(1)}{json.dumps(str(self.store_dir))}", text))
-                self._config_copy = copy
                 store = []
                 cmd += ["-c", str(copy)]
             else:
@@ -258,8 +264,9 @@ class EmbeddedNats:
 
     def _start_watchdog(self, pid: int) -> None:
         store = str(self.store_dir) if self._own_store else ""
+        conf = str(self._config_dir) if self._config_dir is not None else ""
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(pid), store],
+            [sys.executable, "-c", _WATCHDOG, str(pid), store, conf],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -299,8 +306,9 @@ class EmbeddedNats:
             self._reader = None
         if self._own_store if remove_store is None else remove_store:
             shutil.rmtree(self.store_dir, ignore_errors=True)
-            if self._config_copy is not None:
-                self._config_copy.unlink(missing_ok=True)
+        conf, self._config_dir = self._config_dir, None
+        if conf is not None:  # rewritten from the config at the next start()
+            shutil.rmtree(conf, ignore_errors=True)
 
     def kill(self) -> None:
         """Kill the server abruptly (chaos tests); the store is kept so ``start()`` resumes it."""

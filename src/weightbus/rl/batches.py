@@ -176,7 +176,7 @@ async def serve_batches(bus: Any, policy: str, handler: Callable[[BatchRequest],
     # on the late PONG, so it awaits a shield and the round trips always finish.
     registered = asyncio.ensure_future(subscribe())
     try:
-        return await bus.guard(_subscribe_to(subject), asyncio.shield(registered))
+        return await bus.guard(_subscribe_to(subject), asyncio.shield(registered), subject=subject)
     except PermissionDeniedError:
         with contextlib.suppress(Exception):
             await registered
@@ -196,7 +196,7 @@ async def request_batch(bus: Any, policy: str, request: BatchRequest, *, timeout
         PermissionDeniedError: this user may not publish to the subject.
     """
     subject = batch_subject(policy)
-    return await bus.guard(_publish_to(subject), _request(bus.client, policy, request, timeout))
+    return await bus.guard(_publish_to(subject), _request(bus.client, policy, request, timeout), subject=subject)
 
 
 async def _request(nc: Any, policy: str, request: BatchRequest, timeout: float) -> BatchReply:

@@ -12,19 +12,38 @@ variables (``weightbus.bus.ConnectOptions``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Final, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
 
 from weightbus.errors import ConfigError
 
-__all__ = ["ConfigError", "RolloutConfig", "TrainerConfig", "dump_config", "load_config", "make_config"]
+__all__ = [
+    "MAX_GROUP_SIZE",
+    "MAX_IN_FLIGHT",
+    "MIN_SHARED_LEASE_S",
+    "ConfigError",
+    "RolloutConfig",
+    "TrainerConfig",
+    "dump_config",
+    "load_config",
+    "make_config",
+]
 
 _C = TypeVar("_C", bound=msgspec.Struct)
 
 #: The client default; weightbus never starts a server on 4222 itself.
 _DEFAULT_NATS = "nats://127.0.0.1:4222"
+
+#: The most prompt groups one rollout process keeps in flight (``in_flight``, ``cap``): each is a task and
+#: ``group_size`` open requests to the router; far beyond this a process spends its time scheduling them.
+MAX_IN_FLIGHT: Final = 1024
+#: The most samples in one prompt group.
+MAX_GROUP_SIZE: Final = 1024
+#: The shortest ``admission_lease_s`` a shared budget accepts: it must exceed three times its clock-skew
+#: allowance (``SharedBudget``'s ``skew_s``, 1 s), so that renewals every third of a lease land in time.
+MIN_SHARED_LEASE_S: Final = 3.0
 
 
 class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -38,11 +57,11 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """The NATS to use (several URLs comma-separated)."""
     task: str = "weightbus.rl.task:ReverseDigits"
     """The task (prompts, tokenizer, reward), as ``package.module:factory``."""
-    group_size: Annotated[int, Meta(ge=2)] = 8
+    group_size: Annotated[int, Meta(ge=2, le=MAX_GROUP_SIZE)] = 8
     """Samples per prompt group."""
     batch: Annotated[int, Meta(ge=1)] = 8
     """Groups per training batch (sizes the buffer)."""
-    in_flight: Annotated[int, Meta(ge=1)] = 4
+    in_flight: Annotated[int, Meta(ge=1, le=MAX_IN_FLIGHT)] = 4
     """Prompt groups being generated at once."""
     max_staleness: Annotated[int, Meta(ge=0)] = 1
     """The largest staleness kept."""
@@ -54,7 +73,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """Pace generation (``weightbus.consumers.admission``): ``bounded`` starts a group only while it can still
     be trained within ``max_staleness``, ``cap`` keeps at most ``cap`` groups running, ``off`` keeps
     ``in_flight`` groups running whatever becomes of them."""
-    cap: Annotated[int, Meta(ge=1)] | None = None
+    cap: Annotated[int, Meta(ge=1, le=MAX_IN_FLIGHT)] | None = None
     """The ``cap`` mode's limit on running groups (default: ``in_flight``)."""
     admission_shared: bool = False
     """Share one budget with the policy's other rollout processes (``weightbus.<policy>.admission``)."""
