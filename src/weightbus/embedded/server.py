@@ -178,6 +178,15 @@ class EmbeddedNats:
         """The last lines the server logged (at most 200)."""
         return list(self._lines)
 
+    def config_env(self) -> dict[str, str]:
+        """The shipped configs' variables (``ops/nats/*.conf``) for this instance: its address and store, and a
+        monitoring port nats-server chooses. ``env`` overrides them."""
+        return {
+            "WEIGHTBUS_CLIENT_LISTEN": f"127.0.0.1:{self.port}",
+            "WEIGHTBUS_HTTP_LISTEN": "127.0.0.1:-1",
+            "WEIGHTBUS_STORE": str(self.store_dir),
+        }
+
     def command(self) -> list[str]:
         """The nats-server command line this instance runs."""
         cmd = [self.binary]
@@ -216,7 +225,7 @@ class EmbeddedNats:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, **self.env},
+            env={**os.environ, **self.config_env(), **self.env},
             # PDEATHSIG follows the forking *thread*: from a worker thread it would kill the server when
             # that thread ends, so there only the watchdog guards against a dead owner.
             preexec_fn=_pdeathsig_hook() if on_main else None,
