@@ -50,7 +50,8 @@ lint-imports: venv
 
 rules-test:
 	@if command -v promtool > /dev/null; then \
-	  promtool check rules ops/prometheus/*.yml && promtool test rules ops/prometheus/tests/*.yml; \
+	  promtool check rules ops/prometheus/weightbus-rules.yml && promtool check config ops/prometheus/prometheus.yml \
+	    && promtool test rules ops/prometheus/tests/*.yml; \
 	else echo "make test: promtool not installed (apt-get install prometheus); alert rule tests skipped"; fi
 
 demo: venv
