@@ -212,4 +212,7 @@ async def test_the_buffer_alone_survives_miles_failover_regression(
         assert all(int(label) <= current for label in group_labels), (current, group_labels)
     assert len(trained) == 61 * 2  # every drain completed, the four after the failover too
     drained = await reports(nats_bus, miles_env)
-    assert any(getattr(r, "regressed", False) for r in drained), "the drain after 57 -> 1 is flagged regressed"
+    states = [r.version_state for r in drained]
+    assert "regressed" not in states[:57] and states[57:] == ["regressed"] * 4, states
+    assert out.metrics["weightbus/version_regressions"] == 1  # counted once, alerted once
+    assert sum("went backwards" in r.getMessage() for r in caplog.records) == 1
