@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.integrations.miles_standin import (
     DynamicFilterOutput,
@@ -29,6 +30,7 @@ from tests.integrations.miles_standin import (
 )
 from weightbus.bus import NatsBus, subjects
 from weightbus.bus.history import read_subject_history
+from weightbus.consumers.drain.metrics import StalenessMetrics
 from weightbus.errors import TrackerNotReadyError
 from weightbus.producers import VersionPublisher
 from weightbus.schemas import DrainReport, WeightUpdated
@@ -196,6 +198,8 @@ async def test_the_buffer_alone_survives_miles_failover_regression(
             make_args(max_weight_staleness=2), ScriptedDataSource([], fresh=lambda i: make_group(i, []))
         )
         fn.generate_and_rm_group = fn.engine_generate
+        registry = CollectorRegistry()
+        fn.buffer.stage.metrics = StalenessMetrics(registry).for_policy(miles_env)  # what a caller's metrics= sets
         trained: list[tuple[int, list[str]]] = []
         try:
             for rollout_id, version in enumerate([*range(1, 58), 1, 2, 3, 4]):  # 57 -> 1: miles' failover
@@ -215,4 +219,5 @@ async def test_the_buffer_alone_survives_miles_failover_regression(
     states = [r.version_state for r in drained]
     assert "regressed" not in states[:57] and states[57:] == ["regressed"] * 4, states
     assert out.metrics["weightbus/version_regressions"] == 1  # counted once, alerted once
+    assert registry.get_sample_value("weightbus_host_version_regressions_total", {"policy": miles_env}) == 1
     assert sum("went backwards" in r.getMessage() for r in caplog.records) == 1

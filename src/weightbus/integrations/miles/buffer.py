@@ -59,6 +59,7 @@ from typing import Any, Final
 
 from weightbus.bus.protocol import Bus
 from weightbus.consumers.admission import AcceptedGroups
+from weightbus.consumers.drain.metrics import DrainMetrics
 from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
@@ -85,6 +86,8 @@ class WeightbusDataBuffer:
         input: miles' ``DataBufferConstructorInput`` (``args`` and ``unused_handler_fn``; older miles
             versions call the handler ``on_evict``).
         bus: a connected bus to use instead of connecting to ``WEIGHTBUS_NATS`` (tests, shared connections).
+        metrics: the policy's Prometheus metrics (``StalenessMetrics(registry).for_policy(policy)``), or None;
+            they include ``weightbus_host_version_regressions_total``.
         dynamic_filter: a miles dynamic filter ``(args, group) -> output with .keep and .reason``; by default
             loaded from ``args.dynamic_sampling_filter_path`` through miles when that is set.
         ready_timeout: seconds the first ``put``/``get``, and then each ``get_metrics`` window's first
@@ -103,6 +106,7 @@ class WeightbusDataBuffer:
         bus: Bus | None = None,
         dynamic_filter: Callable[[Any, list[Any]], Any] | None = None,
         ready_timeout: float | None = None,
+        metrics: DrainMetrics | None = None,
     ) -> None:
         args = input.args
         self._args = args
@@ -133,6 +137,7 @@ class WeightbusDataBuffer:
             max_staleness=self.max_staleness,
             on_stale="recycle" if recycles else "drop",
             unknown=unknown,  # type: ignore[arg-type]  # checked above
+            metrics=metrics,
         )
         # The slots of admitted groups, settled by the drain engine as it keeps or routes each one.
         self._accepted = AcceptedGroups()
@@ -356,6 +361,8 @@ class WeightbusDataBuffer:
         if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
             if self._last is not None and version < self._last:
                 self.regressions += 1
+                if self.stage.metrics is not None:
+                    self.stage.metrics.version_regressed()
                 log.error(
                     "miles' version went backwards (%d -> %d): without a version on the bus this buffer cannot"
                     " tell the new numbering's groups from the old one's; judging against miles' current version,"
