@@ -93,7 +93,8 @@ class Verdict:
     Attributes:
         reason: ``fresh`` or ``unmeasured`` (keep), ``stale`` or ``unknown_version`` (filter).
         staleness: ``current - oldest`` against the current used, or None when unknown.
-        current: the version judged against: ``max(current, newest)``, or None when the filter is off.
+        current: the version judged against: ``max(current, newest)`` (``current`` itself in a regressed
+            judgement), or None when the filter is off.
         tracker_behind: the group held a version newer than the ``current`` passed in.
     """
 
