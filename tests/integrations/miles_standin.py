@@ -311,6 +311,24 @@ class FullyAsyncRolloutFn:
         cls = load_function(args.custom_async_data_buffer_path)
         self.buffer = cls(DataBufferConstructorInput(args=args, unused_handler_fn=handler))
         self._worker: asyncio.Task[None] | None = None
+        self.weight_version: int | None = None
+
+    def set_weight_version(self, version: int) -> None:
+        """``RolloutManager.set_weight_version``: the number miles' actor passes after each push (its own
+        counter, which a failover restarts at 1); the engines now serve weights labelled ``str(version)``."""
+        self.weight_version = version
+
+    async def train(self, rollout_id: int) -> RolloutFnTrainOutput:
+        """miles' train loop step: drain against the version last passed to ``set_weight_version``."""
+        return await self(RolloutFnTrainInput(rollout_id=rollout_id, weight_version=self.weight_version))
+
+    async def engine_generate(self, args: Namespace, prompt_group: list[Sample]) -> list[Sample]:
+        """Generation on engines that serve the last pushed weights: each sample is labelled with them."""
+        await asyncio.sleep(0)
+        for sample in prompt_group:
+            sample.weight_versions = [str(self.weight_version)]
+            sample.status = Sample.Status.COMPLETED
+        return prompt_group
 
     def _recycle(self, prompt_group: list[Sample]) -> None:
         for sample in prompt_group:

@@ -10,11 +10,13 @@ what the buffer still holds, and the ``DrainReport`` stored on the bus.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.integrations.miles_standin import (
     DynamicFilterOutput,
@@ -28,6 +30,7 @@ from tests.integrations.miles_standin import (
 )
 from weightbus.bus import NatsBus, subjects
 from weightbus.bus.history import read_subject_history
+from weightbus.consumers.drain.metrics import StalenessMetrics
 from weightbus.errors import TrackerNotReadyError
 from weightbus.producers import VersionPublisher
 from weightbus.schemas import DrainReport, WeightUpdated
@@ -179,3 +182,42 @@ async def test_a_reason_less_dynamic_filter_drop_emits_no_drop_key(nats_bus: Nat
     assert fn.data_source.recycled == []  # dynamic-filter rejects are always dropped, even under retry
     [report] = await reports(nats_bus, miles_env)
     assert report.reasons == {"filtered": 2} and report.dropped == 2
+
+
+async def test_the_buffer_alone_survives_miles_failover_regression(
+    nats_bus: NatsBus, miles_env: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """weightbus #24 item 7: nothing on the bus; miles passes 1..57, then its failover restarts at 1.
+
+    Today the buffer judges every new group against 57 (the highest miles ever passed) and no drain
+    completes. Wanted: the drain completes, judged against miles' current version and flagged ``regressed``;
+    no group is trained fresher than the weights that produced it.
+    """
+    with install_miles_helpers():
+        fn = FullyAsyncRolloutFn(
+            make_args(max_weight_staleness=2), ScriptedDataSource([], fresh=lambda i: make_group(i, []))
+        )
+        fn.generate_and_rm_group = fn.engine_generate
+        registry = CollectorRegistry()
+        fn.buffer.stage.metrics = StalenessMetrics(registry).for_policy(miles_env)  # what a caller's metrics= sets
+        trained: list[tuple[int, list[str]]] = []
+        try:
+            for rollout_id, version in enumerate([*range(1, 58), 1, 2, 3, 4]):  # 57 -> 1: miles' failover
+                fn.set_weight_version(version)
+                out = await asyncio.wait_for(
+                    fn.train(rollout_id), timeout=20
+                )  # generous: a drain here takes milliseconds
+                trained.extend((version, g[0].weight_versions) for g in out.samples)
+        finally:
+            await fn.aclose()
+    # No group is trained against a version below the one it was stamped with: after 57 -> 1, the
+    # old numbering's 56 and 57 are above miles' current version, so they are stale, not fresh.
+    for current, group_labels in trained:
+        assert all(int(label) <= current for label in group_labels), (current, group_labels)
+    assert len(trained) == 61 * 2  # every drain completed, the four after the failover too
+    drained = await reports(nats_bus, miles_env)
+    states = [r.version_state for r in drained]
+    assert "regressed" not in states[:57] and states[57:] == ["regressed"] * 4, states
+    assert out.metrics["weightbus/version_regressions"] == 1  # counted once, alerted once
+    assert registry.get_sample_value("weightbus_host_version_regressions_total", {"policy": miles_env}) == 1
+    assert sum("went backwards" in r.getMessage() for r in caplog.records) == 1

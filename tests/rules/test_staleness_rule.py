@@ -134,3 +134,18 @@ def test_property_never_admits_a_group_older_than_the_bound(versions, current, m
         assert v.staleness is not None and 0 <= v.staleness <= max_staleness
     if unknown == "stale":
         assert numeric and all(x.isdigit() for vs in versions for x in vs)
+
+
+@given(st.integers(0, 100), st.integers(1, 100), st.integers(0, 5))
+def test_a_regressed_judgement_never_admits_a_label_above_current_and_never_raises_it(
+    current: int, above: int, max_staleness: int
+) -> None:
+    """weightbus #24 item 7: after the host's version went backwards, a higher label is the old numbering's."""
+    from weightbus.rules.staleness import GroupVersions
+
+    versions = GroupVersions(oldest=current + above, newest=current + above, unknown=False, labelled=True)
+    verdict = judge(versions, current, max_staleness=max_staleness, regressed=True)
+    assert verdict.reason is Reason.STALE and verdict.staleness is None
+    assert verdict.current == current  # not raised to the old numbering's label
+    normal = judge(versions, current, max_staleness=max_staleness)
+    assert normal.current == current + above  # outside a regression the label is evidence, as before

@@ -11,6 +11,10 @@
 * A sample newer than ``current`` means the tracker is behind: the judgement uses the newest version
   seen as current, so staleness is never negative and never admits a group by coming out negative.
 * ``max_staleness is None`` turns filtering off but staleness is still measured.
+* ``regressed``: the host's own version went backwards with nothing on the bus (miles' failover
+  restarts its counter at 1), so a label above ``current`` is from the old numbering, not evidence of
+  a newer version: the group is judged ``stale`` (staleness unknown), never fresh, and ``current``
+  is not raised (raising it to the old numbering's top would judge every new group stale for ever).
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ class Verdict:
     Attributes:
         reason: ``fresh`` or ``unmeasured`` (keep), ``stale`` or ``unknown_version`` (filter).
         staleness: ``current - oldest`` against the current used, or None when unknown.
-        current: the version judged against: ``max(current, newest)``, or None when the filter is off.
+        current: the version judged against: ``max(current, newest)`` (``current`` itself in a regressed
+            judgement), or None when the filter is off.
         tracker_behind: the group held a version newer than the ``current`` passed in.
     """
 
@@ -175,6 +180,7 @@ def judge(
     *,
     max_staleness: int | None,
     unknown: UnknownPolicy = "stale",
+    regressed: bool = False,
 ) -> Verdict:
     """Apply the staleness rule to one group.
 
@@ -184,6 +190,8 @@ def judge(
         max_staleness: the largest staleness kept, or None to measure without filtering.
         unknown: ``stale`` judges a group with a non-version label, or no label, ``unknown_version``;
             ``ignore`` skips non-numeric labels as miles does.
+        regressed: ``current`` is the host's own version after it went backwards (see the module): a
+            label above it is judged stale and does not raise it.
 
     Raises:
         ValueError: ``unknown`` is not ``stale`` or ``ignore``, or ``max_staleness`` is negative.
@@ -195,6 +203,8 @@ def judge(
     if current is None:
         return Verdict(Reason.UNMEASURED, None, None)
     behind = versions.newest is not None and versions.newest > current
+    if behind and regressed:
+        return Verdict(Reason.STALE, None, current)
     if behind:
         current = versions.newest
     if unknown == "stale" and (versions.unknown or not versions.labelled):

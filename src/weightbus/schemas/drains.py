@@ -37,7 +37,8 @@ class DrainReport(DrainEvent, tag="drain.report"):
         queue_size: groups left in the buffer after the drain.
         version_state: where ``current`` came from: ``current`` (a tracker's known version),
             ``never_published`` (the policy never announced a version: the filter was off),
-            ``given`` (the caller passed the version, or None, directly).
+            ``given`` (the caller passed the version, or None, directly), ``regressed`` (miles' own
+            version after it went backwards with nothing on the bus: labels above it were judged stale).
         tokens_generated, tokens_trained: response tokens of the groups admitted, and of those kept.
         tokens_not_trained: response tokens of the groups not kept, by reason.
         early_aborts, tokens_saved: groups aborted while generating because they had to be stale,

@@ -63,8 +63,9 @@ class DrainStats:
         dynamic_filter: dynamic-filter drops by the host's reason.
         version_state: ``current`` (a tracker's version), ``never_published`` (filter off: the policy
             never announced a version) or ``given`` (passed directly by the caller, or miles' own
-            version while the tracker was not ready); a window of several judgements reports the
-            least trusted (``VERSION_STATES``).
+            version while the tracker was not ready) or ``regressed`` (miles' own version after it
+            went backwards with nothing on the bus; labels above it judged stale); a window of several
+            judgements reports the least trusted (``VERSION_STATES``).
         tokens_generated: response tokens of the groups admitted in the window.
         tokens_trained: response tokens of the groups kept.
         tokens_not_trained: response tokens of the groups not kept, by reason (``stale``,

@@ -7,6 +7,8 @@ Families (prefix ``weightbus_``, label ``policy``; no version numbers or group i
 * ``weightbus_buffer_groups``, ``weightbus_buffer_avg_staleness``, ``weightbus_buffer_max_staleness`` gauges;
 * ``weightbus_tracker_behind_total`` groups that held a version newer than the tracker's;
 * ``weightbus_drain_current_version`` the version the last drain judged against;
+* ``weightbus_host_version_regressions_total`` times a host's own version went backwards with no version
+  on the bus (miles' failover restarting at 1): the drains after it are judged ``regressed``;
 * ``weightbus_drain_report_failures_total`` drain reports that could not be published.
 * ``weightbus_drain_reports_dropped_total`` drain reports dropped because the reporter's bounded
   queue was full (the bus was away for longer than the queue covers).
@@ -147,6 +149,12 @@ class StalenessMetrics:
             ["policy"],
             registry=registry,
         )
+        self.version_regressions = Counter(
+            f"{prefix}_host_version_regressions",
+            "Times the host's own version went backwards with no version on the bus (drains judged 'regressed').",
+            ["policy"],
+            registry=registry,
+        )
         self.drain_current_version = Gauge(
             f"{prefix}_drain_current_version",
             "The version the last drain judged against (unset until one is known).",
@@ -251,6 +259,7 @@ class DrainMetrics:
         self._buffer_max = families.buffer_max_staleness.labels(policy)
         self._behind = families.tracker_behind.labels(policy)
         self._current = families.drain_current_version.labels(policy)
+        self._regressions = families.version_regressions.labels(policy)
         self._report_failures = families.report_failures.labels(policy)
         self._reports_dropped = families.reports_dropped.labels(policy)
 
@@ -271,6 +280,10 @@ class DrainMetrics:
         """Count ``n`` groups that were newer than the tracker."""
         if n > 0:
             self._behind.inc(n)
+
+    def version_regressed(self) -> None:
+        """Count one regression of the host's own version (``weightbus_host_version_regressions_total``)."""
+        self._regressions.inc()
 
     def set_current(self, current: int | None) -> None:
         """Record the version a drain judged against (left unchanged when None)."""

@@ -42,6 +42,7 @@ class DrainTally:
 
     __slots__ = (
         "snapshot",
+        "regressed",
         "current",
         "max_staleness",
         "strict",
@@ -58,8 +59,11 @@ class DrainTally:
         "sums",
     )
 
-    def __init__(self, current: int | None, max_staleness: int | None, unknown: UnknownPolicy = "stale") -> None:
+    def __init__(
+        self, current: int | None, max_staleness: int | None, unknown: UnknownPolicy = "stale", regressed: bool = False
+    ) -> None:
         self.snapshot = current
+        self.regressed = regressed  # labels above current are the old numbering's (rules.staleness)
         self.current = current
         self.max_staleness = max_staleness
         self.unknown: UnknownPolicy = unknown
@@ -131,7 +135,7 @@ class DrainTally:
         """The rule (``staleness.judge``) on a group whose labels were already scanned into ``(lo, hi, flags)``."""
         if flags & HAS_UNKNOWN or not flags & HAS_VERSION:
             self.unknown_labels += 1
-        if self.current is not None and hi > self.snapshot:  # type: ignore[operator]  # snapshot is an int here
+        if self.current is not None and hi > self.snapshot and not self.regressed:  # type: ignore[operator]
             self.behind += 1
             if hi > self.current:
                 # Any group's label is evidence of the current version, an aborted group's too.
@@ -145,9 +149,13 @@ class DrainTally:
             unknown=bool(flags & HAS_UNKNOWN),
             labelled=bool(flags & (HAS_VERSION | HAS_UNKNOWN)),
         )
-        verdict = judge(versions, self.current, max_staleness=self.max_staleness, unknown=self.unknown)
+        verdict = judge(
+            versions, self.current, max_staleness=self.max_staleness, unknown=self.unknown, regressed=self.regressed
+        )
         reason = verdict.reason
-        if reason is Reason.STALE:
+        if reason is Reason.STALE and verdict.staleness is None:
+            self.n_stale += 1  # the old numbering's label above current: no staleness to measure
+        elif reason is Reason.STALE:
             self.stale_oldest.append(versions.oldest)  # type: ignore[arg-type]  # a stale group has an oldest
             self.n_stale += 1
         elif reason is Reason.UNKNOWN_VERSION:

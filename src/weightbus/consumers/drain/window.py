@@ -54,7 +54,7 @@ __all__ = ["VERSION_STATES", "DrainWindow"]
 
 #: ``DrainStats.version_state`` values from the most trusted to the least: a window that judged
 #: against several says the least trusted one.
-VERSION_STATES: Final = ("current", "never_published", "given")
+VERSION_STATES: Final = ("current", "never_published", "given", "regressed")
 _RANK: Final = {state: i for i, state in enumerate(VERSION_STATES)}
 
 
@@ -213,8 +213,11 @@ class DrainWindow:
             version_state: where ``current`` came from (``VERSION_STATES``).
         """
         stage = self.stage
-        t = DrainTally(current, stage.max_staleness, stage.unknown)
-        if current is not None:
+        # "regressed": the host's version went backwards with no bus version; the evidence is the old
+        # numbering's and must not raise current (rules.staleness judges its labels stale instead).
+        regressed = version_state == "regressed"
+        t = DrainTally(current, stage.max_staleness, stage.unknown, regressed=regressed)
+        if current is not None and not regressed:
             evidence = self.evidence
             if evidence is not None and evidence > current:
                 t.evidence(evidence)
@@ -230,7 +233,7 @@ class DrainWindow:
             True if the group was kept (it is in ``t.kept``).
         """
         newest = self._newest
-        if newest is not None and t.current is not None and newest > t.current:
+        if newest is not None and t.current is not None and newest > t.current and not t.regressed:
             t.evidence(newest)  # admitted while this judgement waited (an aborted group's label, say)
         reason = t.add(group)
         kept = reason is Reason.FRESH or reason is Reason.UNMEASURED

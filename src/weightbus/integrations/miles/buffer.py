@@ -59,6 +59,7 @@ from typing import Any, Final
 
 from weightbus.bus.protocol import Bus
 from weightbus.consumers.admission import AcceptedGroups
+from weightbus.consumers.drain.metrics import DrainMetrics
 from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
@@ -85,6 +86,8 @@ class WeightbusDataBuffer:
         input: miles' ``DataBufferConstructorInput`` (``args`` and ``unused_handler_fn``; older miles
             versions call the handler ``on_evict``).
         bus: a connected bus to use instead of connecting to ``WEIGHTBUS_NATS`` (tests, shared connections).
+        metrics: the policy's Prometheus metrics (``StalenessMetrics(registry).for_policy(policy)``), or None;
+            they include ``weightbus_host_version_regressions_total``.
         dynamic_filter: a miles dynamic filter ``(args, group) -> output with .keep and .reason``; by default
             loaded from ``args.dynamic_sampling_filter_path`` through miles when that is set.
         ready_timeout: seconds the first ``put``/``get``, and then each ``get_metrics`` window's first
@@ -103,6 +106,7 @@ class WeightbusDataBuffer:
         bus: Bus | None = None,
         dynamic_filter: Callable[[Any, list[Any]], Any] | None = None,
         ready_timeout: float | None = None,
+        metrics: DrainMetrics | None = None,
     ) -> None:
         args = input.args
         self._args = args
@@ -133,6 +137,7 @@ class WeightbusDataBuffer:
             max_staleness=self.max_staleness,
             on_stale="recycle" if recycles else "drop",
             unknown=unknown,  # type: ignore[arg-type]  # checked above
+            metrics=metrics,
         )
         # The slots of admitted groups, settled by the drain engine as it keeps or routes each one.
         self._accepted = AcceptedGroups()
@@ -159,6 +164,9 @@ class WeightbusDataBuffer:
         self._cond: asyncio.Condition | None = None
         self._buffer: deque[Group] = deque()
         self._passed: int | None = None  # the highest version miles has passed (get or put)
+        self._last: int | None = None  # the latest version miles has passed
+        self.regressions = 0
+        """Times miles' own version went backwards (its failover restarts at 1); each is logged once."""
         self._waited = False  # this window already waited for a tracker that is not ready
         self._admission: MilesAdmission | None | object = _UNSET  # made by the first generate call
         self._wake: asyncio.Task[None] | None = None
@@ -343,12 +351,27 @@ class WeightbusDataBuffer:
                 state = "current"
             elif self._passed is None:
                 state = "never_published"
-        return self._window.finish(self._buffer, version_state=state).metrics
+        metrics = self._window.finish(self._buffer, version_state=state).metrics
+        metrics["weightbus/version_regressions"] = float(self.regressions)
+        return metrics
 
     # -- internals -------------------------------------------------------------------------------
 
     def _pass(self, version: Any) -> None:
         if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+            if self._last is not None and version < self._last:
+                self.regressions += 1
+                if self.stage.metrics is not None:
+                    self.stage.metrics.version_regressed()
+                log.error(
+                    "miles' version went backwards (%d -> %d): without a version on the bus this buffer cannot"
+                    " tell the new numbering's groups from the old one's; judging against miles' current version,"
+                    " the old numbering's higher labels as stale. Install the trainer half to fix the numbering.",
+                    self._last,
+                    version,
+                    extra={"policy": self.policy, "version": version, "previous": self._last},
+                )
+            self._last = version
             if self._passed is None or version > self._passed:
                 self._passed = version
                 if isinstance(self._admission, MilesAdmission):
@@ -392,11 +415,20 @@ class WeightbusDataBuffer:
         except TrackerNotReadyError:
             if self._passed is None:
                 raise
-            return self._passed, "given"  # a lower bound: judges no group fresher than it is
+            return self._given()  # a lower bound: judges no group fresher than it is
         passed = self._passed
         if tracked is None:
-            return passed, "never_published" if passed is None else "given"
+            return (None, "never_published") if passed is None else self._given()
         return (tracked if passed is None else max(tracked, passed)), "current"
+
+    def _given(self) -> tuple[int | None, str]:
+        """Without a bus version: the highest version miles passed, unless miles' own version went backwards
+        since (its failover): then miles' current, ``regressed`` (the drain engine judges the old numbering's
+        higher labels stale rather than raising the version to them, which would stall every drain)."""
+        last, passed = self._last, self._passed
+        if last is not None and passed is not None and last < passed:
+            return last, "regressed"
+        return passed, "given"
 
     def _version_now(self) -> int | None:
         return self._judged_at()[0]
