@@ -51,7 +51,7 @@ from weightbus.producers.coverage import Lineage, fold_lineage
 from weightbus.producers.highwater import HighWaterMark
 from weightbus.rules.chain import TrackerState
 from weightbus.rules.history import WeightsHistory, fold_history
-from weightbus.rules.marks import unexplained_mark_alert_id
+from weightbus.rules.marks import unexplained_mark_alert, unexplained_mark_alert_id
 from weightbus.rules.standing import outranks, owner_standing
 from weightbus.schemas import (
     MAX_VERSION,
@@ -395,17 +395,8 @@ class FencedCounter:
             )
             if refused.seq in alerted:
                 continue
-            alert = VersionRejected(
-                policy=self._policy,
-                reason="unexplained_mark",
-                event_type="CounterHighWater",
-                current=refused.held,
-                incoming=mark.version,
-                incoming_epoch=mark.epoch,
-                publisher=mark.trainer_id,
-                observer=f"trainer:{self._trainer_id}",
-                published_at=now(),
-                event_seq=refused.seq,
+            alert = unexplained_mark_alert(
+                self._policy, refused, observer=f"trainer:{self._trainer_id}", published_at=now()
             )
             try:
                 await self._bus.publish(

@@ -29,9 +29,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from weightbus.rules.chain import TrackerState
+from weightbus.schemas.alerts import VersionRejected
 from weightbus.schemas.weights import CounterHighWater
 
-__all__ = ["MarkJudge", "UnexplainedMark", "chain_seen", "mark_explained", "unexplained_mark_alert_id"]
+__all__ = [
+    "MarkJudge",
+    "UnexplainedMark",
+    "chain_seen",
+    "mark_explained",
+    "unexplained_mark_alert",
+    "unexplained_mark_alert_id",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +79,25 @@ def mark_explained(version: int, seen: int | None, announced: int | None = None)
 def unexplained_mark_alert_id(policy: str, seq: int | None) -> str:
     """The message id of the alert for the unexplained mark at ``seq``: one alert, whoever reports it first."""
     return f"{policy}:alert:unexplained_mark:{seq}"
+
+
+def unexplained_mark_alert(
+    policy: str, refused: UnexplainedMark, *, observer: str, published_at: float
+) -> VersionRejected:
+    """The ``VersionRejected`` alert for ``refused``: the same event whoever reports it (trainer or tracker)."""
+    mark = refused.mark
+    return VersionRejected(
+        policy=policy,
+        reason="unexplained_mark",
+        event_type="CounterHighWater",
+        current=refused.held,
+        incoming=mark.version,
+        incoming_epoch=mark.epoch,
+        publisher=mark.trainer_id,
+        observer=observer,
+        published_at=published_at,
+        event_seq=refused.seq,
+    )
 
 
 class MarkJudge:

@@ -31,7 +31,7 @@ from weightbus.bus.protocol import Bus
 from weightbus.consumers.tracker.metrics import PolicyTrackerMetrics
 from weightbus.errors import BusError
 from weightbus.rules.chain import TrackerState
-from weightbus.rules.marks import MarkJudge, UnexplainedMark, unexplained_mark_alert_id
+from weightbus.rules.marks import MarkJudge, UnexplainedMark, unexplained_mark_alert, unexplained_mark_alert_id
 from weightbus.schemas.alerts import VersionRejected
 from weightbus.schemas.common import now
 from weightbus.schemas.weights import CounterHighWater
@@ -124,18 +124,7 @@ class HighWaterWatch:
         )
         if await self._already_alerted("unexplained_mark", item.seq, None):
             return
-        alert = VersionRejected(
-            policy=self._policy,
-            reason="unexplained_mark",
-            event_type="CounterHighWater",
-            current=item.held,
-            incoming=mark.version,
-            incoming_epoch=mark.epoch,
-            publisher=mark.trainer_id,
-            observer=self._observer,
-            published_at=now(),
-            event_seq=item.seq,
-        )
+        alert = unexplained_mark_alert(self._policy, item, observer=self._observer, published_at=now())
         await self._publish(alert, unexplained_mark_alert_id(self._policy, item.seq), None)
 
     async def report(self, version: int | None, epoch: int | None, publisher: str | None) -> None:
