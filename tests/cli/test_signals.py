@@ -2,7 +2,7 @@
 
 Each command is started as the operator starts it, signalled once it shows it is running (a line it
 prints, a file it opens, a port it listens on), and must exit with the shared code and no traceback.
-``weightbus demo`` is interrupted by ``tests/test_demo.py``; ``publish`` by ``test_publish_interrupt.py``.
+``weightbus demo`` is interrupted by ``tests/demo/test_demo.py``; ``publish`` by ``test_publish_interrupt.py``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "admission.py"
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "admission.py"
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.integrations.miles_standin import (
+from tests.integrations.miles.miles_standin import (
     FullyAsyncRolloutFn,
     GenerateFnOutput,
     RolloutFnTrainInput,
@@ -240,7 +240,7 @@ async def test_a_shared_budget_is_kept_on_the_bus_and_returned_at_close(
 
 
 async def test_a_put_cancelled_while_the_buffer_is_full_returns_its_slot(nats_bus: NatsBus, miles_env: str) -> None:
-    from tests.integrations.miles_standin import DataBufferConstructorInput, DataBufferInput
+    from tests.integrations.miles.miles_standin import DataBufferConstructorInput, DataBufferInput
     from weightbus.integrations.miles import WeightbusDataBuffer
 
     await announce(nats_bus, miles_env, 1)

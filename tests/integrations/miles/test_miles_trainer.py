@@ -23,7 +23,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.integrations.miles_standin import (
+from tests.integrations.miles.miles_standin import (
     DataBufferConstructorInput,
     DataBufferInput,
     FullyAsyncRolloutFn,
@@ -33,7 +33,7 @@ from tests.integrations.miles_standin import (
     make_args,
     make_group,
 )
-from tests.integrations.miles_trainer_standin import (
+from tests.integrations.miles.miles_trainer_standin import (
     FSDP_MODULE,
     ActorHandle,
     AdapterRun,

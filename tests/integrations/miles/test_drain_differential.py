@@ -15,7 +15,7 @@ from argparse import Namespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.integrations.miles_standin import DataBufferConstructorInput, DataBufferInput, Sample
+from tests.integrations.miles.miles_standin import DataBufferConstructorInput, DataBufferInput, Sample
 from weightbus.bus import MemoryBus, subjects
 from weightbus.consumers import FullyAsyncBuffer, StalenessStage, judge_groups
 from weightbus.integrations.miles import WeightbusDataBuffer

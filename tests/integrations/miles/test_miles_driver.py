@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.integrations.miles_standin import (
+from tests.integrations.miles.miles_standin import (
     DynamicFilterOutput,
     FullyAsyncRolloutFn,
     RolloutFnTrainInput,

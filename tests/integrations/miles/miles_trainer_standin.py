@@ -1108,8 +1108,8 @@ def write_fsdp_package(root: Any) -> None:
     for d in (root / "miles", root / "miles" / "backends", pkg):
         (d / "__init__.py").write_text("")
     (pkg / "update_weight_utils.py").write_text(
-        "from tests.integrations.miles_trainer_standin import dist, ray, get_gloo_group\n"
-        "from tests.integrations import miles_trainer_standin as _s\n"
+        "from tests.integrations.miles.miles_trainer_standin import dist, ray, get_gloo_group\n"
+        "from tests.integrations.miles import miles_trainer_standin as _s\n"
         "class UpdateWeight(_s.FsdpUpdateWeight):\n"
         "    update_weights = _s.FsdpUpdateWeight.update_weights\n"
         "class UpdateWeightFromTensor(UpdateWeight):\n    pass\n"
