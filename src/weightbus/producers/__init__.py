@@ -1,10 +1,7 @@
 """The trainer side: the fenced version publisher, engine fleets and their stamping, and status reads.
 
-``VersionPublisher`` owns a policy's version counter on the bus (a ``FencedCounter``, module ``counter``,
-that only the update protocol of module ``update`` drives); ``EngineFleet`` addresses the SGLang
-workers that serve the policy; ``stamp_and_verify`` is the check that keeps a trainer from announcing a
-version its engines do not serve. ``SyncVersionPublisher`` is the blocking facade for sync trainers;
-``push_lora_adapter`` (re-)loads a LoRA adapter on every engine, all or nothing.
+``VersionPublisher`` (``SyncVersionPublisher`` for sync trainers) owns a policy's counter; ``EngineFleet`` addresses
+the workers; ``stamp_and_verify`` checks them before an announcement; ``push_lora_adapter`` is all or nothing.
 """
 
 from weightbus.producers.coverage import pending_label

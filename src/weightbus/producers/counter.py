@@ -1,39 +1,8 @@
 """``FencedCounter``: the one owner of a policy's weight-version counter, fenced over JetStream.
 
-Every event of the counter (claim, reservation, announcement) goes on ``weights(policy)`` as a
-conditional publish on the sequence of this instance's own previous event there, so the bus, not a
-read before it, decides who owns the counter. The counter knows nothing of engines; the update
-protocol (``producers.update``) drives it. Invariants:
-
-* **A number names at most one set of weights.** ``take(v)`` uses ``v`` up on the bus before any
-  engine may carry it: by the previous announcement (``WeightUpdated(v - 1, reserves_next=True)``,
-  the common case, which leaves the take one fence check, a read) or by a ``VersionReserved(v)`` of
-  its own (the first update after a claim, or after a failed update). A number taken is never
-  issued again, whatever happens to its update: the next take is ``v + 1``. A reservation that was
-  not confirmed touched no engine, so the next take retries it with the same number and message id
-  (stored once, whatever happened).
-  ``claim()`` resumes above the highest number ever issued that the retained history shows, above
-  the counter's high-water mark (``producers.highwater``: a subject of its own, so evicting the
-  weights history does not lose it), and above any number the caller knows of (the engines' labels,
-  the trainer's checkpoint), so a lost history never reissues one.
-* **Covered before carried.** A take stores (or finds) a mark covering its number beside the fence
-  check or the reservation; if the mark cannot be written the take fails like a failed
-  reservation, before any engine is touched. An announcement that reserves ahead writes the mark
-  for the next number beside itself.
-* **Never above the bound.** No number above ``MAX_VERSION`` (2**53 - 1) is ever taken: at the
-  ceiling, ``check_ceiling`` and ``take`` raise ``CounterExhaustedError`` (a new policy id is the way
-  on) and nothing is published.
-* **One owner, per instance.** ``claim()`` claims with epoch + 1 and this instance's random
-  ``incarnation``; two processes with the same ``trainer_id`` are two claimants, and the bus lets
-  exactly one own the counter. Once another publisher has claimed, this one's next conditional
-  publish is refused and it raises ``FencedError``; from then on every call raises it at once.
-* **Doubt is resolved, never guessed, and never taken for a fence.** A conditional publish that
-  conflicts is resolved by reading the subject's history (``resolve``): if its newest valid event
-  is this instance's own (a publish that landed although its caller was cancelled or timed out, or
-  garbage stored after it), the counter adopts that position and retries; if the history is gone
-  (purge, recreated stream), it re-claims with the counter it holds; only an event of another owner
-  is a fence (the owner by the trackers' rule: newer events that rule rejects, such as a forged
-  claim, fence nothing). Stray payloads are skipped and counted, never raised.
+Every event is a conditional publish on this instance's own previous event, so the bus decides who owns the counter;
+a number is used up before any engine may carry it and never issued again; only another owner's event is a fence.
+It knows nothing of engines. The update order: docs/design.md.
 """
 
 from __future__ import annotations

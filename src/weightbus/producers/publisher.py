@@ -1,21 +1,7 @@
 """``VersionPublisher``: what a trainer holds to publish weight versions: ``start()``, ``update()``, ``publish_lora()``.
 
-It composes the policy's ``FencedCounter`` (module ``counter``: claim, take, reserve, announce and
-resolve, fenced on the weights subject) with the trainer's ``EngineFleet``, and runs every update
-through ``VersionUpdate`` (module ``update``: take, pause, push, stamp, verify, announce, resume, and
-quarantine on failure). Invariants:
-
-* **Nothing skips the protocol.** The publisher exposes ``start()``, ``update()``, ``publish_lora()``,
-  ``check_owner()`` (a read), the async context manager and read-only state; the counter's steps are
-  not reachable from it, so no caller can announce without the take, the stamp and the quarantine.
-* **A number names at most one set of weights.** ``start()`` resumes above the highest number ever
-  issued that the retained history shows, above the counter's high-water mark (a subject of its own
-  that no number of writes to the weights subject evicts), above the trainer's checkpoint version
-  (``floor``) and, with a fleet, above the highest numeric label any engine carries, so a lost
-  history (purge, recreated stream, evicted events) never reissues a number.
-* **One owner, per instance.** ``start()`` claims with a new epoch and a random ``incarnation``; once
-  another publisher has claimed, every update raises ``FencedError`` and touches neither the counter
-  nor the fleet's numbers.
+It composes a ``FencedCounter``, an ``EngineFleet`` and ``VersionUpdate``; the counter's steps are not reachable from
+it, so nothing announces without the take, the stamp and the quarantine. The update order: docs/design.md.
 """
 
 from __future__ import annotations

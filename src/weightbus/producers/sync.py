@@ -1,9 +1,6 @@
 """``SyncVersionPublisher``: the version publisher for trainers that are not async.
 
-It runs a private event loop in a daemon thread and owns everything bound to that loop (the bus
-connection, the engine fleet, the ``VersionPublisher``); each call blocks until its coroutine is
-done there. Semantics are those of ``VersionPublisher``: ``with pub.update() as version:`` publishes
-on normal exit, and publishes nothing (and does not use up the version) on an exception.
+A daemon thread's private loop owns the bus, the fleet and the publisher; each call blocks until done there.
 """
 
 from __future__ import annotations

@@ -1,54 +1,7 @@
 """``VersionUpdate``: one weight update of a ``VersionPublisher`` as an async context manager.
 
-It drives a ``FencedCounter`` (the number) and an ``EngineFleet`` (the engines); it knows nothing
-of the publisher that made it, so the two modules do not import each other.
-
-The order, and why (docs/design.md has the long form):
-
-0. a counter that has issued ``MAX_VERSION`` raises ``CounterExhaustedError`` before anything
-   else: no number above it can be sent, and nothing is paused, reserved or pushed;
-1. **take** ``v`` on the bus, fenced, and **pause** the fleet at the same time. The number is
-   used up before any engine can carry it: the previous announcement reserved it
-   (``reserves_next``), so taking it is one read that checks no other owner wrote since; otherwise
-   (the first update after a claim or after a failed update) a ``VersionReserved(v)`` is stored,
-   a conditional publish. A pause changes neither weights nor labels, so it need not wait: if the
-   take fails (fenced, bus down), the fleet is resumed and nothing else is touched. A publisher
-   that knows it is fenced raises before touching the fleet, so a zombie pauses it at most once.
-   The take also writes the counter's high-water mark when it does not cover ``v`` yet, and fails
-   if it cannot: no engine may carry a number the mark does not cover;
-2. each engine's label is read: a label that is neither the last announced version, ``v`` nor a
-   quarantine or pending label (``"default"`` after a restart) is alerted (``EngineOutOfSync``,
-   ``unexpected_label``) before the push could hide it, and again before the stamp; never silently
-   re-stamped. The labels decide which engines the push will **cover** (``producers.coverage``):
-   a full push covers every engine; a delta only those known to hold what it is the difference
-   from. The others are ``missing``: the block may push them the missing part (``pushed_missing``);
-3. unless the push labels the engines itself (``labels=True``), every engine is relabelled
-   ``pending:<v>``: nothing served between the push and the stamp carries a number, whoever pushes;
-4. the trainer **pushes** inside the block (``before_push()`` repeats the fence check and the
-   pending relabel just before a push that does not start at once);
-5. **stamp**: the engines still missing are relabelled ``quarantine:<v>``, alerted (``not_covered``)
-   and left out; each covered engine's label is read, and only one that carries ``pending:<v>``
-   (or already ``v``) is stamped: another label means another update relabelled it during the
-   push. Only if some engine still needs ``v`` is ownership checked (one read) before
-   ``/update_weight_version``; then read back;
-6. **announce** ``WeightUpdated(v, reserves_next=True, engines=<the stamped ones>)``: the only bus
-   round trip after the engines carry ``v``. The announcement is conditional on our previous event,
-   so it is the fence check of the push;
-7. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
-   drain before ``v`` is on the bus. The engines' ``WeightApplied`` read-backs (monitoring) and the
-   counter's mark for ``v + 1`` are written beside the resume, off the update's critical path.
-
-On any failure after the take (a pending relabel that did not take, an exception in the block, a
-push that covers no engine, a stamp that did not take, an announcement refused, lost or cancelled),
-the engines' weights may not match any number: every engine is relabelled ``quarantine:<v>``
-(never a version, so every sample from it is judged stale), a ``FleetQuarantined`` alert is
-published while the engines are still paused (its publish bounded by 5 s: a bus that is away must not
-hold the fleet paused), and only then are the engines resumed. A fenced
-publisher resumes them too: it cannot tell whether the owner is between its own pause and resume,
-and an early resume costs no integrity, because SGLang applies a weight load between forward passes
-and a request that spans a label change carries token spans whose oldest version is the one judged.
-A stalled fleet would cost every rollout. The owner's next successful update restores a number.
-Cleanup runs shielded from a second cancellation.
+It drives a ``FencedCounter`` and an ``EngineFleet`` and knows nothing of the publisher (no import cycle): take and
+pause, relabel, push, stamp, announce, resume; on a failure, quarantine first. The update order: docs/design.md.
 """
 
 from __future__ import annotations
