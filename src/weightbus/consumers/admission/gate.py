@@ -1,29 +1,8 @@
 """``Admission``: the gate a rollout passes before it starts generating a group.
 
-A host asks for a slot before each group (``async with admission.slot() as slot:``, or ``async for slot in
-admission.slots()``), and says what became of the group: ``slot.accept()`` when it enters the buffer (it
-still counts, as accepted, until a drain takes it), ``slot.release(outcome)`` when it finished unused,
-was aborted or will be regenerated (``recycled``: the retry asks for a new slot). Leaving the ``async
-with`` without either releases the slot (``aborted`` on an exception, ``finished`` otherwise). A host whose
-buffer is weightbus' drain engine accepts through ``AcceptedGroups``, and the drain settles each group's slot
-as it keeps or filters it (``Slot.drained``); a host that drains by itself reports its counts with ``drained``.
-
-Invariants:
-
-* the capacity is ``rules.admission.mode_capacity`` over the counts held here (computed inline for speed,
-  equal to the rule at every step: property-tested) and the version read from the source at each check
-  (a tracker's ``.current``, an int or None, or a callable): no local counter of versions, so a tracker
-  that jumps, resumes or regresses moves the window with it; a tracker that cannot say
-  (``TrackerNotReadyError``: starting, deaf) admits nothing in ``bounded`` mode;
-* ``running + accepted`` never exceeds what the rule allows when the slot was granted: a slot is granted
-  only while the capacity is positive, and is counted at once (the check and the count are one step of
-  the event loop, so concurrent waiters never both take the last slot);
-* with a ``SharedBudget`` (``bounded`` or ``cap``: the policy's processes share the allowance or the cap)
-  the local capacity is also bounded by the slots the budget holds for this
-  process (``held - used``), and a lapsed lease holds none: a process cut off from the bus admits nothing;
-* a slot is released exactly once; releasing or accepting it again raises ``AdmissionError``, so a host
-  bug cannot free a slot twice and over-admit;
-* the check is cheap (``bench/admission.py``): no allocation but the ``Slot``, no await when a slot is free.
+The capacity is ``rules.admission.mode_capacity`` over the counts held here and the version read at each check (a
+tracker not ready admits nothing in ``bounded``); a slot is granted only while it is positive, counted at once, and
+released exactly once.
 """
 
 from __future__ import annotations

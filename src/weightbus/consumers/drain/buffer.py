@@ -1,35 +1,8 @@
 """The fully-async buffer: a bounded FIFO of generated groups, judged for staleness when drained.
 
-Invariants (miles fully-async, §9 items 3 to 11, with weightbus' stricter rule):
-
-* ``put`` filters aborted groups (and a host's dynamic-filter rejects) before they enter; a full
-  buffer blocks the producer and nothing is ever evicted;
-* ``drain(n, current)`` reads ``current`` once, takes groups from the head, judges each at take
-  time (a group fresh when put can be stale when taken), and returns exactly ``n`` kept groups
-  sorted by their first sample's index; it blocks while the buffer is empty;
-* groups not kept go to ``on_stale``: ``drop`` discards them, ``recycle`` resets the flat prompt
-  group and hands it out through ``recycled()`` (or an ``on_recycle`` callable); dynamic-filter
-  rejects are always dropped; the admission slot of each (``slots``) is freed as it is routed, while
-  the drain may still wait for fresh groups, and a kept group's counts where it trains;
-* the statistics of a drain cover everything since the previous drain, put-side events included,
-  and reset with every drain (miles ``get_metrics``); Prometheus is updated once per drain (the
-  buffer-size gauge is read at scrape time), never per put;
-* the version source is read once per drain; a tracker that is not ready (starting, deaf, or a
-  subject with no valid event) is waited for, up to ``ready_timeout``, then the drain raises
-  ``TrackerNotReadyError``: a drain never judges against "no version" by accident. Only a tracker
-  whose policy never announced a version turns the filter off, and the drain says so
-  (``version_state="never_published"``);
-* a label newer than the drain's current, in any group it holds, takes or took at put (an aborted
-  group filtered at put included), raises the drain's current: versions only go forward (the
-  drain engine's evidence, ``DrainWindow``);
-* a drain that is cancelled or fails (a group of the wrong size) puts every group it had kept back
-  at the head, in order: nothing drained is lost;
-* the ``DrainReport`` goes out in the background (``DrainReporter.submit``): a drain never waits on
-  the bus;
-* after ``fail(exc)`` every drain and put raises ``exc`` at once, even with groups queued.
-
-The buffer is a host of the drain engine (``DrainWindow``): it owns the FIFO, the waiting and the
-recycling; the engine owns the judging, the evidence, the window's counts, metrics and reports.
+``put`` filters aborted groups and blocks when full; ``drain(n)`` returns exactly ``n`` kept groups, waiting at most
+``ready_timeout`` for a tracker that is not ready; a cancelled or failed drain puts its kept groups back at the head,
+in order; after ``fail(exc)`` every call raises it. The judging, counts and reports are ``DrainWindow``'s.
 """
 
 from __future__ import annotations

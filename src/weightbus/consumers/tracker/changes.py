@@ -1,21 +1,7 @@
 """``VersionChange`` and ``ChangeFeed``, the fan-out behind ``VersionTracker.changes()``.
 
-A tracker owns one ``ChangeFeed``; it pushes each change into it, and each open ``changes()``
-iterator (``ChangeFeed.follow``) consumes a queue of its own.
-
-Invariants:
-
-* Each iterator's queue is bounded by ``limit``. A change that finds it full is not queued: the
-  queue is marked overflowed, and its iterator raises ``SlowConsumerError`` when it next finds
-  the queue empty. The end of the feed and its error are always queued, so a slow iterator still
-  learns how the tracker ended.
-* Items come out in push order, and the first terminal item ends the iterator: ``close`` ends it
-  quietly, ``fail`` makes it raise the error (the tracker's ``VersionRegressionError``).
-* An iterator that starts late gets the change that set the current version first (``last``),
-  then the feed's end or error if it has ended.
-* ``include_regressions`` is per iterator: it only receives ``held`` and ``rejected`` changes
-  (version unchanged) when it asked for them.
-* ``push`` allocates nothing but the queue entries of the iterators that take the change.
+Each iterator has its own bounded queue: an overflow raises ``SlowConsumerError`` once it is drained, while the end
+and the error are always queued; a late iterator first gets the current change; ``push`` allocates only entries.
 """
 
 from __future__ import annotations
