@@ -1,48 +1,8 @@
 """The trainer half of the miles integration at run time: each patched ``update_weights`` runs here.
 
-``install`` (module ``patching``) checks miles and patches its updaters to call ``MilesTrainer.update``.
-
-``install`` wraps the ``update_weights`` method of every updater miles has (written against miles main at
-``MILES_COMMIT``): the distributed mixin (``DistBucketedWeightUpdateMixin``: NCCL broadcast and p2p,
-full weights, single- and multi-LoRA), the disk delta (``UpdateWeightFromDiskDelta``), the colocated
-tensor path (``UpdateWeightFromTensor``, base and LoRA) and FSDP's ``UpdateWeight``. Each update runs
-through weightbus' update protocol (``producers.update.VersionUpdate``, driven by one
-``SyncVersionPublisher`` per cell, on rank 0); nothing here re-implements it. Invariants:
-
-* **The number is the bus's.** Rank 0 takes it from the policy's fenced, durable counter (reserved on
-  the bus before any engine carries it) instead of ``weight_version += 1``, and hands it to every rank
-  of the cell (one ``broadcast_object_list`` on miles' gloo group, ``Runtime.share``) before any rank
-  pushes; miles' own code then sees it as ``self.weight_version``. After the update the updater holds
-  the bus's number, so what the actor passes to ``RolloutManager.set_weight_version`` never goes back,
-  whichever cell ran the update. The disk delta keeps miles' own count for its file chain (the
-  engines' ``pull_weights`` walks it) and carries the bus's number only as the label.
-* **Stamped, read back, announced, then resumed.** Rank 0's engine handles are replaced, for the
-  length of miles' ``update_weights``, by proxies: miles' ``pause_generation`` becomes weightbus'
-  pause (taken together with the number), miles' own ``update_weight_version`` is dropped (weightbus
-  stamps and reads back), and miles' first ``continue_generation`` becomes the protocol's exit:
-  stamp, verify, announce ``WeightUpdated`` on the bus, then resume. So no sample labelled ``v``
-  is produced before ``v`` is on the bus. LoRA pushes (broadcast, p2p, multi-LoRA and the colocated
-  tensor path, which miles never labels) are delta pushes on the same counter, stamped the same way.
-* **A failure quarantines.** Any exception out of miles' push, a stamp that does not read back, a
-  fenced counter or an announcement that does not land relabels every engine ``quarantine:<v>``
-  (``VersionPublisher.update()``'s cleanup) and resumes it; the number stays used up and the error
-  is raised. A fenced cell (a zombie after failover) raises at its next update before it pauses,
-  pushes or stamps anything (``FencedError``): one read of the weights subject precedes the pause.
-  On the disk delta that read precedes miles' writes to the shared delta dir (every rank of the
-  cell learns its outcome) and is repeated before the first ``pull_weights``.
-* **The disk delta's reload is a full push** (the engines reload their whole host-local checkpoint).
-  Its baseline keeps miles' ``"0"`` (version 0, the pre-training baseline) on the boot reload of
-  ``--check-weight-update-equal``, and drops that reload where every engine already serves the
-  announced version, so miles' ``--ci-test`` read-back holds and ``set_weight_version`` never goes back.
-* **Adapters are announced as the engines serve them**: multi-LoRA by miles' slot names
-  (``slot_lora_name``), each with miles' name for it (``LoraAdapter.trainer_name``, ``.more``).
-* **A bus that does not answer** at init is a ``BusConnectError`` within ``WEIGHTBUS_CONNECT_TIMEOUT``;
-  during a run, taking the number is retried (nothing is paused or pushed in between) for at most
-  ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds, then the error is raised. Weights are never pushed under a
-  number the bus did not reserve, nor left labelled with one it did not announce.
-miles, torch and ray are never imported here: ``torch.distributed`` (``dist``), ``get_gloo_group`` and
-``ray`` are taken from the module globals of the miles modules being patched, so the integration
-uses exactly the objects miles uses.
+Every miles updater runs through ``VersionUpdate`` (one ``SyncVersionPublisher`` per cell, on rank 0): the number is
+the bus's, shared with every rank before any pushes; miles' pause, relabel and resume become the protocol's; a
+failure quarantines. miles, torch and ray come from the patched modules' globals. docs/integrations/miles.md.
 """
 
 from __future__ import annotations
