@@ -1,17 +1,6 @@
 """Drained batches served by a rollout process to a trainer over NATS request/reply, chunked to the server's limit.
 
-The subject is ``weightbus-rpc.<policy>.batches``: the policy's, but outside ``weightbus.>``, because the
-JetStream stream captures ``weightbus.>`` and would store every request and answer it with its own ack.
-
-A trainer publishes a :class:`BatchRequest` with a private reply inbox; the rollout drains and answers with
-one or more chunks of the encoded :class:`BatchReply`, each at most the server's ``max_payload`` (less a
-margin for headers) and numbered in the ``Weightbus-Chunk`` header (``i/n``). The trainer reassembles the
-chunks in order; a missing chunk is a timeout, never a truncated batch.
-
-A process cannot work without its side of the subject: the rollout's subscription and the trainer's request are
-guarded (``NatsBus.guard``), so a user whose permissions refuse them gets ``PermissionDeniedError`` at once
-instead of a warning per attempt and a loop that never trains (the shipped roles, ``ops/nats/auth.conf``, allow
-both, and the rollout's answers through ``allow_responses``).
+The subject ``weightbus-rpc.<policy>.batches`` is outside the stream; a lost chunk is a timeout, never a partial batch.
 """
 
 from __future__ import annotations

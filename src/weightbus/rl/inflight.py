@@ -1,20 +1,7 @@
 """Early abort: the rollout's groups still generating, and the engine aborts of those that must be stale.
 
-Each group in flight is a ``Flight``: one request id (``rid``) per sample, sent with its ``/generate``,
-and the oldest version each finished request reported. Whenever the tracker's version changes and
-whenever a request of the group finishes, the pure rule (``rules.abort.certain_stale``) asks whether
-the group must already be stale at the drain: if so, its unfinished requests are aborted at the
-engines through SGLang's ``/abort_request`` by ``rid``. Invariants:
-
-* only certainty aborts: a group none of whose requests has finished is never aborted (an unfinished
-  request's label is unknown until it answers, and may be newer than the tracker);
-* a flight is aborted at most once; the abort goes to every worker behind the router (routers do not
-  forward ``/abort_request``; a worker that does not hold the ``rid`` ignores it);
-* a failed abort is logged and changes nothing else: the requests finish normally and the group is
-  recycled as if the abort had landed (it had to be stale either way): an abort is an optimisation,
-  never a judgement;
-* what a group of aborted requests did generate still counts as generated (and not trained); the
-  tokens saved are at most ``max_new_tokens`` minus what each aborted request had generated.
+Only certainty aborts (``rules.abort``), at most once per flight; a failed abort changes nothing else: an
+optimisation, never a judgement.
 """
 
 from __future__ import annotations

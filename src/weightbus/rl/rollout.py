@@ -1,33 +1,7 @@
 """The rollout process: keeps groups in flight through the SGLang router and serves drained batches to the trainer.
 
-Invariants:
-
-* Every sample is stamped from the ``meta_info`` of the ``/generate`` answer that produced it
-  (``Sample.record_meta_info``: ``weight_version`` and, for a request that straddled a push, the
-  ``weight_versions`` spans), never from what the rollout believes the version is.
-* The per-token logprobs the engine reported (``output_token_logprobs``) travel with the sample
-  (``metadata["logprobs"]``): the trainer's importance ratio is taken against them.
-* A drain for a trainer that has just published ``v`` waits until the tracker holds ``v`` (``min_version``),
-  so no group is admitted against an older version than the one it will be trained under.
-* A group starts generating only while the admission gate has a slot for it (``RolloutConfig.admission``,
-  ``bounded`` by default: it can still be trained within the bound); it counts from then until a drain keeps
-  it (then in the window it trains in) or routes it, when its slot is freed at once (``AcceptedGroups``,
-  settled by the drain engine): a drain that filters a whole window (a version jump at a failover) frees those
-  slots while it waits for fresh groups. With ``admission_shared`` the budget is one for every rollout process
-  of the policy.
-* A failed or aborted generation never enters the buffer as fresh data: aborted groups are filtered by the
-  buffer, a router error retries the group after a short back-off.
-* Early abort (``config.early_abort``): every ``/generate`` carries a ``rid``; a group that a new version (or a
-  finished request's label) makes certain to exceed the bound (``rules.abort``) has its unfinished requests
-  aborted at the engines, its prompt recycled and the tokens saved counted (``rl.inflight``).
-* Each group is stamped with when its generation started and ended and the tracker's version at the end, so
-  the drain splits its staleness into time in flight and time in queue.
-* Each batch reply carries weightbus's share of the answer: the wait for the tracker (``wait_s``) and the
-  drain's own run time (``drain_s``, :class:`weightbus.process.overhead.BusyTimer`: the waits for groups not counted).
-* The connection counts invalid payloads on the injected registry (``weightbus_invalid_events_total``), like every
-  process that follows a policy.
-* A refusal of the batch subject (the user's permissions) ends the rollout with ``PermissionDeniedError``: it cannot
-  serve anything without it.
+Every sample is stamped from the answer that produced it; a drain waits until the tracker holds the trainer's
+version; a group starts only with an admission slot; a refused batch subject ends it (``PermissionDeniedError``).
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """The trainer process: GRPO-style steps on drained batches, then a weight push stamped and published by weightbus.
 
-Each step: ask the rollout for a batch judged against the version just published (``min_version``), take a
-clipped policy-gradient step with group-relative advantages and an importance ratio against the logprobs
-the engines recorded (batches are off-policy by up to the staleness bound), checkpoint, then push:
-``async with publisher.update() as version`` writes a safetensors file and loads it on every engine with
-``/update_weights_from_disk`` carrying ``weight_version=str(version)`` (load and label in one call), after which
-weightbus stamps, verifies and publishes. In LoRA mode the adapter is what trains; each version is loaded with
-``/load_lora_adapter`` under its own name (``<lora_prefix>-v<version>``, announced in ``WeightUpdated.lora``, which
-rollouts pass as ``lora_path``), stamped from the same counter.
-
-Invariants:
-
-* The version counter is the bus's: a replacement trainer resumes it (``VersionPublisher.start``) and the
-  model and optimizer from the checkpoint, and first pushes what it holds, so engines and trainer agree.
-* Every step appends one JSON line to ``steps.jsonl`` (the supervisor's record of what was trained on):
-  the version trained under, each group's oldest and newest sample version and any non-version label.
-  The line is written before the checkpoint, so a step is never trained, kept and unrecorded; after a
-  failover a step number may appear twice (trained by the old trainer, redone by the new one).
-* Each line says where the step's time went (:class:`weightbus.process.overhead.OverheadMeter`; the fleet's HTTP client
-  carries its hooks): ``update_s`` is ``update()`` without the trainer's push (``push_s``), ``engine_http_s`` the
-  part of it with an engine request in flight, and ``weightbus_s`` weightbus's own time on the step's path: the
-  rest of ``update()`` (reservation, ownership check, ``WeightApplied``/``WeightUpdated`` publishes, Python) plus,
-  from the rollout's reply, its wait for the tracker to hold the new version and the drain's own run time.
+The counter is the bus's (a replacement resumes it); a step's ``steps.jsonl`` line precedes its checkpoint.
 """
 
 from __future__ import annotations
