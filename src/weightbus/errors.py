@@ -33,11 +33,7 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     ├── DemoError (RuntimeError)              a demo process failed to start or died unasked
     └── InstallError (RuntimeError)           a framework integration found a framework it was not written for
 
-Each error is defined here and nowhere else; the modules that raise one also re-export it under its old
-import path (``weightbus.embedded.server.NatsServerNotFound``, ``weightbus.demo.DemoError``, ...).
-
-Translation from nats-py and msgspec errors happens in ``weightbus.bus`` only; from httpx errors in
-``weightbus.engines`` only.
+Each is defined here only; nats-py and msgspec errors are translated in ``bus`` only, httpx errors in ``engines`` only.
 """
 
 from __future__ import annotations
