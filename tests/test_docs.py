@@ -381,6 +381,47 @@ def test_the_module_map_names_modules_that_exist() -> None:
         assert (src / path).exists() or (ROOT / path).exists(), f"architecture.md names {path}, which does not exist"
 
 
+_PACKAGES = "errors|schemas|rules|bus|engines|embedded|producers|consumers|integrations|cli|demo|process|rl|refengine"
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``weightbus.a.b.c`` names a module, or an attribute reachable from one."""
+    import importlib
+
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:n]))
+            break
+        except ImportError:
+            continue
+    else:
+        return False
+    for attr in parts[n:]:
+        if hasattr(obj, attr):
+            obj = getattr(obj, attr)
+            continue
+        try:
+            obj = importlib.import_module(f"{getattr(obj, '__name__', '')}.{attr}")
+        except ImportError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_the_dotted_names_the_docs_give_exist(page: Path) -> None:
+    """`weightbus.rules.chain.decide`, `producers.coverage`: every module path or attribute quoted is real."""
+    if page.name == "upgrading.md":
+        return  # it names the old paths on purpose, beside the new ones
+    pattern = rf"`((?:weightbus\.)?(?:{_PACKAGES})(?:\.[A-Za-z_][A-Za-z0-9_]*)+)`"
+    missing = [
+        name
+        for name in sorted(set(re.findall(pattern, page.read_text())))
+        if not name.endswith(".py") and not _resolves(name if name.startswith("weightbus.") else f"weightbus.{name}")
+    ]
+    assert not missing, f"{page.name} names what the code does not have: {missing}"
+
+
 def _registered_metric_names() -> set[str]:
     """Every series name the library registers, as Prometheus exposes it (counters with ``_total``)."""
     from prometheus_client import CollectorRegistry
