@@ -466,6 +466,17 @@ def test_the_metrics_table_lists_every_registered_metric() -> None:
     )
 
 
+def test_the_metrics_table_names_every_rejection_reason() -> None:
+    from typing import get_args
+
+    from weightbus.schemas.alerts import RejectReason
+
+    row = next(
+        line for line in (DOCS / "operations.md").read_text().splitlines() if "weightbus_events_rejected" in line
+    )
+    assert set(re.findall(r"`([a-z_]+)`", row.split("|")[3])) == set(get_args(RejectReason))
+
+
 def test_headline_figures_come_from_the_committed_results() -> None:
     text = _text("README.md")
     results = ROOT / "bench" / "results"
