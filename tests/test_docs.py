@@ -318,6 +318,22 @@ def test_relative_links_resolve(page: Path) -> None:
             assert fragment in _anchors(target), f"{page.name}: {link}: no such heading"
 
 
+def test_docs_pages_named_by_the_code_exist() -> None:
+    """Module docstrings and comments point into docs/ (``docs/design.md#the-update-protocol-step-by-step``)."""
+    named = 0
+    for folder in ("src", "tests", "ops", "examples", "bench"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if not path.is_file() or path.suffix not in {".py", ".yml", ".yaml", ".conf", ".md", ".sh"}:
+                continue
+            for page, fragment in re.findall(r"\b(docs/[\w/.-]+\.md)(?:#([\w-]+))?", path.read_text()):
+                target = ROOT / page
+                assert target.exists(), f"{path.relative_to(ROOT)} names {page}, which does not exist"
+                if fragment:
+                    assert fragment in _anchors(target), f"{path.relative_to(ROOT)}: no heading #{fragment} in {page}"
+                named += 1
+    assert named > 0
+
+
 def test_the_readme_indexes_every_docs_page() -> None:
     linked = {(README.parent / link.partition("#")[0]).resolve() for link in _LINK.findall(README.read_text())}
     missing = [p.relative_to(ROOT).as_posix() for p in sorted(DOCS.rglob("*.md")) if p.resolve() not in linked]
