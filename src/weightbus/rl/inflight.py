@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 
 from weightbus.engines import SGLangClient, discover_workers
-from weightbus.errors import EngineError, WeightbusError
+from weightbus.errors import EngineError
 from weightbus.rules.abort import certain_stale, oldest_bound
+from weightbus.rules.source import version_or_none
 from weightbus.schemas.rollouts import parse_version
 
 __all__ = ["EngineAborter", "Flight", "InFlightGroups", "oldest_label"]
@@ -123,10 +124,7 @@ class InFlightGroups:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _read_current(self) -> int | None:
-        try:
-            return self._current()
-        except WeightbusError:
-            return None  # a tracker that is not ready knows nothing: never abort on it
+        return version_or_none(self._current)  # a tracker that is not ready knows nothing: never abort on it
 
     def _check(self, flight: Flight, current: int | None) -> bool:
         if flight.aborted or not certain_stale(oldest_bound(flight.oldest), current, self.max_staleness):

@@ -57,12 +57,13 @@ from weightbus.consumers import (
 )
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
-from weightbus.errors import SlowConsumerError, WeightbusError
+from weightbus.errors import SlowConsumerError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import RolloutConfig
 from weightbus.rl.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
 from weightbus.rl.task import Task, load_task
+from weightbus.rules.source import version_or_none
 from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
@@ -264,7 +265,7 @@ class _Rollout:
                 self.generated += sum(s.response_length for s in group.samples)
                 group.started_at = started
                 group.generated_at = time.time()
-                group.generated_version = _current_or_none(tracker)
+                group.generated_version = version_or_none(tracker)  # not ready: no split rather than a guess
                 if flight is not None and flight.aborted:
                     self._aborted_early(group)
                     continue
@@ -397,13 +398,6 @@ class _Rollout:
                 log.error("rollout tasks did not stop within the bound", extra={"tasks": len(pending)})
             if self.budget is not None:
                 await self.budget.close()
-
-
-def _current_or_none(tracker: VersionTracker) -> int | None:
-    try:
-        return tracker.current
-    except WeightbusError:
-        return None  # not ready: no split for this group rather than a guess
 
 
 async def run_rollout(

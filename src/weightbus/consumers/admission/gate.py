@@ -32,7 +32,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from weightbus.errors import AdmissionError, SlowConsumerError, TrackerNotReadyError
 from weightbus.rules.admission import (
@@ -43,6 +43,7 @@ from weightbus.rules.admission import (
     allowance,
     mode_capacity,
 )
+from weightbus.rules.source import CurrentSource, version_reader
 
 if TYPE_CHECKING:
     from weightbus.consumers.admission.shared import SharedBudget
@@ -175,7 +176,7 @@ class Admission:
         self,
         mode: AdmissionMode = "bounded",
         *,
-        current: Any = None,
+        current: CurrentSource = None,
         max_staleness: int | None = 1,
         batch: int,
         cap: int | None = None,
@@ -189,7 +190,7 @@ class Admission:
         self._max_staleness = max_staleness
         self._batch = batch
         self._cap = cap
-        self._read = _reader(current)
+        self._read = version_reader(current)
         self._running = 0
         self._ready = 0
         self._taken: dict[int | None, int] = {}
@@ -410,22 +411,3 @@ class Admission:
 
 
 _UNSET: Final = object()
-
-
-def _reader(source: Any) -> Callable[[], int | None]:
-    if source is None or isinstance(source, int):
-        if isinstance(source, bool) or (source is not None and source < 0):
-            raise ValueError(f"a current version must be an int >= 0 or None, got {source!r}")
-        return lambda: source
-    # Looked up on the type (or the instance dict): reading a tracker's property here could raise.
-    if hasattr(type(source), "current") or "current" in getattr(source, "__dict__", ()):
-        return lambda: _checked(source.current)
-    if callable(source):
-        return lambda: _checked(source())
-    raise TypeError(f"a version source is an int, None, a callable or an object with .current, got {source!r}")
-
-
-def _checked(value: object) -> int | None:
-    if value is None or (type(value) is int and value >= 0):  # type: ignore[operator]
-        return value  # type: ignore[return-value]
-    raise TypeError(f"a current version must be an int >= 0 or None, got {value!r}")

@@ -68,6 +68,7 @@ from weightbus.integrations.miles.admission import MilesAdmission, check_semapho
 from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings
 from weightbus.integrations.miles.config import setting as _setting
 from weightbus.integrations.miles.groups import group_key, miles_group_versions, to_weightbus_group
+from weightbus.rules.source import read_version
 from weightbus.rules.staleness import UNKNOWN_POLICIES
 from weightbus.schemas.rollouts import Group
 
@@ -411,7 +412,7 @@ class WeightbusDataBuffer:
         if tracker is None:
             raise TrackerNotReadyError(self.policy, "starting")
         try:
-            tracked = tracker.current
+            tracked = read_version(tracker)
         except TrackerNotReadyError:
             if self._passed is None:
                 raise
