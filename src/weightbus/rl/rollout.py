@@ -57,7 +57,6 @@ from weightbus.consumers import (
 )
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
-from weightbus.errors import SlowConsumerError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import RolloutConfig
@@ -291,27 +290,17 @@ class _Rollout:
 
     async def abort_on_changes(self, tracker: VersionTracker) -> None:
         """Each version change: abort the groups in flight that it makes certain to be stale."""
-        while True:
-            try:
-                async for change in tracker.changes():
-                    if self.inflight is not None and change.version is not None:
-                        self.inflight.check(change.version)
-                return  # the tracker stopped
-            except SlowConsumerError as exc:
-                # A missed change only delays an abort: the next change or finished request checks again.
-                log.warning("abort listener fell behind; resubscribing", extra={"error": str(exc)})
+        # The newest state only: a skipped version is subsumed by the newer one it is checked against.
+        async for change in tracker.latest_changes():
+            if self.inflight is not None and change.version is not None:
+                self.inflight.check(change.version)
 
     async def follow_lags(self, tracker: VersionTracker) -> None:
-        while True:
-            try:
-                async for change in tracker.changes():
-                    if change.version is not None and change.lag is not None:
-                        self.lags[change.version] = change.lag
-                        self.lags.pop(change.version - _LAGS_KEPT, None)
-                return  # the tracker stopped
-            except SlowConsumerError as exc:
-                # Lags are for the report only; losing some must never stop the rollout.
-                log.warning("lag listener fell behind; resubscribing", extra={"error": str(exc)})
+        # Lags are for the report only: a reader that falls behind keeps the newest, never stops the rollout.
+        async for change in tracker.latest_changes():
+            if change.version is not None and change.lag is not None:
+                self.lags[change.version] = change.lag
+                self.lags.pop(change.version - _LAGS_KEPT, None)
 
     async def handle(self, tracker: VersionTracker, request: BatchRequest) -> BatchReply:
         waited = time.perf_counter()
@@ -378,7 +367,7 @@ class _Rollout:
             await self.budget.start()
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
-        tasks.append(asyncio.create_task(self.admission.follow(tracker.changes)))
+        tasks.append(asyncio.create_task(self.admission.follow(tracker.latest_changes)))
         if self.config.early_abort:
             tasks.append(asyncio.create_task(self.abort_on_changes(tracker)))
         if self.config.follow_lora:

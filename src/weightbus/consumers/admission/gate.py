@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Literal
 
-from weightbus.errors import AdmissionError, SlowConsumerError, TrackerNotReadyError
+from weightbus.errors import AdmissionError, TrackerNotReadyError
 from weightbus.rules.admission import (
     ADMISSION_MODES,
     UNLIMITED,
@@ -355,17 +355,15 @@ class Admission:
         self._notify()
 
     async def follow(self, changes: Callable[[], AsyncIterator[object]]) -> None:
-        """Wake waiting ``acquire`` calls at every item of ``changes()`` (a tracker's ``changes``): a new version
-        moves the window, and the engines should not idle until the next poll. Resubscribes when the iterator
-        falls behind (``SlowConsumerError``: a missed change only waits for the poll); returns when it ends.
+        """Wake waiting ``acquire`` calls at every item of ``changes()``: a new version moves the window, and the
+        engines should not idle until the next poll. Returns when the iterator ends.
+
+        Args:
+            changes: a tracker's ``latest_changes``, the iterator that never falls behind (a skipped change
+                moves the window no less: the gate reads the version itself at each check).
         """
-        while True:
-            try:
-                async for _ in changes():
-                    self._notify()
-                return
-            except SlowConsumerError as exc:
-                log.warning("admission's version listener fell behind; resubscribing", extra={"error": str(exc)})
+        async for _ in changes():
+            self._notify()
 
     # -- internals ---------------------------------------------------------------------------------
 

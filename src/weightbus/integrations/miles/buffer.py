@@ -255,7 +255,7 @@ class WeightbusDataBuffer:
                         check_semaphore(self._args)
                         await made.start()
                         assert self._tracker is not None
-                        self._wake = asyncio.create_task(made.gate.follow(self._tracker.changes))
+                        self._wake = asyncio.create_task(made.gate.follow(self._tracker.latest_changes))
                     self._admission = made if made.gate.mode != "off" else None
         return self._admission  # type: ignore[return-value]
 
