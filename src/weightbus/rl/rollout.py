@@ -39,7 +39,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
@@ -47,6 +47,7 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus import BusMetrics, connect, subjects
 from weightbus.bus.options import ConnectOptions
+from weightbus.bus.rpc import Served
 from weightbus.consumers import (
     DrainReporter,
     FullyAsyncBuffer,
@@ -65,6 +66,9 @@ from weightbus.rl.task import Task, load_task
 from weightbus.rules.source import version_or_none
 from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
+
+if TYPE_CHECKING:
+    from weightbus.bus.nats import NatsBus
 
 __all__ = ["RolloutConfig", "RolloutProgress", "generate_group", "run_rollout"]
 
@@ -164,7 +168,7 @@ class _Rollout:
         self,
         config: RolloutConfig,
         task: Task,
-        bus: Any,
+        bus: NatsBus,
         registry: CollectorRegistry,
         progress: Callable[[RolloutProgress], None] | None,
     ) -> None:
@@ -353,7 +357,7 @@ class _Rollout:
             drain_s=timer.seconds,
         )
 
-    async def serve(self, tracker: asyncio.Future[VersionTracker]) -> Any:
+    async def serve(self, tracker: asyncio.Future[VersionTracker]) -> Served:
         """Subscribe to the batch subject; requests wait for ``tracker``."""
 
         async def on_request(request: BatchRequest) -> BatchReply:
