@@ -30,7 +30,7 @@ import httpx
 from weightbus.engines import SGLangClient, discover_workers
 from weightbus.errors import EngineError
 from weightbus.rules.abort import certain_stale, oldest_bound
-from weightbus.rules.source import version_or_none
+from weightbus.rules.source import CurrentSource, version_or_none
 from weightbus.schemas.rollouts import parse_version
 
 __all__ = ["EngineAborter", "Flight", "InFlightGroups", "oldest_label"]
@@ -74,14 +74,14 @@ class InFlightGroups:
 
     Args:
         max_staleness: the drain's bound (None: never abort).
-        current: reads the tracker's version now (None: never published).
+        current: the version source (a tracker or a callable), read at each check; one that cannot say aborts nothing.
         abort: sends the aborts of a list of rids; awaited in the background.
     """
 
     def __init__(
         self,
         max_staleness: int | None,
-        current: Callable[[], int | None],
+        current: CurrentSource,
         abort: Callable[[list[str]], Awaitable[None]],
     ) -> None:
         self.max_staleness = max_staleness

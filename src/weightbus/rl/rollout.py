@@ -280,7 +280,7 @@ class _Rollout:
             return None
         if self.inflight is None:
             aborter = EngineAborter(self.config.router_url, http)
-            self.inflight = InFlightGroups(self.config.max_staleness, lambda: tracker.current, aborter)
+            self.inflight = InFlightGroups(self.config.max_staleness, tracker, aborter)
         return self.inflight
 
     def _aborted_early(self, group: Group) -> None:
