@@ -29,7 +29,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Literal
@@ -49,8 +48,6 @@ if TYPE_CHECKING:
     from weightbus.consumers.admission.shared import SharedBudget
 
 __all__ = ["Admission", "Outcome", "Slot"]
-
-log = logging.getLogger("weightbus.consumers")
 
 Outcome = Literal["finished", "aborted", "recycled"]
 _OUTCOMES: Final = ("accepted", "finished", "aborted", "recycled")
