@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 
 from weightbus.engines import SGLangClient, discover_workers
-from weightbus.errors import EngineError, WeightbusError
+from weightbus.errors import EngineError
 from weightbus.rules.abort import certain_stale, oldest_bound
+from weightbus.rules.source import CurrentSource, version_or_none
 from weightbus.schemas.rollouts import parse_version
 
 __all__ = ["EngineAborter", "Flight", "InFlightGroups", "oldest_label"]
@@ -60,14 +61,14 @@ class InFlightGroups:
 
     Args:
         max_staleness: the drain's bound (None: never abort).
-        current: reads the tracker's version now (None: never published).
+        current: the version source (a tracker or a callable), read at each check; one that cannot say aborts nothing.
         abort: sends the aborts of a list of rids; awaited in the background.
     """
 
     def __init__(
         self,
         max_staleness: int | None,
-        current: Callable[[], int | None],
+        current: CurrentSource,
         abort: Callable[[list[str]], Awaitable[None]],
     ) -> None:
         self.max_staleness = max_staleness
@@ -110,10 +111,7 @@ class InFlightGroups:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _read_current(self) -> int | None:
-        try:
-            return self._current()
-        except WeightbusError:
-            return None  # a tracker that is not ready knows nothing: never abort on it
+        return version_or_none(self._current)  # a tracker that is not ready knows nothing: never abort on it
 
     def _check(self, flight: Flight, current: int | None) -> bool:
         if flight.aborted or not certain_stale(oldest_bound(flight.oldest), current, self.max_staleness):

@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus import BusMetrics, connect, subjects
 from weightbus.bus.options import ConnectOptions
+from weightbus.bus.rpc import Served
 from weightbus.consumers import (
     DrainReporter,
     FullyAsyncBuffer,
@@ -31,14 +32,17 @@ from weightbus.consumers import (
 )
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
-from weightbus.errors import SlowConsumerError, WeightbusError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import RolloutConfig
 from weightbus.rl.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
 from weightbus.rl.task import Task, load_task
+from weightbus.rules.source import version_or_none
 from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
+
+if TYPE_CHECKING:
+    from weightbus.bus.nats import NatsBus
 
 __all__ = ["RolloutConfig", "RolloutProgress", "generate_group", "run_rollout"]
 
@@ -138,7 +142,7 @@ class _Rollout:
         self,
         config: RolloutConfig,
         task: Task,
-        bus: Any,
+        bus: NatsBus,
         registry: CollectorRegistry,
         progress: Callable[[RolloutProgress], None] | None,
     ) -> None:
@@ -238,7 +242,7 @@ class _Rollout:
                 self.generated += sum(s.response_length for s in group.samples)
                 group.started_at = started
                 group.generated_at = time.time()
-                group.generated_version = _current_or_none(tracker)
+                group.generated_version = version_or_none(tracker)  # not ready: no split rather than a guess
                 if flight is not None and flight.aborted:
                     self._aborted_early(group)
                     continue
@@ -250,7 +254,7 @@ class _Rollout:
             return None
         if self.inflight is None:
             aborter = EngineAborter(self.config.router_url, http)
-            self.inflight = InFlightGroups(self.config.max_staleness, lambda: tracker.current, aborter)
+            self.inflight = InFlightGroups(self.config.max_staleness, tracker, aborter)
         return self.inflight
 
     def _aborted_early(self, group: Group) -> None:
@@ -264,27 +268,17 @@ class _Rollout:
 
     async def abort_on_changes(self, tracker: VersionTracker) -> None:
         """Each version change: abort the groups in flight that it makes certain to be stale."""
-        while True:
-            try:
-                async for change in tracker.changes():
-                    if self.inflight is not None and change.version is not None:
-                        self.inflight.check(change.version)
-                return  # the tracker stopped
-            except SlowConsumerError as exc:
-                # A missed change only delays an abort: the next change or finished request checks again.
-                log.warning("abort listener fell behind; resubscribing", extra={"error": str(exc)})
+        # The newest state only: a skipped version is subsumed by the newer one it is checked against.
+        async for change in tracker.latest_changes():
+            if self.inflight is not None and change.version is not None:
+                self.inflight.check(change.version)
 
     async def follow_lags(self, tracker: VersionTracker) -> None:
-        while True:
-            try:
-                async for change in tracker.changes():
-                    if change.version is not None and change.lag is not None:
-                        self.lags[change.version] = change.lag
-                        self.lags.pop(change.version - _LAGS_KEPT, None)
-                return  # the tracker stopped
-            except SlowConsumerError as exc:
-                # Lags are for the report only; losing some must never stop the rollout.
-                log.warning("lag listener fell behind; resubscribing", extra={"error": str(exc)})
+        # Lags are for the report only: a reader that falls behind keeps the newest, never stops the rollout.
+        async for change in tracker.latest_changes():
+            if change.version is not None and change.lag is not None:
+                self.lags[change.version] = change.lag
+                self.lags.pop(change.version - _LAGS_KEPT, None)
 
     async def handle(self, tracker: VersionTracker, request: BatchRequest) -> BatchReply:
         waited = time.perf_counter()
@@ -337,7 +331,7 @@ class _Rollout:
             drain_s=timer.seconds,
         )
 
-    async def serve(self, tracker: asyncio.Future[VersionTracker]) -> Any:
+    async def serve(self, tracker: asyncio.Future[VersionTracker]) -> Served:
         """Subscribe to the batch subject; requests wait for ``tracker``."""
 
         async def on_request(request: BatchRequest) -> BatchReply:
@@ -351,7 +345,7 @@ class _Rollout:
             await self.budget.start()
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
-        tasks.append(asyncio.create_task(self.admission.follow(tracker.changes)))
+        tasks.append(asyncio.create_task(self.admission.follow(tracker.latest_changes)))
         if self.config.early_abort:
             tasks.append(asyncio.create_task(self.abort_on_changes(tracker)))
         if self.config.follow_lora:
@@ -371,13 +365,6 @@ class _Rollout:
                 log.error("rollout tasks did not stop within the bound", extra={"tasks": len(pending)})
             if self.budget is not None:
                 await self.budget.close()
-
-
-def _current_or_none(tracker: VersionTracker) -> int | None:
-    try:
-        return tracker.current
-    except WeightbusError:
-        return None  # not ready: no split for this group rather than a guess
 
 
 async def run_rollout(

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
@@ -26,6 +26,9 @@ from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, reque
 from weightbus.rl.config import TrainerConfig
 from weightbus.schemas import LoraAdapter
 from weightbus.schemas.rollouts import Group
+
+if TYPE_CHECKING:
+    from weightbus.bus.nats import NatsBus
 
 __all__ = ["TrainerConfig", "TrainerProgress", "grpo_loss", "run_trainer"]
 
@@ -259,7 +262,7 @@ async def run_trainer(
 
 
 async def _train_step(
-    trainer: _Trainer, bus: Any, pub: VersionPublisher, fleet: EngineFleet, trained_under: int
+    trainer: _Trainer, bus: NatsBus, pub: VersionPublisher, fleet: EngineFleet, trained_under: int
 ) -> dict[str, Any]:
     """One step: a batch judged against ``trained_under``, the loss, the push; returns its ``steps.jsonl`` line."""
     config = trainer.config
@@ -295,7 +298,7 @@ async def _train_step(
     }
 
 
-async def _batch(bus: Any, config: TrainerConfig, min_version: int, trainer_id: str) -> BatchReply:
+async def _batch(bus: NatsBus, config: TrainerConfig, min_version: int, trainer_id: str) -> BatchReply:
     request = BatchRequest(size=config.batch, min_version=min_version, trainer_id=trainer_id, patience_s=_BATCH_TIMEOUT)
     while True:
         try:

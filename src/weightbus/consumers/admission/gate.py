@@ -8,12 +8,11 @@ released exactly once.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-from weightbus.errors import AdmissionError, SlowConsumerError, TrackerNotReadyError
+from weightbus.errors import AdmissionError, TrackerNotReadyError
 from weightbus.rules.admission import (
     ADMISSION_MODES,
     UNLIMITED,
@@ -22,13 +21,12 @@ from weightbus.rules.admission import (
     allowance,
     mode_capacity,
 )
+from weightbus.rules.source import CurrentSource, version_reader
 
 if TYPE_CHECKING:
     from weightbus.consumers.admission.shared import SharedBudget
 
 __all__ = ["Admission", "Outcome", "Slot"]
-
-log = logging.getLogger("weightbus.consumers")
 
 Outcome = Literal["finished", "aborted", "recycled"]
 _OUTCOMES: Final = ("accepted", "finished", "aborted", "recycled")
@@ -154,7 +152,7 @@ class Admission:
         self,
         mode: AdmissionMode = "bounded",
         *,
-        current: Any = None,
+        current: CurrentSource = None,
         max_staleness: int | None = 1,
         batch: int,
         cap: int | None = None,
@@ -168,7 +166,7 @@ class Admission:
         self._max_staleness = max_staleness
         self._batch = batch
         self._cap = cap
-        self._read = _reader(current)
+        self._read = version_reader(current)
         self._running = 0
         self._ready = 0
         self._taken: dict[int | None, int] = {}
@@ -333,17 +331,15 @@ class Admission:
         self._notify()
 
     async def follow(self, changes: Callable[[], AsyncIterator[object]]) -> None:
-        """Wake waiting ``acquire`` calls at every item of ``changes()`` (a tracker's ``changes``): a new version
-        moves the window, and the engines should not idle until the next poll. Resubscribes when the iterator
-        falls behind (``SlowConsumerError``: a missed change only waits for the poll); returns when it ends.
+        """Wake waiting ``acquire`` calls at every item of ``changes()``: a new version moves the window, and the
+        engines should not idle until the next poll. Returns when the iterator ends.
+
+        Args:
+            changes: a tracker's ``latest_changes``, the iterator that never falls behind (a skipped change
+                moves the window no less: the gate reads the version itself at each check).
         """
-        while True:
-            try:
-                async for _ in changes():
-                    self._notify()
-                return
-            except SlowConsumerError as exc:
-                log.warning("admission's version listener fell behind; resubscribing", extra={"error": str(exc)})
+        async for _ in changes():
+            self._notify()
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -389,22 +385,3 @@ class Admission:
 
 
 _UNSET: Final = object()
-
-
-def _reader(source: Any) -> Callable[[], int | None]:
-    if source is None or isinstance(source, int):
-        if isinstance(source, bool) or (source is not None and source < 0):
-            raise ValueError(f"a current version must be an int >= 0 or None, got {source!r}")
-        return lambda: source
-    # Looked up on the type (or the instance dict): reading a tracker's property here could raise.
-    if hasattr(type(source), "current") or "current" in getattr(source, "__dict__", ()):
-        return lambda: _checked(source.current)
-    if callable(source):
-        return lambda: _checked(source())
-    raise TypeError(f"a version source is an int, None, a callable or an object with .current, got {source!r}")
-
-
-def _checked(value: object) -> int | None:
-    if value is None or (type(value) is int and value >= 0):  # type: ignore[operator]
-        return value  # type: ignore[return-value]
-    raise TypeError(f"a current version must be an int >= 0 or None, got {value!r}")

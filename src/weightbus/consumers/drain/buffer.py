@@ -12,10 +12,11 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING
 
 from weightbus.consumers.drain.stage import Action, DrainStats, StalenessStage
 from weightbus.errors import TrackerNotReadyError
+from weightbus.rules.source import CurrentSource, read_version
 from weightbus.schemas.rollouts import Group
 
 if TYPE_CHECKING:
@@ -25,38 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["CurrentSource", "Drain", "FullyAsyncBuffer", "buffer_capacity", "read_current", "resolve_current"]
 
 
-#: ``int | None``, a zero-argument callable returning one, or an object with a ``.current`` attribute
-#: (a ``VersionTracker``).
-CurrentSource = Any
-
-_MISSING: Final = object()
-
-
-def resolve_current(source: CurrentSource) -> int | None:
-    """Read a version once from ``source``.
-
-    Args:
-        source: an ``int`` or None, an object with a ``.current`` attribute (a tracker), or a
-            zero-argument callable returning ``int | None``.
-
-    Raises:
-        TypeError: the source yields something other than a non-bool ``int`` or None.
-        ValueError: the version is negative.
-    """
-    value = source
-    if value is not None and not isinstance(value, int):
-        attr = getattr(value, "current", _MISSING)  # a tracker's property: read it exactly once
-        if attr is not _MISSING:
-            value = attr
-        elif callable(value):
-            value = value()
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"a current version must be an int or None, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"a current version must be >= 0, got {value}")
-    return value
+#: Kept under its old name: ``rules.source.read_version`` reads a ``CurrentSource`` once.
+resolve_current = read_version
 
 
 async def read_current(source: CurrentSource, ready_timeout: float) -> tuple[int | None, str]:
@@ -68,11 +39,11 @@ async def read_current(source: CurrentSource, ready_timeout: float) -> tuple[int
 
     Raises:
         TrackerNotReadyError: the tracker was not ready within ``ready_timeout`` seconds.
-        TypeError, ValueError: as ``resolve_current``.
+        TypeError, ValueError: as ``rules.source.read_version``.
     """
     wait_ready = getattr(source, "wait_ready", None)
     if wait_ready is None or isinstance(source, int):
-        return resolve_current(source), "given"
+        return read_version(source), "given"
     if not getattr(source, "ready", False):
         try:
             await wait_ready(ready_timeout)
@@ -80,7 +51,7 @@ async def read_current(source: CurrentSource, ready_timeout: float) -> tuple[int
             status = getattr(getattr(source, "status", None), "value", "not ready")
             policy = getattr(source, "policy", "?")
             raise TrackerNotReadyError(policy, status, f"a drain waited {ready_timeout:g}s for it") from None
-    value = resolve_current(source)
+    value = read_version(source)
     return value, "never_published" if value is None else "current"
 
 

@@ -87,6 +87,43 @@ class _Queue:
         return item
 
 
+class _Latest:
+    """The one-slot queue of a coalescing iterator: a change replaces the one not yet read, so it never overflows.
+
+    A terminal item (the end, an error) is kept beside the slot: the newest change is read before it.
+    """
+
+    __slots__ = ("newest", "signal", "terminal")
+
+    include_regressions = False
+
+    def __init__(self) -> None:
+        self.newest: VersionChange | None = None
+        self.terminal: object | None = None
+        self.signal = asyncio.Event()
+
+    def push(self, item: object) -> None:
+        if isinstance(item, VersionChange):
+            self.newest = item
+        elif self.terminal is None:
+            self.terminal = item
+        self.signal.set()
+
+    async def next(self, subject: str) -> VersionChange | None:
+        while True:
+            newest = self.newest
+            if newest is not None:
+                self.newest = None
+                return newest
+            terminal = self.terminal
+            if terminal is _END:
+                return None
+            if isinstance(terminal, BaseException):
+                raise terminal
+            self.signal.clear()
+            await self.signal.wait()
+
+
 class ChangeFeed:
     """The changes of one tracker, fanned out to every open iterator; see the module docstring.
 
@@ -98,7 +135,7 @@ class ChangeFeed:
     def __init__(self, subject: str, limit: int) -> None:
         self._subject = subject
         self._limit = limit
-        self._queues: list[_Queue] = []
+        self._queues: list[_Queue | _Latest] = []
         self._terminal: object | None = None
         self.last: VersionChange | None = None
         """The newest change that moved the version (a late iterator starts with it)."""
@@ -125,14 +162,26 @@ class ChangeFeed:
         for queue in self._queues:
             queue.push(_END)
 
-    async def follow(self, include_regressions: bool = False) -> AsyncIterator[VersionChange]:
+    def follow(self, include_regressions: bool = False) -> AsyncIterator[VersionChange]:
         """Iterate over the changes: ``last`` first (if any), then each one pushed, until the feed ends.
 
         Raises:
             VersionRegressionError: the error the feed was failed with.
             SlowConsumerError: this iterator fell more than ``limit`` changes behind.
         """
-        queue = _Queue(include_regressions, self._limit)
+        return self._follow(_Queue(include_regressions, self._limit))
+
+    def latest(self) -> AsyncIterator[VersionChange]:
+        """Iterate over the newest state: ``last`` first (if any), then the newest change not yet read, until the
+        feed ends. A reader that falls behind skips to the newest change: it never raises ``SlowConsumerError``,
+        and the last change it reads before the end is the feed's ``last``.
+
+        Raises:
+            VersionRegressionError: the error the feed was failed with (after the newest change).
+        """
+        return self._follow(_Latest())
+
+    async def _follow(self, queue: _Queue | _Latest) -> AsyncIterator[VersionChange]:
         if self.last is not None:
             queue.push(self.last)
         if self._terminal is not None:

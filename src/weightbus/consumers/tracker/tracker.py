@@ -410,6 +410,16 @@ class VersionTracker:
         """
         return self._feed.follow(include_regressions)
 
+    def latest_changes(self) -> AsyncIterator[VersionChange]:
+        """Iterate over the newest state: the change that set the current version first (if known), then the newest
+        change not yet read. It keeps one change, never a queue: a slow reader skips to the newest one and never
+        gets ``SlowConsumerError`` (for a reader that wants the state, not every step: wake-ups, aborts, lags).
+
+        Raises:
+            VersionRegressionError: ``raise`` mode saw a regression.
+        """
+        return self._feed.latest()
+
     # -- the follow loop -------------------------------------------------------------------------
 
     def _replayed(self) -> None:

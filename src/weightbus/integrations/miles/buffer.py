@@ -27,6 +27,7 @@ from weightbus.integrations.miles.admission import MilesAdmission, check_semapho
 from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings
 from weightbus.integrations.miles.config import setting as _setting
 from weightbus.integrations.miles.groups import group_key, miles_group_versions, to_weightbus_group
+from weightbus.rules.source import read_version
 from weightbus.rules.staleness import UNKNOWN_POLICIES
 from weightbus.schemas.rollouts import Group
 
@@ -213,7 +214,7 @@ class WeightbusDataBuffer:
                         check_semaphore(self._args)
                         await made.start()
                         assert self._tracker is not None
-                        self._wake = asyncio.create_task(made.gate.follow(self._tracker.changes))
+                        self._wake = asyncio.create_task(made.gate.follow(self._tracker.latest_changes))
                     self._admission = made if made.gate.mode != "off" else None
         return self._admission  # type: ignore[return-value]
 
@@ -370,7 +371,7 @@ class WeightbusDataBuffer:
         if tracker is None:
             raise TrackerNotReadyError(self.policy, "starting")
         try:
-            tracked = tracker.current
+            tracked = read_version(tracker)
         except TrackerNotReadyError:
             if self._passed is None:
                 raise
