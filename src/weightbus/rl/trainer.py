@@ -19,7 +19,7 @@ import msgspec
 
 from weightbus.bus import BusMetrics, connect
 from weightbus.bus.options import ConnectOptions
-from weightbus.errors import BusError, EngineError, PermissionDeniedError
+from weightbus.errors import EngineError, WeightbusError
 from weightbus.process.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch
@@ -135,16 +135,15 @@ class _Trainer:
         """Push until it lands (an engine restarting, NATS restarting); returns the version announced.
 
         A failed update announces nothing but uses its reserved number up (its engines are quarantined until the
-        next update lands), so a retry pushes the next number.
+        next update lands), so a retry pushes the next number. Only a retryable error is retried, for at most
+        ``_PUSH_PATIENCE`` seconds; a final one (fenced, denied, an exhausted counter, ...) is raised at once.
         """
         deadline = time.monotonic() + _PUSH_PATIENCE
         while True:
             try:
                 return await self._push_once(pub, fleet)
-            except PermissionDeniedError:
-                raise  # the user's rights will not change on a retry
-            except (EngineError, BusError) as exc:  # a PublishError is a BusError; a FencedError is neither
-                if time.monotonic() > deadline:
+            except WeightbusError as exc:
+                if not exc.retryable or time.monotonic() > deadline:
                     raise
                 log.warning("push failed; retrying", extra={"error": str(exc), "version": pub.next_version})
                 await asyncio.sleep(_PUSH_RETRY_DELAY)
@@ -214,6 +213,7 @@ async def run_trainer(
 
     Raises:
         FencedError: another trainer took the counter over.
+        CounterExhaustedError: the policy's counter reached ``MAX_VERSION`` (raised at once: use a new policy id).
         EngineError, EngineOutOfSyncError: a push did not land on every engine.
         PermissionDeniedError: this user may not ask for batches (or publish the policy's versions).
     """

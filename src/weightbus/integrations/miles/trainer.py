@@ -19,14 +19,7 @@ from typing import Any, Final, Literal, TypeVar
 import msgspec
 
 from weightbus.bus.options import redact_url
-from weightbus.errors import (
-    BusConfigError,
-    BusError,
-    CounterExhaustedError,
-    FencedError,
-    PermissionDeniedError,
-    StreamConfigError,
-)
+from weightbus.errors import BusError, FencedError
 from weightbus.integrations.miles.config import MilesSettings
 from weightbus.integrations.miles.engines import MilesEngineFleet
 from weightbus.producers.coverage import Push
@@ -47,8 +40,6 @@ _MULTI_LORA: Final = "miles.utils.multi_lora"
 Kind = Literal["mixin", "delta", "tensor", "fsdp"]
 
 _T = TypeVar("_T")
-
-_FINAL_BUS_ERRORS: Final = (CounterExhaustedError, PermissionDeniedError, BusConfigError, StreamConfigError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,8 +381,11 @@ class _Cell:
         while True:
             try:
                 return attempt()
-            except BusError as exc:
-                if isinstance(exc, _FINAL_BUS_ERRORS) or time.monotonic() + delay > deadline:
+            except BusError as exc:  # the bus only: an engine's failure fails miles' update, as without weightbus
+                if not exc.retryable:
+                    exc.add_note(f"weightbus does not retry {doing} after a {type(exc).__name__}; {untouched}")
+                    raise
+                if time.monotonic() + delay > deadline:
                     exc.add_note(
                         f"weightbus gave up {doing} after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); {untouched}"
                     )
