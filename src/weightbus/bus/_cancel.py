@@ -1,6 +1,7 @@
 """``honouring_cancel``: await a nats-py call without losing a cancel of the calling task.
 
 CPython 3.11's ``wait_for`` may swallow a cancel that arrives with the reply (python/cpython#86296): this raises it.
+See docs/events.md#what-weightbus-needs-from-nats-pys-internals.
 """
 
 from __future__ import annotations

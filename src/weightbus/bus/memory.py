@@ -1,6 +1,7 @@
 """``MemoryBus``: an in-process bus with the same contract as the NATS JetStream bus.
 
 It passes the same contract suite through the same codec, so a test on it exercises the real encode and decode.
+See docs/events.md#the-bus-interface.
 """
 
 from __future__ import annotations

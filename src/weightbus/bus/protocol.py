@@ -2,6 +2,7 @@
 
 Every implementation keeps: one event per ``msg_id``; ``expected_last_seq`` makes a publish conditional (a lost race
 raises ``SequenceConflictError``, stores nothing); invalid payloads are skipped; ``last_seq`` ignores payloads.
+See docs/events.md#the-bus-interface.
 """
 
 from __future__ import annotations

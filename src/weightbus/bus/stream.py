@@ -1,7 +1,7 @@
 """The ``WEIGHTBUS`` JetStream stream: what weightbus relies on, the check a client makes, and the admin upgrade.
 
 A client creates it only when missing and never changes it (``StreamConfigError`` lists every mismatch); only
-``create_or_upgrade`` writes it. The requirements: docs/operations.md, "The stream belongs to the operator".
+``create_or_upgrade`` writes it. The requirements: docs/operations.md#the-stream-belongs-to-the-operator.
 """
 
 from __future__ import annotations

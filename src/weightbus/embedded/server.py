@@ -1,6 +1,7 @@
 """An embedded ``nats-server`` with JetStream on 127.0.0.1, for ``weightbus server``, tests, the demo and benchmarks.
 
 Ready means it logged ``Server is ready``, never a TCP probe; the child never outlives its owner; stopped by pid.
+See docs/events.md#connecting-to-nats.
 """
 
 from __future__ import annotations

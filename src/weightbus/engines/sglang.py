@@ -2,6 +2,7 @@
 
 Each method sends a fixed set of keys (``wire``, pinned by tests); every failure is an ``EngineError`` (URL, status,
 server message): httpx errors are translated here only. A client passed in is borrowed, never closed.
+See docs/engines.md#the-sglang-client.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Where a training step's time goes: weightbus's own work, the engines' HTTP time, and everything else.
 
 Own + engine HTTP == weightbus spans − excluded spans, each instant counted once; it only observes.
+See docs/benchmarks.md#measuring-your-own-trainer.
 """
 
 from __future__ import annotations

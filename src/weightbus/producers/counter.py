@@ -2,7 +2,7 @@
 
 Every event is a conditional publish on this instance's own previous event, so the bus decides who owns the counter;
 a number is used up before any engine may carry it and never issued again; only another owner's event is a fence.
-It knows nothing of engines. The update order: docs/design.md.
+It knows nothing of engines. The update order: docs/design.md#the-update-protocol-step-by-step.
 """
 
 from __future__ import annotations

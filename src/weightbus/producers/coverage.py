@@ -1,7 +1,7 @@
 """Which engines hold the weight set a version names after a push: the pure rule behind every stamp.
 
 A full push covers every engine it reached, a delta those at the previous version (a LoRA load also those on its
-base); anything else is missing, never stamped. Why: docs/design.md, "Stamping only what an engine holds".
+base); anything else is missing, never stamped. Why: docs/design.md#the-update-protocol-step-by-step.
 """
 
 from __future__ import annotations

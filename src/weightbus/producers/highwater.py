@@ -1,7 +1,8 @@
 """``HighWaterMark``: the counter's high-water mark on ``weightbus.<policy>.counter``, apart from the weights history.
 
 ``cover(v)`` returns only once a mark of at least ``v`` is stored; writes are conditional, so a fenced zombie never
-lowers it; a mark the writer's chain does not explain covers nothing. Why: docs/design.md, "The high-water mark".
+lowers it; a mark the writer's chain does not explain covers nothing.
+Why: docs/design.md#the-counter-one-owner-fenced-by-the-bus.
 """
 
 from __future__ import annotations

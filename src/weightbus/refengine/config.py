@@ -1,6 +1,6 @@
 """What ``weightbus engine`` serves: one typed config object, from the command's flags or a JSON file.
 
-The API key is not a field (``--api-key`` or ``WEIGHTBUS_ENGINE_API_KEY`` only), so it never lands in a file.
+The API key is not a field (``--api-key`` or ``WEIGHTBUS_API_KEY`` only), so it never lands in a file.
 """
 
 from __future__ import annotations

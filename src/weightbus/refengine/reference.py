@@ -1,6 +1,7 @@
 """The CPU reference engine: a Starlette app that answers like SGLang 0.5.23 on the weight and generate routes.
 
 It is strict where 0.5.23 is strict, so client bugs show up in tests rather than on a GPU fleet.
+See docs/engines.md#the-reference-engine.
 """
 
 from __future__ import annotations

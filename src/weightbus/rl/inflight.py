@@ -1,7 +1,7 @@
 """Early abort: the rollout's groups still generating, and the engine aborts of those that must be stale.
 
 Only certainty aborts (``rules.abort``), at most once per flight; a failed abort changes nothing else: an
-optimisation, never a judgement.
+optimisation, never a judgement. See docs/rollout.md#early-abort.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The demo's verdict: invariants computed from the bus recording and from what the trainer actually trained on.
 
 Each check ends ``held``, ``failed`` (the demo exits 1) or ``vacuous`` (nothing to judge: not a failure, not evidence).
+See docs/demo.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The version follower's rule, as a pure function: state + incoming weights event → new state + action.
 
 ``decide`` is the one rule trackers, ``status``, ``watch`` and the publisher's resume apply; the owner is the latest
-accepted claimant; rejected events change nothing. The rule and why: docs/design.md, "The tracker".
+accepted claimant; rejected events change nothing. The rule and why: docs/design.md#chain-validation.
 """
 
 from __future__ import annotations

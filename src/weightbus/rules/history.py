@@ -2,6 +2,7 @@
 
 ``status``, ``publish``'s liveness check and the publisher's resume fold the stored events with ``chain.decide`` in
 ``hold`` mode and judge marks in stream order (``rules.marks``), exactly as a tracker starting now would.
+See docs/design.md#chain-validation.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How far the counter's high-water mark may raise the counter: the one rule the trainer, trackers and status share.
 
 A mark counts only as far as the weights chain explains it where it was stored (at most one above the highest number
-seen then); one stored before every retained event is taken as it is. Why: docs/design.md, "The high-water mark".
+seen then); one stored before every retained event is taken as it is. Why: docs/operations.md#counter-mark-validation.
 """
 
 from __future__ import annotations

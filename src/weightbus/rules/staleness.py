@@ -1,7 +1,7 @@
 """The staleness rule, as pure functions over a group's pre-parsed version labels.
 
 Staleness is ``current - oldest`` over every sample, turn, trajectory and token span; a label that is not a version
-is never silently fresh; ``current is None`` turns the filter off. The rest: docs/design.md, "The staleness rule".
+is never silently fresh; ``current is None`` turns the filter off. The rest: docs/design.md#the-staleness-rule.
 """
 
 from __future__ import annotations

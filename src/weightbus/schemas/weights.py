@@ -1,7 +1,8 @@
 """Weight events, trainer → rollout workers and monitors (``weightbus.<policy>.weights``, ``.applied``, ``.counter``).
 
-The weights subject's three events share one conditional publish, which orders and fences them (docs/design.md, "The
-counter"). Evolution: new fields get defaults and go at the end; unknown fields are ignored on decode.
+The weights subject's three events share one conditional publish, which orders and fences them
+(docs/design.md#the-counter-one-owner-fenced-by-the-bus). Evolution: new fields get defaults and go at the end;
+unknown fields are ignored on decode.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The capacity is ``rules.admission.mode_capacity`` over the counts held here and the version read at each check (a
 tracker not ready admits nothing in ``bounded``); a slot is granted only while it is positive, counted at once, and
-released exactly once.
+released exactly once. See docs/rollout.md#admission-generate-only-what-can-still-be-trained.
 """
 
 from __future__ import annotations

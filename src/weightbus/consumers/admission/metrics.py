@@ -1,6 +1,6 @@
 """Prometheus metrics of the shared admission budget, on an injected ``CollectorRegistry`` (never the global one).
 
-Families ``weightbus_admission_*`` (README, metrics table); labels ``policy`` and ``reason``, never a holder id.
+Families ``weightbus_admission_*`` (docs/operations.md#metrics); labels ``policy`` and ``reason``, never a holder id.
 """
 
 from __future__ import annotations

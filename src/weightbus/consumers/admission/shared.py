@@ -2,7 +2,7 @@
 
 The budget is the newest valid ``AdmissionLedger``, each written as a conditional publish (the bus's fence orders
 the writers) and validated on read (``check_ledger``); holdings are leases, each at most its max-min fair share.
-All holders share one bound, batch, lease and linger. Guarantees and limits: docs/operations.md.
+All holders share one bound, batch, lease and linger. Guarantees and limits: docs/operations.md#admission-guarantees.
 """
 
 from __future__ import annotations

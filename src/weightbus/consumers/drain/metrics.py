@@ -1,7 +1,7 @@
 """Prometheus metrics of the staleness stage, on an injected ``CollectorRegistry`` (never the global one).
 
-Families ``weightbus_*`` (README, metrics table), updated once per drain: one ``Histogram.observe`` costs about 2 µs,
-so the staleness histogram is a custom collector. Never a version or a group id as a label.
+Families ``weightbus_*`` (docs/operations.md#metrics), updated once per drain: one ``Histogram.observe`` costs about
+2 µs, so the staleness histogram is a custom collector. Never a version or a group id as a label.
 """
 
 from __future__ import annotations

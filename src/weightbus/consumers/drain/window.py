@@ -3,6 +3,7 @@
 A window is miles' metrics window, closed by ``finish`` (one ``DrainStats``, Prometheus update and ``DrainReport``).
 Evidence only goes forward; a group not kept is routed once and frees its slot as it is routed; ``close``'s groups are
 the host's for good; ``abandon`` hands back the kept ones in order; each group goes to the ``WasteLedger`` once.
+See docs/design.md#the-drain.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Prometheus metrics of the version follower, on an injected ``CollectorRegistry`` (never the global one).
 
-Families ``weightbus_*`` (README, metrics table), label ``policy`` only; one ``TrackerMetrics`` per process.
+Families ``weightbus_*`` (docs/operations.md#metrics), label ``policy`` only; one ``TrackerMetrics`` per process.
 """
 
 from __future__ import annotations

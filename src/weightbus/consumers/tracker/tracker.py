@@ -1,7 +1,8 @@
 """``VersionTracker``: a rollout-side follower of one policy's current weight version, held in memory.
 
 It replays the weights subject's retained history, then follows it live through ``rules.chain``; ``current`` raises
-``TrackerNotReadyError`` unless ready; never deaf in silence, nothing taken silently. States and why: docs/design.md.
+``TrackerNotReadyError`` unless ready; never deaf in silence, nothing taken silently.
+States and why: docs/design.md#the-tracker.
 """
 
 from __future__ import annotations

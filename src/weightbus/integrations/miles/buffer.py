@@ -1,7 +1,7 @@
 """The rollout half of the miles integration: a drop-in fully-async data buffer (``WeightbusDataBuffer``).
 
 miles' contract, weightbus' staleness control: the version from a ``VersionTracker`` (miles' is only a lower bound),
-the strict rule, miles' metric names, the drain engine. docs/integrations/miles.md, "The rollout half".
+the strict rule, miles' metric names, the drain engine. docs/integrations/miles.md#the-rollout-half.
 """
 
 from __future__ import annotations

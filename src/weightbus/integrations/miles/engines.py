@@ -2,6 +2,7 @@
 
 Only miles' own label calls; every failure or timeout is an ``EngineError`` naming the engine; blocking calls run in
 worker threads; ``ray`` is never imported (the caller passes ``ray.get``).
+See docs/integrations/miles.md#how-it-installs-and-when-it-refuses.
 """
 
 from __future__ import annotations
