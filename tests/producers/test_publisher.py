@@ -206,6 +206,28 @@ async def test_update_needs_start_and_is_sequential(bus: Bus, policy: str) -> No
     assert pub.version == 1
 
 
+async def test_an_update_is_driven_by_its_phases_in_order(bus: Bus, policy: str) -> None:
+    pub = await VersionPublisher(bus, policy, trainer_id="t").start()
+    update = pub.update()
+    with pytest.raises(RuntimeError, match="begun"):
+        await update.commit()
+    assert await update.begin() == 1
+    with pytest.raises(RuntimeError, match="new update"):
+        await update.begin()
+    await update.commit()
+    assert pub.version == 1 and not pub.active
+    with pytest.raises(RuntimeError, match="begun"):
+        await update.abort(ValueError("late"))
+    failed = pub.update()
+    assert await failed.begin() == 2
+    await failed.abort(ValueError("push failed"))  # does not raise: the caller raises its error
+    assert pub.version == 1 and not pub.active
+    with pytest.raises(RuntimeError, match="begun"):
+        await failed.commit()
+    async with pub.update() as version:
+        assert version == 3
+
+
 async def test_a_failed_publish_that_landed_is_resolved_not_fenced(policy: str) -> None:
     mem = MemoryBus()
     lost_ack = True

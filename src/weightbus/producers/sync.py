@@ -223,13 +223,13 @@ class SyncVersionPublisher:
     ) -> Iterator[int]:
         """One weight update, yielding the version to stamp; see ``VersionPublisher.update``."""
         upd = self.publisher.update(lora=lora, push=push, labels=labels)
-        version = self._run(upd.__aenter__())
+        version = self._run(upd.begin())
         try:
             yield version
         except BaseException as exc:
-            self._run(upd.__aexit__(type(exc), exc, exc.__traceback__))
+            self._run(upd.abort(exc))
             raise
-        self._run(upd.__aexit__(None, None, None))
+        self._run(upd.commit())
 
     def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False, base: str | None = None) -> int:
         """Load ``adapter`` on every engine, stamp, and publish; see ``VersionPublisher.publish_lora``."""

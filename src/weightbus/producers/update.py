@@ -95,7 +95,13 @@ class UpdateSlot:
 
 
 class VersionUpdate:
-    """The async context manager returned by ``VersionPublisher.update()``; see the module docstring.
+    """One update, returned by ``VersionPublisher.update()``; see the module docstring.
+
+    Driven by its phases: ``begin()`` (take, pause, mark pending) returns the version; then the caller
+    pushes and ends it with ``commit()`` (stamp, announce, resume) or, after a failure, ``abort(exc)``
+    (quarantine, resume). ``async with`` runs them: ``begin`` on entering, ``commit`` on a normal exit,
+    ``abort`` on an exception. Begin and end it in one task (task-bound state such as a cancel scope,
+    a context variable or ``asyncio.timeout`` must see both).
 
     Args:
         counter: the claimed counter the number is taken from and announced on.
@@ -162,6 +168,7 @@ class VersionUpdate:
         self.quarantined: FleetQuarantined | None = None
         self._paused = False
         self._pending = False
+        self._phase = "new"  # then "begun" (or "failed"), then "over"
 
     def pushed_missing(self, *engines: str) -> None:
         """Say that the block pushed ``engines`` (from ``missing``) the part the declared push lacks for them.
@@ -191,7 +198,7 @@ class VersionUpdate:
             EngineError: an engine refused the pending label.
             RuntimeError: outside the block.
         """
-        if self.version is None or not self._slot.active:
+        if self._phase != "begun":
             raise RuntimeError("before_push() belongs inside the update's block")
         await self._counter.check_owner()
         if self._fleet is not None and not self.labels:
@@ -208,7 +215,21 @@ class VersionUpdate:
                 first.add_note(f"the pending relabel also failed on {other.url}: {other}")
             raise first
 
-    async def __aenter__(self) -> int:
+    async def begin(self) -> int:
+        """Take the number and pause the fleet, read the labels and mark the engines pending (steps 0 to 3).
+
+        Returns:
+            the version the push carries.
+
+        Raises:
+            RuntimeError: the publisher is not started, another update is in progress, or this one was begun.
+            FencedError: another publisher owns the counter (nothing was paused).
+            CounterExhaustedError: the counter issued ``MAX_VERSION`` (nothing was touched).
+            BusError, EngineError: the take or a relabel failed; the fleet was resumed (and quarantined
+                if some engine may carry the pending label).
+        """
+        if self._phase != "new":
+            raise RuntimeError(f"begin() belongs to a new update; this one is {self._phase}")
         counter, fleet, slot = self._counter, self._fleet, self._slot
         if not counter.claimed:
             raise RuntimeError("call VersionPublisher.start() before update()")
@@ -218,6 +239,7 @@ class VersionUpdate:
             raise counter.fenced  # known without a read: never pause the owner's fleet again
         counter.check_ceiling()  # before the pause: an exhausted counter touches nothing
         slot.active = True
+        self._phase = "failed"  # until the take and the relabels are done: commit() and abort() refuse it
         try:
             version = counter.next_version
             if fleet is not None and self._pause is not None:
@@ -268,23 +290,22 @@ class VersionUpdate:
                 except EngineError as exc:
                     failure.add_note(f"resuming the engines afterwards failed too: {exc}")
             raise
+        self._phase = "begun"
         log.info("update started", extra={"policy": counter.policy, "version": version, "paused": self._paused})
         return version
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def commit(self) -> None:
+        """Stamp, read back, announce, resume (steps 5 to 7): the update's successful end.
+
+        Raises:
+            RuntimeError: the update was not begun, or it is over.
+            FencedError, PublishError, PushCoverageError, EngineError: the update failed; the engines
+                were quarantined and resumed, nothing was announced.
+        """
+        self._end("commit")
         counter, fleet = self._counter, self._fleet
         assert self.version is not None
         try:
-            if exc is not None:
-                log.warning(
-                    "update aborted; nothing announced, the version stays used up",
-                    extra={"policy": counter.policy, "version": self.version, "error": repr(exc)},
-                )
-                # A block that learnt it is fenced (before_push) pushed nothing more; say why it stopped.
-                await self._cleanup("fenced" if isinstance(exc, FencedError) else "update_failed", exc)
-                return
             try:
                 engines: tuple[str, ...] = ()
                 if fleet is not None:
@@ -321,6 +342,43 @@ class VersionUpdate:
                 await counter.cover_announced()
         finally:
             self._slot.active = False
+
+    async def abort(self, exc: BaseException) -> None:
+        """End the update after ``exc`` (the push failed): quarantine and resume the engines, announce nothing.
+
+        The version stays used up. ``exc`` is not raised here: the caller raises it (notes about the
+        cleanup are added to it).
+
+        Raises:
+            RuntimeError: the update was not begun, or it is over.
+        """
+        self._end("abort")
+        counter = self._counter
+        try:
+            log.warning(
+                "update aborted; nothing announced, the version stays used up",
+                extra={"policy": counter.policy, "version": self.version, "error": repr(exc)},
+            )
+            # A block that learnt it is fenced (before_push) pushed nothing more; say why it stopped.
+            await self._cleanup("fenced" if isinstance(exc, FencedError) else "update_failed", exc)
+        finally:
+            self._slot.active = False
+
+    def _end(self, phase: str) -> None:
+        if self._phase != "begun":
+            raise RuntimeError(f"{phase}() belongs to a begun update; this one is {self._phase}")
+        self._phase = "over"
+
+    async def __aenter__(self) -> int:
+        return await self.begin()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            await self.commit()
+        else:
+            await self.abort(exc)
 
     async def _leave_out_missing(self, fleet: EngineFleet, version: int) -> None:
         """Quarantine and alert the engines the push did not cover; raise if it covered none."""

@@ -502,7 +502,7 @@ class _Cell:
             # miles picked it again after the owner (then it claims again); the take checks again.
             pub = self.owned(updater, runtime)
             update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
-            pub.call(lambda _: update.__aenter__())
+            pub.call(lambda _: update.begin())
             return update
 
         return self._retrying(attempt, "taking a version", "nothing was pushed")
@@ -555,8 +555,7 @@ class _Session:
             return
         self.closed = True  # before the call: a failing exit quarantined already and must not run twice
         pub = self.cell.publisher
-        tb = exc.__traceback__ if exc is not None else None
-        pub.call(lambda _: update.__aexit__(type(exc) if exc is not None else None, exc, tb))
+        pub.call(lambda _: update.commit() if exc is None else update.abort(exc))
 
     def commit(self) -> None:
         """Stamp, read back, announce, resume (``VersionUpdate``'s exit)."""
