@@ -198,7 +198,7 @@ class VersionUpdate:
             EngineError: an engine refused the pending label.
             RuntimeError: outside the block.
         """
-        if self._phase != "begun":
+        if self.version is None or self._phase != "begun":
             raise RuntimeError("before_push() belongs inside the update's block")
         await self._counter.check_owner()
         if self._fleet is not None and not self.labels:

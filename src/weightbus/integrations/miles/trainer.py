@@ -71,8 +71,7 @@ from weightbus.integrations.miles.config import MilesSettings
 from weightbus.integrations.miles.engines import MilesEngineFleet
 from weightbus.producers.coverage import Push
 from weightbus.producers.publisher import default_trainer_id
-from weightbus.producers.sync import SyncVersionPublisher
-from weightbus.producers.update import VersionUpdate
+from weightbus.producers.sync import SyncUpdate, SyncVersionPublisher
 from weightbus.schemas import ClaimStanding, LoraAdapter
 
 __all__ = ["Kind", "LORA_NAME", "MilesTrainer", "Plan", "Runtime"]
@@ -494,15 +493,15 @@ class _Cell:
         )
         return fresh
 
-    def enter(self, updater: Any, runtime: Runtime, plan: Plan) -> VersionUpdate:
+    def enter(self, updater: Any, runtime: Runtime, plan: Plan) -> SyncUpdate:
         """Take the number, pause, read the labels, mark them pending: retried while the bus does not answer."""
 
-        def attempt() -> VersionUpdate:
+        def attempt() -> SyncUpdate:
             # A cell that lost the counter raises here, before it pauses the owner's engines, unless
             # miles picked it again after the owner (then it claims again); the take checks again.
             pub = self.owned(updater, runtime)
-            update = pub.publisher.update(lora=plan.lora, push=plan.push, labels=plan.labels)
-            pub.call(lambda _: update.begin())
+            update = pub.update(lora=plan.lora, push=plan.push, labels=plan.labels)
+            update.begin()  # its end (commit or abort) runs in the same task on the publisher's loop
             return update
 
         return self._retrying(attempt, "taking a version", "nothing was pushed")
@@ -539,7 +538,7 @@ class _Session:
         self.plan = plan
         self.lazy = lazy
         self.baseline = baseline
-        self.update: VersionUpdate | None = None
+        self.update: SyncUpdate | None = None
         self.version: int | None = None
         self.closed = False
         self.keep = False  # a disk-delta baseline whose engines already serve the announced version
@@ -554,8 +553,10 @@ class _Session:
         if update is None or self.closed:
             return
         self.closed = True  # before the call: a failing exit quarantined already and must not run twice
-        pub = self.cell.publisher
-        pub.call(lambda _: update.commit() if exc is None else update.abort(exc))
+        if exc is None:
+            update.commit()
+        else:
+            update.abort(exc)
 
     def commit(self) -> None:
         """Stamp, read back, announce, resume (``VersionUpdate``'s exit)."""
