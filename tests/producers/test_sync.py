@@ -31,7 +31,7 @@ def test_sync_publisher_updates_and_keeps_versions_on_errors(nats_url: str, poli
     state = EngineState()
     with ServedEngine(create_app(state)) as engine:
         with SyncVersionPublisher(policy, nats_url=nats_url, engines=[engine.url], pause="retract") as pub:
-            assert (pub.epoch, pub.version) == (0, None)
+            assert (pub.state.epoch, pub.state.version) == (0, None)
             with pub.update() as version:
                 assert version == 1 and state.pause_mode == "retract"
             assert state.weight_version == "1" and state.pause_mode is None
@@ -39,7 +39,7 @@ def test_sync_publisher_updates_and_keeps_versions_on_errors(nats_url: str, poli
                 with pub.update() as version:
                     assert version == 2
                     raise KeyError("push failed")
-            assert pub.version == 1 and state.pause_mode is None
+            assert pub.state.version == 1 and state.pause_mode is None
             # The failed push may have left any weights: an adapter on them names nothing until a full push.
             with pub.update() as version:
                 assert version == 3
@@ -112,7 +112,7 @@ def test_sync_updates_begin_and_end_in_one_task(nats_url: str, policy: str) -> N
             with pytest.raises(KeyError):
                 with pub.update():
                     raise KeyError("push failed")
-            assert pub.version == 1 and state.weight_version == "quarantine:2"
+            assert pub.state.version == 1 and state.weight_version == "quarantine:2"
     (fleet,) = fleets
     seen = fleet.seen[1:]  # the first label read is start()'s
     assert [phase for phase, _, _ in seen] == ["begin", "commit", "begin", "abort"]

@@ -10,10 +10,10 @@ version its engines do not serve. ``SyncVersionPublisher`` is the blocking facad
 from weightbus.producers.coverage import pending_label
 from weightbus.producers.fleet import EngineFleet, EngineStamp
 from weightbus.producers.lora import push_lora_adapter
-from weightbus.producers.publisher import VersionPublisher, default_trainer_id
+from weightbus.producers.publisher import PublisherState, VersionPublisher, default_trainer_id
 from weightbus.producers.stamping import stamp_and_verify
 from weightbus.producers.status import EngineReadBack, PolicyStatus, read_status
-from weightbus.producers.sync import SyncVersionPublisher
+from weightbus.producers.sync import SyncPublisherState, SyncUpdate, SyncVersionPublisher
 from weightbus.producers.update import VersionUpdate, quarantine_label
 
 __all__ = [
@@ -21,6 +21,9 @@ __all__ = [
     "EngineReadBack",
     "EngineStamp",
     "PolicyStatus",
+    "PublisherState",
+    "SyncPublisherState",
+    "SyncUpdate",
     "SyncVersionPublisher",
     "VersionPublisher",
     "VersionUpdate",

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -24,9 +25,31 @@ from weightbus.producers.publisher import VersionPublisher
 from weightbus.producers.update import VersionUpdate
 from weightbus.schemas import ClaimStanding, LoraAdapter
 
-__all__ = ["SyncUpdate", "SyncVersionPublisher"]
+__all__ = ["SyncPublisherState", "SyncUpdate", "SyncVersionPublisher"]
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPublisherState:
+    """A snapshot of a ``SyncVersionPublisher`` (``SyncVersionPublisher.state``).
+
+    Attributes:
+        policy: the policy id.
+        trainer_id: this publisher's identity on the bus (None before ``start()``).
+        epoch: the claimed epoch (None before ``start()``).
+        version: the current published version (None before ``start()``, and for a policy that
+            never announced one).
+        connected: whether ``connect()`` (or ``start()``) connected the bus.
+        started: whether ``start()`` claimed the counter.
+    """
+
+    policy: str
+    trainer_id: str | None
+    epoch: int | None
+    version: int | None
+    connected: bool
+    started: bool
 
 
 class SyncVersionPublisher:
@@ -109,39 +132,22 @@ class SyncVersionPublisher:
         return self._pub
 
     @property
-    def policy(self) -> str:
-        """The policy id."""
-        return self._policy
-
-    @property
-    def trainer_id(self) -> str:
-        """This publisher's identity on the bus."""
-        return self.publisher.trainer_id
-
-    @property
-    def epoch(self) -> int | None:
-        """The claimed epoch."""
-        return self.publisher.epoch
-
-    @property
-    def version(self) -> int | None:
-        """The current published version."""
-        return self.publisher.version
+    def state(self) -> SyncPublisherState:
+        """Where the publisher stands and what it knows now, as one frozen snapshot (read it again for later values)."""
+        pub = self._pub.state if self._pub is not None else None
+        return SyncPublisherState(
+            policy=self._policy,
+            trainer_id=pub.trainer_id if pub is not None else None,
+            epoch=pub.epoch if pub is not None else None,
+            version=pub.version if pub is not None else None,
+            connected=self._bus is not None,
+            started=pub is not None,
+        )
 
     @property
     def fleet(self) -> EngineFleet | None:
         """The engine fleet (its methods are coroutines: call them through ``call``)."""
         return self._fleet
-
-    @property
-    def connected(self) -> bool:
-        """Whether ``connect()`` (or ``start()``) connected the bus."""
-        return self._bus is not None
-
-    @property
-    def started(self) -> bool:
-        """Whether ``start()`` claimed the counter."""
-        return self._pub is not None
 
     def connect(self) -> SyncVersionPublisher:
         """Start the private loop and connect the bus, without building the fleet or claiming.

@@ -231,17 +231,18 @@ class VersionUpdate:
         if self._phase != "new":
             raise RuntimeError(f"begin() belongs to a new update; this one is {self._phase}")
         counter, fleet, slot = self._counter, self._fleet, self._slot
-        if not counter.claimed:
+        known = counter.state
+        if not known.claimed:
             raise RuntimeError("call VersionPublisher.start() before update()")
         if slot.active:
             raise RuntimeError("another update of this publisher is in progress; updates are sequential")
-        if counter.fenced is not None:
-            raise counter.fenced  # known without a read: never pause the owner's fleet again
+        if known.fenced is not None:
+            raise known.fenced  # known without a read: never pause the owner's fleet again
         counter.check_ceiling()  # before the pause: an exhausted counter touches nothing
         slot.active = True
         self._phase = "failed"  # until the take and the relabels are done: commit() and abort() refuse it
         try:
-            version = counter.next_version
+            version = known.next_version
             if fleet is not None and self._pause is not None:
                 # Set before the pause is sent: a cancellation may land it without telling us, and a
                 # resume of an engine that was not paused is harmless.
@@ -260,16 +261,15 @@ class VersionUpdate:
             if fleet is not None:
                 # Before the push: a push that carries weight_version would hide a restarted engine's "default".
                 labels = await fleet.read_versions()
-                await alert_unexpected_labels(
-                    self._bus, counter.policy, counter.trainer_id, version, counter.version, labels
-                )
+                known = counter.state  # after the take
+                await alert_unexpected_labels(self._bus, known.policy, known.trainer_id, version, known.version, labels)
                 self._before = {url: label for url, label in labels.items() if isinstance(label, str)}
                 covered = cover(
                     self._before,
                     push=self.push,
                     lora=self.lora is not None,
-                    previous=counter.version,
-                    lineage=counter.lineage,
+                    previous=known.version,
+                    lineage=known.lineage,
                 )
                 self.missing = covered.missing
                 if not self.labels:
@@ -291,7 +291,7 @@ class VersionUpdate:
                     failure.add_note(f"resuming the engines afterwards failed too: {exc}")
             raise
         self._phase = "begun"
-        log.info("update started", extra={"policy": counter.policy, "version": version, "paused": self._paused})
+        log.info("update started", extra={"policy": known.policy, "version": version, "paused": self._paused})
         return version
 
     async def commit(self) -> None:
@@ -311,14 +311,15 @@ class VersionUpdate:
                 if fleet is not None:
                     await self._leave_out_missing(fleet, self.version)
                     covered = [url for url in fleet.urls if url not in self.missing]
+                    known = counter.state
                     self.stamps = await stamp_and_verify(
                         fleet,
                         self.version,
                         bus=self._bus,
-                        policy=counter.policy,
-                        trainer_id=counter.trainer_id,
+                        policy=known.policy,
+                        trainer_id=known.trainer_id,
                         lora=self.lora,
-                        previous=counter.version,
+                        previous=known.version,
                         report_applied=False,
                         before_stamp=counter.check_owner,
                         engines=covered,
@@ -357,7 +358,7 @@ class VersionUpdate:
         try:
             log.warning(
                 "update aborted; nothing announced, the version stays used up",
-                extra={"policy": counter.policy, "version": self.version, "error": repr(exc)},
+                extra={"policy": counter.state.policy, "version": self.version, "error": repr(exc)},
             )
             # A block that learnt it is fenced (before_push) pushed nothing more; say why it stopped.
             await self._cleanup("fenced" if isinstance(exc, FencedError) else "update_failed", exc)
@@ -393,14 +394,16 @@ class VersionUpdate:
         if failed:
             raise failed[0]  # an uncovered engine that keeps a number: the whole update is quarantined
         labels = {url: self._before[url] for url in self.missing}
-        await alert_uncovered(self._bus, counter.policy, counter.trainer_id, version, labels, label)
+        known = counter.state
+        await alert_uncovered(self._bus, known.policy, known.trainer_id, version, labels, label)
 
     async def _resume_and_report(self) -> None:
         """Resume the fleet; beside it, publish the engines' ``WeightApplied`` read-backs (monitoring only) and
         the counter's mark for the number the announcement reserved ahead."""
         counter, fleet = self._counter, self._fleet
         assert fleet is not None and self.version is not None
-        applied = publish_applied(self._bus, counter.policy, counter.trainer_id, self.version, self.lora, self.stamps)
+        known = counter.state
+        applied = publish_applied(self._bus, known.policy, known.trainer_id, self.version, self.lora, self.stamps)
         marked = counter.cover_announced()
         if not self._paused:
             resumed = None
@@ -417,7 +420,7 @@ class VersionUpdate:
                 raise reported
             log.error(
                 "the engines' WeightApplied read-backs were not published; the version was",
-                extra={"policy": counter.policy, "version": self.version, "error": repr(reported)},
+                extra={"policy": known.policy, "version": self.version, "error": repr(reported)},
             )
         if isinstance(resumed, BaseException):
             raise resumed
@@ -436,7 +439,8 @@ class VersionUpdate:
         assert self.version is not None
         if fleet is None:
             return
-        policy = counter.policy
+        known = counter.state
+        policy = known.policy
         label = quarantine_label(self.version)
         results = await fleet.relabel(label, timeout=_CLEANUP_TIMEOUT)
         failed = tuple(url for url, err in results.items() if err is not None)
@@ -451,7 +455,7 @@ class VersionUpdate:
             label=label,
             reason=reason,
             version=self.version,
-            trainer_id=counter.trainer_id,
+            trainer_id=known.trainer_id,
             published_at=now(),
             engines=tuple(url for url, err in results.items() if err is None),
             failed=failed,
@@ -464,7 +468,7 @@ class VersionUpdate:
             extra={"policy": policy, "version": self.version, "reason": reason, "label": label, "resumed": resumes},
         )
         try:
-            msg_id = f"{policy}:quarantine:{counter.incarnation}:{self.version}"
+            msg_id = f"{policy}:quarantine:{known.incarnation}:{self.version}"
             # Bounded: a bus that is away (often why the update failed) must not hold the fleet paused.
             await asyncio.wait_for(self._bus.publish(subjects.alerts(policy), alert, msg_id=msg_id), _CLEANUP_TIMEOUT)
         except (BusError, TimeoutError) as exc:

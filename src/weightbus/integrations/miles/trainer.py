@@ -191,7 +191,7 @@ class MilesTrainer:
     def version(self) -> int | None:
         """The bus's current version as this process' newest publisher knows it (None before a claim)."""
         pub = self.publisher
-        return pub.version if pub is not None and pub.started else None
+        return pub.state.version if pub is not None else None
 
     def close(self) -> None:
         """Close every publisher of this process (bus connections and private loops)."""
@@ -276,9 +276,9 @@ class MilesTrainer:
             cell = self.cell(updater)
             session = _Session(cell, updater, runtime, Plan("full", False, None), lazy=True, baseline=baseline)
             try:
-                if baseline and not cell.publisher.started:
+                if baseline and not cell.publisher.state.started:
                     try:  # the first claim, before any engine is touched; the first real update retries it
-                        session.version = cell.ready(updater, runtime).version
+                        session.version = cell.ready(updater, runtime).state.version
                     except BusError as exc:
                         log.warning(
                             "could not claim the counter at miles' disk-delta baseline; the first update retries",
@@ -289,7 +289,7 @@ class MilesTrainer:
                     # (or, at a baseline retried after its claim, clears the shared delta dir).
                     cell.check_owner(updater, runtime)
                     if baseline:
-                        session.version = cell.publisher.version
+                        session.version = cell.publisher.state.version
                 if baseline and getattr(getattr(updater, "args", None), "check_weight_update_equal", False):
                     session.keep = _serves_announced(session.version, updater, runtime)
             except BaseException as exc:
@@ -305,8 +305,8 @@ class MilesTrainer:
         mine = None
         if session is not None:
             mine = session.version
-            if mine is None and session.cell.publisher.started:
-                mine = session.cell.publisher.version  # nothing was loaded: the bus's number still holds
+            if mine is None and session.cell.publisher.state.started:
+                mine = session.cell.publisher.state.version  # nothing was loaded: the bus's number still holds
             if mine is None:
                 mine = updater.weight_version  # nothing was ever announced: miles' baseline 0
         shared = runtime.share(mine)
@@ -402,7 +402,7 @@ class _Cell:
         slot = self._slot
         self._point(slot, updater, runtime)
         pub = self.publisher
-        if not pub.started:
+        if not pub.state.started:
             pub.start(standing=runtime.standing())
         elif slot.fleet is not None:
             fleet, given, ray_get = slot.fleet, slot.handles, runtime.ray_get
@@ -487,7 +487,7 @@ class _Cell:
                 "policy": self.trainer.policy,
                 "quorum": standing.term,
                 "alive_rank": standing.rank,
-                "epoch": fresh.epoch,
+                "epoch": fresh.state.epoch,
                 "fenced_by": fenced.owner,
             },
         )
