@@ -31,7 +31,7 @@ def test_sync_publisher_updates_and_keeps_versions_on_errors(nats_url: str, poli
     state = EngineState()
     with ServedEngine(create_app(state)) as engine:
         with SyncVersionPublisher(policy, nats_url=nats_url, engines=[engine.url], pause="retract") as pub:
-            assert (pub.state.epoch, pub.state.version) == (0, None)
+            assert (pub.state.epoch, pub.state.version, pub.state.started, pub.state.connected) == (0, None, True, True)
             with pub.update() as version:
                 assert version == 1 and state.pause_mode == "retract"
             assert state.weight_version == "1" and state.pause_mode is None
@@ -67,6 +67,8 @@ def test_sync_publisher_is_fenced_by_a_newer_one(nats_url: str, policy: str) -> 
                 pass
     with pytest.raises(RuntimeError, match="not started"):
         old.update().__enter__()
+    closed = old.state
+    assert (closed.started, closed.connected, closed.epoch, closed.version) == (False, False, None, None)
 
 
 #: Set while an update begins (the fleet's label read); read while it ends (the stamp, the quarantine).
