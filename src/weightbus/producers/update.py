@@ -168,7 +168,7 @@ class VersionUpdate:
         self.quarantined: FleetQuarantined | None = None
         self._paused = False
         self._pending = False
-        self._phase = "new"  # then "begun" (or "failed"), then "over"
+        self._phase = "new"  # then "beginning", "begun" (or "failed"), then "over"
 
     def pushed_missing(self, *engines: str) -> None:
         """Say that the block pushed ``engines`` (from ``missing``) the part the declared push lacks for them.
@@ -240,7 +240,7 @@ class VersionUpdate:
             raise known.fenced  # known without a read: never pause the owner's fleet again
         counter.check_ceiling()  # before the pause: an exhausted counter touches nothing
         slot.active = True
-        self._phase = "failed"  # until the take and the relabels are done: commit() and abort() refuse it
+        self._phase = "beginning"  # commit() and abort() refuse it until the take and the relabels are done
         try:
             version = known.next_version
             if fleet is not None and self._pause is not None:
@@ -276,6 +276,7 @@ class VersionUpdate:
                     await self._mark_pending(fleet, version)
         except BaseException as failure:
             slot.active = False
+            self._phase = "failed"  # begin() cleaned up after itself: there is nothing to end
             if self._pending:
                 # Some engine may carry the pending label, or a failed relabel left it in doubt: quarantine.
                 await self._cleanup("update_failed", failure)
