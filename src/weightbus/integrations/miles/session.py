@@ -75,11 +75,11 @@ class Session:
             update.abort(exc)
 
     def commit(self) -> None:
-        """Stamp, read back, announce, resume (``VersionUpdate``'s exit)."""
+        """Stamp, read back, announce, resume (``SyncUpdate.commit``)."""
         self._exit(None)
 
     def abort(self, exc: BaseException) -> None:
-        """Quarantine and resume after ``exc`` (``VersionUpdate``'s failed exit); never raises over ``exc``."""
+        """Quarantine and resume after ``exc`` (``SyncUpdate.abort``); never raises over ``exc``."""
         try:
             self._exit(exc)
         except Exception as cleanup:  # the cleanup's own failure is a note on the error that caused it
