@@ -7,10 +7,10 @@ the workers; ``stamp_and_verify`` checks them before an announcement; ``push_lor
 from weightbus.producers.coverage import pending_label
 from weightbus.producers.fleet import EngineFleet, EngineStamp
 from weightbus.producers.lora import push_lora_adapter
-from weightbus.producers.publisher import VersionPublisher, default_trainer_id
+from weightbus.producers.publisher import PublisherState, VersionPublisher, default_trainer_id
 from weightbus.producers.stamping import stamp_and_verify
 from weightbus.producers.status import EngineReadBack, PolicyStatus, read_status
-from weightbus.producers.sync import SyncVersionPublisher
+from weightbus.producers.sync import SyncPublisherState, SyncUpdate, SyncVersionPublisher
 from weightbus.producers.update import VersionUpdate, quarantine_label
 
 __all__ = [
@@ -18,6 +18,9 @@ __all__ = [
     "EngineReadBack",
     "EngineStamp",
     "PolicyStatus",
+    "PublisherState",
+    "SyncPublisherState",
+    "SyncUpdate",
     "SyncVersionPublisher",
     "VersionPublisher",
     "VersionUpdate",

@@ -145,7 +145,7 @@ class _Trainer:
             except WeightbusError as exc:
                 if not exc.retryable or time.monotonic() > deadline:
                     raise
-                log.warning("push failed; retrying", extra={"error": str(exc), "version": pub.next_version})
+                log.warning("push failed; retrying", extra={"error": str(exc), "version": pub.state.next_version})
                 await asyncio.sleep(_PUSH_RETRY_DELAY)
 
     async def _push_once(self, pub: VersionPublisher, fleet: EngineFleet) -> int:
@@ -153,8 +153,8 @@ class _Trainer:
         lora = None
         if config.lora_rank is not None:
             # One adapter name per version: loading never has to unload the name rollouts are using.
-            path = self.weights_dir / f"adapter-v{pub.next_version}.safetensors"
-            lora = LoraAdapter(name=f"{config.lora_prefix}-v{pub.next_version}", path=str(path))
+            path = self.weights_dir / f"adapter-v{pub.state.next_version}.safetensors"
+            lora = LoraAdapter(name=f"{config.lora_prefix}-v{pub.state.next_version}", path=str(path))
         with meter.weightbus():
             # A full push carries weight_version to every engine (load and label in one call): no pending relabel.
             async with pub.update(lora=lora, labels=lora is None) as version:
@@ -268,7 +268,7 @@ async def _train_step(
     config = trainer.config
     with trainer.meter.step():
         started = time.perf_counter()
-        reply = await _batch(bus, config, trained_under, pub.trainer_id)
+        reply = await _batch(bus, config, trained_under, pub.state.trainer_id)
         got_batch = time.perf_counter()
         loss, reward = grpo_loss(trainer.policy, reply.groups, config.clip)
         trainer.optimizer.zero_grad()
@@ -278,7 +278,7 @@ async def _train_step(
         version = await trainer.push(pub, fleet)
     return {
         "step": trainer.step,
-        "trainer_id": pub.trainer_id,
+        "trainer_id": pub.state.trainer_id,
         "trained_under": trained_under,
         "version": version,
         "reward": reward,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import weightbus.errors as errors
-import weightbus.integrations.miles.trainer as miles_trainer
+import weightbus.integrations.miles.cell as miles_cell
 from weightbus.errors import BusError, WeightbusError
 
 _BUS_ERRORS = sorted(
@@ -45,7 +45,7 @@ class _FakeTime:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> _FakeTime:
     fake = _FakeTime()
-    monkeypatch.setattr(miles_trainer, "time", fake)
+    monkeypatch.setattr(miles_cell, "time", fake)
     return fake
 
 
@@ -61,7 +61,7 @@ def _retrying(failures: list[BaseException], timeout: float = 60.0) -> tuple[Any
         return "taken"
 
     cell = SimpleNamespace(trainer=SimpleNamespace(policy="p", settings=SimpleNamespace(update_timeout=timeout)))
-    result = miles_trainer._Cell._retrying(cell, attempt, "taking a version", "nothing was pushed")  # type: ignore[arg-type]
+    result = miles_cell.Cell._retrying(cell, attempt, "taking a version", "nothing was pushed")  # type: ignore[arg-type]
     return result, attempts
 
 
