@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.conftest import kill_pid, report, wait_until
+from tests._builders import wait_until
+from tests.chaos.conftest import kill_pid, report
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.bus.history import read_subject_history
 from weightbus.embedded.server import EmbeddedNats

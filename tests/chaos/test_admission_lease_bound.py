@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.conftest import kill_pid, report, wait_until
+from tests._builders import wait_until
+from tests.chaos.conftest import kill_pid, report
 from weightbus.embedded.server import EmbeddedNats
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tests.consumers._groups import make_group
+from tests._builders import make_group
 from weightbus.consumers.admission import AcceptedGroups, Admission
 from weightbus.consumers.drain import FullyAsyncBuffer, StalenessStage
 from weightbus.errors import AdmissionError

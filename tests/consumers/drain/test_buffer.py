@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.consumers._groups import make_group
+from tests._builders import make_group
 from weightbus.consumers import FullyAsyncBuffer, StalenessMetrics, StalenessStage, buffer_capacity, resolve_current
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 

@@ -6,7 +6,7 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.consumers._groups import make_group
+from tests._builders import make_group
 from weightbus.bus import subjects
 from weightbus.bus.memory import MemoryBus
 from weightbus.bus.protocol import PublishAck
