@@ -1,7 +1,8 @@
 """Builders shared by the whole suite: one way to make a weight update, a rollout group, and to wait.
 
 Each builder takes keyword arguments with defaults, so a test names only what it is about. ``wait_until``
-is the suite's one readiness wait: a test waits for the condition it needs, never for a fixed time.
+is the suite's one readiness wait: a test waits for the condition it needs, never for a fixed time
+(``has_waiters`` is the condition "a task reached its wait").
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus, TokenSpan
 from weightbus.schemas.weights import LoraAdapter, WeightUpdated
 
-__all__ = ["N_SAMPLES", "make_group", "updated", "wait_until"]
+__all__ = ["N_SAMPLES", "has_waiters", "make_group", "updated", "wait_until"]
 
 N_SAMPLES = 2
 
@@ -101,3 +102,13 @@ async def wait_until(
         if time.monotonic() - started > timeout:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def has_waiters(primitive: asyncio.Event | asyncio.Condition | asyncio.Queue[Any]) -> bool:
+    """Some task waits on ``primitive`` now: the condition for "it reached its wait", for ``wait_until``.
+
+    asyncio keeps the futures of an event's and a condition's waiters in ``_waiters`` and of a queue's
+    readers in ``_getters``; a done one is a waiter already woken.
+    """
+    waiters = getattr(primitive, "_getters" if isinstance(primitive, asyncio.Queue) else "_waiters")
+    return any(not w.done() for w in waiters or ())

@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests._builders import updated
+from tests._builders import has_waiters, updated, wait_until
 from weightbus.bus import Deliver, Envelope, MemoryBus, NatsBus, subjects
 from weightbus.bus.nats import _NatsSubscription as NatsSubscriptionType
 from weightbus.bus.nats import stream_seq
@@ -150,7 +150,7 @@ async def test_invalid_payload_is_counted_and_subscription_carries_on(
 async def test_closed_subscription_ends_iteration(bus: Bus, policy: str) -> None:
     sub = bus.subscribe(subjects.weights(policy))
     task = asyncio.ensure_future(take(sub, 1, timeout=5))
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: has_waiters(sub._queue), 5, "the reader to wait")  # type: ignore[attr-defined]
     await sub.close()
     assert await task == []
 
@@ -172,7 +172,12 @@ async def test_a_consumer_that_falls_behind_gets_a_typed_error_not_a_silent_gap(
         await sub.start()  # subscribed before the publishes
     for v in range(1, 21):
         await bus.publish(subject, wu(v, policy=policy), msg_id=f"{policy}:{v}")
-    await asyncio.sleep(0.3)  # all twenty are queued, none read
+    # More queued than it may hold, none read (MemoryBus drops the overflow and flags it; nats-py queues it).
+    await wait_until(
+        lambda: sub._overflowed or sub._queue.qsize() > sub._max_pending,  # type: ignore[union-attr]
+        5,
+        "the subscription to fall behind",
+    )
     with pytest.raises(SlowConsumerError):
         await take(sub, 20)
     await sub.close()

@@ -7,7 +7,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -114,8 +113,11 @@ def test_cli_replay_then_record_round_trip(nats_url: str, tmp_path: Path) -> Non
         stderr=subprocess.PIPE,
     )
     try:
-        # The recorder subscribes with deliver=new; give it time to start before replaying.
-        time.sleep(1.5)
+        # The recorder subscribes with deliver=new: replay once it says what it records (it subscribes next,
+        # long before the replay process has started and connected).
+        for line in recorder.stderr or ():
+            if line.startswith(b"recording "):
+                break
         replayed = subprocess.run(
             [*exe, "replay", str(FIXTURE), "--new-ids", "--force", "--nats", nats_url],
             capture_output=True,

@@ -112,7 +112,7 @@ async def test_three_processes_share_one_budget_through_kill_restart_and_failove
             except (BusError, WeightbusError):
                 await asyncio.sleep(0.1)
                 continue
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # the trainer's pace
         await wait_until(lambda: all(p.poll() is None for p in procs[:2]), 1, "the live workers to be running")
         stored = await read_subject_history(trainer_bus if len(buses) == 1 else buses[-1], subjects.admission(POLICY))
     finally:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from rich.console import Console
 
-from tests._builders import updated
+from tests._builders import updated, wait_until
 from weightbus.bus import MemoryBus, subjects
 from weightbus.cli.watch import watch
 from weightbus.process.logs import setup_logging
@@ -78,9 +78,9 @@ async def test_a_log_line_during_the_live_view_leaves_no_ghost_header(tty: io.St
     await bus.publish(subjects.weights("p"), updated(1, trainer="trainer-a"), msg_id="p:1")
 
     async def meanwhile() -> None:
-        await asyncio.sleep(0.4)
+        await wait_until(lambda: "weightbus — " in tty.getvalue(), 1.5, "the live view")
         logging.getLogger("weightbus.consumers").warning("something worth a line", extra={"policy": "p"})
-        await asyncio.sleep(0.4)
+        await wait_until(lambda: "something worth a line" in tty.getvalue(), 1.5, "the log line")
         await bus.publish(subjects.weights("p"), updated(2, trainer="trainer-a"), msg_id="p:2")
 
     task = asyncio.create_task(meanwhile())

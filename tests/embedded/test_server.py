@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._builders import updated
+from tests._builders import updated, wait_until
 from weightbus.bus import Deliver, connect, subjects
 from weightbus.embedded.server import EmbeddedNats, NatsServerStartError, find_nats_server, free_port
 from weightbus.errors import BusConnectError, InvalidPolicyError
@@ -131,7 +131,7 @@ async def test_subscription_and_publisher_survive_a_server_restart(tmp_path: Pat
         first = await asyncio.wait_for(sub.__anext__(), 5)
         assert first.event.version == 1  # type: ignore[union-attr]
         server.kill()
-        await asyncio.sleep(0.5)
+        await wait_until(lambda: not bus.client.is_connected, 5, "the client to notice the dead server")
         server.start()
         # The publish retries with the same Nats-Msg-Id until the reconnect; it lands once.
         ack = await bus.publish(w, updated(2, policy="restart", epoch=0), msg_id="restart:2")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests._builders import make_group
+from tests._builders import has_waiters, make_group, wait_until
 from tests.chaos.conftest import report
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.consumers import (
@@ -94,9 +94,7 @@ async def test_a_deaf_tracker_is_not_ready_and_comes_back_with_a_recreated_strea
         await _publish_versions(bus, policy, 2)
         async with VersionTracker(bus, policy, registry=registry, check_interval=0.2, retry_delay=0.1) as tracker:
             await bus.js.delete_stream(bus.stream)
-            async with asyncio.timeout(10):
-                while tracker.status is not TrackerStatus.DEAF:
-                    await asyncio.sleep(0.05)
+            await wait_until(lambda: tracker.status is TrackerStatus.DEAF, 10, "the tracker to go deaf")
             assert registry.get_sample_value("weightbus_tracker_ready", {"policy": policy}) == 0
             with pytest.raises(TrackerNotReadyError, match="deaf"):
                 tracker.current  # noqa: B018
@@ -130,7 +128,7 @@ async def test_a_cancelled_or_failed_drain_puts_every_kept_group_back() -> None:
     await buffer.put(make_group(0, ["5"], n=1))
     await buffer.put(make_group(1, ["5"], n=1))
     pending = asyncio.create_task(buffer.drain(3, 5))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: has_waiters(buffer._changed), 5, "the drain to wait for a third group")
     pending.cancel()
     with pytest.raises(asyncio.CancelledError):
         await pending

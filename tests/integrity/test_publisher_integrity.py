@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import wait_until
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
 from weightbus.consumers import VersionTracker
@@ -326,10 +327,7 @@ async def test_an_update_cancelled_during_its_resume_still_resumes_the_fleet(
         await task
     release.set()
     state = engines.states["http://e1"]
-    for _ in range(250):
-        if state.pause_mode is None:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: state.pause_mode is None, 5, "the fleet to be resumed")
     assert state.pause_mode is None  # v is announced: a fleet left paused would stall every rollout
     assert state.weight_version == "1"  # and not quarantined: the number is on the bus
     last = await nats_bus.last(subjects.weights(policy))

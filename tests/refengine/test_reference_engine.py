@@ -138,7 +138,7 @@ async def test_spans_for_a_request_straddling_a_version_change_under_pause(
     await wait_until(lambda: state.in_flight["r1"].parked, interval=POLL)
     cut = len(state.in_flight["r1"].output_ids)
     await client.update_weight_version(7)
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # waited out (ten tokens' time): the point is that nothing is generated meanwhile
     assert len(state.in_flight["r1"].output_ids) == cut, "a paused request must not generate"
     await client.continue_generation()
     out = await asyncio.wait_for(task, 5)

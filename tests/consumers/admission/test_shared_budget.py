@@ -39,7 +39,8 @@ async def test_three_holders_racing_never_exceed_the_allowance() -> None:
         await b.start()
     held: list = []
     fills = [asyncio.create_task(_fill(g, 8, held)) for g in gates]
-    await asyncio.sleep(0.5)
+    await wait_until(lambda: len(held) >= 8, 5, "the allowance to be taken")
+    await asyncio.sleep(0.5)  # waited out: the point is that no holder takes a ninth meanwhile
     assert len(held) == 8  # the allowance: (1 + 1) * 4, and no more
     assert sum(g.running for g in gates) == 8
     for ledger in _ledgers(bus):
@@ -87,7 +88,7 @@ async def test_a_lapsed_lease_holds_nothing() -> None:
     assert budget.held == 4
     for task in budget._tasks:
         task.cancel()  # no renewal from now on (as when the bus is unreachable)
-    await asyncio.sleep(0.45)
+    await wait_until(lambda: budget.held == 0, 0.45, "the lease to lapse")  # within the lease
     assert budget.held == 0 and gate.try_acquire() is None
 
 
@@ -142,10 +143,11 @@ async def test_a_shared_cap_is_one_cap_for_every_holder() -> None:
         await b.start()
     held: list = []
     fills = [asyncio.create_task(_fill(g, 4, held)) for g in gates]
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: len(held) >= 4, 5, "the cap to be taken")
+    await asyncio.sleep(0.3)  # waited out: the point is that no holder takes a fifth meanwhile
     assert len(held) == 4 and sum(g.running for g in gates) == 4
     held[0].release("finished")
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: len(held) >= 5, 5, "the freed slot to be taken")
     assert sum(g.running for g in gates) == 4
     for f in fills:
         f.cancel()
@@ -309,7 +311,7 @@ async def test_groups_in_use_beyond_a_holding_count_against_the_others_and_are_r
     assert registry.get_sample_value("weightbus_admission_over_admission_total", {"policy": POLICY}) >= 1
     for s in held[:3]:
         s.release("finished")
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # waited out: the point is that nothing more is granted here meanwhile
     # 3 running here + 3 still running there: the total. Nothing more starts here.
     assert gate.try_acquire() is None
     # And its next write (a renewal at the latest) holds no more than what is left.

@@ -9,6 +9,7 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import wait_until
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus._subscription import QueueSubscription
 from weightbus.bus.protocol import Bus, Deliver
@@ -193,7 +194,7 @@ async def test_a_history_of_garbage_only_is_not_never_published(
             pass
     tracker = await VersionTracker(bus, policy, metrics=metrics).start()
     try:
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: tracker.status is not TrackerStatus.STARTING, 5, "the tracker to read its history")
         assert tracker.status is TrackerStatus.NO_VALID_VERSION and not tracker.ready
         with pytest.raises(TrackerNotReadyError):
             tracker.current  # noqa: B018  # never "no version" by accident: the filter must not switch off
@@ -218,10 +219,10 @@ async def test_iterator_starts_at_the_current_version_and_ends_on_stop(
 
     await tracker.wait_ready(TIMEOUT)
     consumer = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(seen) == 1, TIMEOUT, "the consumer to get the current version")
     await publish(bus, policy, 2)
     await tracker.wait_for(2, TIMEOUT)
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(seen) == 2, TIMEOUT, "the consumer to get the new version")
     await tracker.stop()
     await asyncio.wait_for(consumer, TIMEOUT)
     assert seen == [(1, True), (2, False)]

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests._builders import has_waiters, wait_until
 from tests.integrations.miles.miles_standin import (
     FullyAsyncRolloutFn,
     GenerateFnOutput,
@@ -256,7 +257,7 @@ async def test_a_put_cancelled_while_the_buffer_is_full_returns_its_slot(nats_bu
         await buffer.put(DataBufferInput(prompt_group=first, group=first))
         assert (admission.gate.running, admission.gate.ready) == (1, 1)
         blocked = asyncio.create_task(buffer.put(DataBufferInput(prompt_group=second, group=second)))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: buffer._cond is not None and has_waiters(buffer._cond), 5, "the put to wait for room")
         assert not blocked.done()  # the buffer is full
         blocked.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -311,7 +312,7 @@ async def test_admission_inside_miles_survives_a_nats_restart(
                     ENGINE.version = version + 1
                     if step == restart_after:
                         server.kill()
-                        await asyncio.sleep(1.0)
+                        await asyncio.sleep(1.0)  # the outage: down a while, as a restart is
                         await asyncio.to_thread(server.start)
                     await announce_until_stored(version + 1)
             finally:
