@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._builders import updated
 from weightbus.bus import Deliver, MemoryBus, NatsBus, subjects
 from weightbus.bus.trace import TraceRecord, read_trace, record, replay
 from weightbus.schemas import PublisherClaimed, WeightUpdated, decode
@@ -85,7 +86,7 @@ async def test_record_writes_one_line_per_valid_event() -> None:
     w = subjects.weights("rec")
     await bus.publish_raw(w, b"garbage", msg_id="g")
     for v in (1, 2):
-        event = WeightUpdated(policy="rec", version=v, epoch=0, trainer_id="t", published_at=1.0)
+        event = updated(v, policy="rec", epoch=0, at=1.0)
         await bus.publish(w, event, msg_id=f"rec:{v}")
     assert await asyncio.wait_for(task, 5) == 2
     lines = out.getvalue().splitlines()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests._builders import has_waiters, make_group, wait_until
+from tests._builders import has_waiters, make_group, updated, wait_until
 from tests.chaos.conftest import report
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.consumers import (
@@ -114,7 +114,7 @@ async def test_a_regression_is_alerted_once_and_a_restarted_raise_mode_consumer_
     nats_bus: NatsBus, policy: str
 ) -> None:
     await _publish_versions(nats_bus, policy, 4)
-    rogue = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue", published_at=now())
+    rogue = updated(1, policy=policy, epoch=0, trainer="rogue")
     await nats_bus.publish(subjects.weights(policy), rogue, msg_id=f"{policy}:rogue")
     for observer in ("rm-0", "rm-1", "rm-0"):  # restarts and a second consumer
         async with VersionTracker(nats_bus, policy, regression=RegressionMode.RAISE, observer=observer) as tracker:

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests._builders import wait_until
+from tests._builders import updated, wait_until
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus._subscription import QueueSubscription
 from weightbus.bus.protocol import Bus, Deliver
@@ -17,7 +17,7 @@ from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.consumers.tracker.tracker import TrackerStatus, VersionTracker
 from weightbus.errors import BusError, TrackerNotReadyError, VersionRegressionError
 from weightbus.rules.chain import TrackerAction
-from weightbus.schemas import PublisherClaimed, VersionRegressed, WeightUpdated
+from weightbus.schemas import PublisherClaimed, VersionRegressed
 
 TIMEOUT = 5.0
 
@@ -25,13 +25,7 @@ TIMEOUT = 5.0
 async def publish(
     bus: Bus, policy: str, version: int, *, epoch: int = 1, trainer: str = "trainer-a", at: float | None = None
 ) -> None:
-    event = WeightUpdated(
-        policy=policy,
-        version=version,
-        epoch=epoch,
-        trainer_id=trainer,
-        published_at=time.time() if at is None else at,
-    )
+    event = updated(version, policy=policy, epoch=epoch, trainer=trainer, at=at)
     await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:{epoch}:{version}:{uuid.uuid4().hex}")
 
 
@@ -247,7 +241,7 @@ async def test_slow_consumer_resubscribes_and_relearns_the_version(policy: str, 
 async def test_event_naming_another_policy_is_skipped(bus: Bus, policy: str, registry: CollectorRegistry) -> None:
     async with VersionTracker(bus, policy, registry=registry) as tracker:
         await tracker.wait_ready(TIMEOUT)
-        stray = WeightUpdated(policy="other", version=99, epoch=1, trainer_id="x", published_at=time.time())
+        stray = updated(99, policy="other", trainer="x")
         await bus.publish(subjects.weights(policy), stray, msg_id=f"{policy}:stray")
         await publish(bus, policy, 4)
         assert await tracker.wait_for(4, TIMEOUT) == 4

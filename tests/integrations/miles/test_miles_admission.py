@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from typing import Any
 
 import pytest
 
-from tests._builders import has_waiters, wait_until
+from tests._builders import has_waiters, updated, wait_until
 from tests.integrations.miles.miles_standin import (
     FullyAsyncRolloutFn,
     GenerateFnOutput,
@@ -35,7 +34,6 @@ from tests.integrations.miles.miles_standin import (
 from weightbus.bus import NatsBus, subjects
 from weightbus.integrations.miles import admission as miles_admission
 from weightbus.integrations.miles.admission import MilesAdmission
-from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats
 
@@ -83,7 +81,7 @@ async def engine_generate(input: Any) -> GenerateFnOutput:
 
 
 async def announce(bus: NatsBus, policy: str, version: int) -> None:
-    event = WeightUpdated(policy=policy, version=version, epoch=1, trainer_id="trainer", published_at=time.time())
+    event = updated(version, policy=policy, trainer="trainer")
     await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:1:{version}")
 
 
