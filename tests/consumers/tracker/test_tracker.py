@@ -284,9 +284,7 @@ async def test_failed_subscription_resubscribes_without_handling_the_last_event_
         await publish(bus, policy, 1, epoch=2)
         assert (await asyncio.wait_for(anext(changes), TIMEOUT)).action is TrackerAction.HELD
         bus.subscriptions[-1].fail(BusError("connection lost"))
-        async with asyncio.timeout(TIMEOUT):
-            while len(bus.subscriptions) < 2:
-                await asyncio.sleep(0.005)
+        await wait_until(lambda: len(bus.subscriptions) >= 2, TIMEOUT, "the tracker to resubscribe", interval=0.005)
         # The replay after resubscribing is the held v1 again: recognised, not a second regression
         # (which would be the next item here, before v58).
         await publish(bus, policy, 58)
