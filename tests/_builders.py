@@ -58,8 +58,8 @@ def make_group(
 ) -> Group:
     """``n`` samples with ``index = group_index * 10 + i``; ``versions`` for every sample, or one list each.
 
-    Every sample and the group have ``status``; each sample carries a one-token response in ``tokens``
-    (``[1, 2]`` by default).
+    Every sample and the group have ``status``; each sample has the response ``"r"`` (length 1) and
+    ``tokens`` (``[1, 2]`` by default).
     """
     nested = versions is not None and len(versions) > 0 and isinstance(versions[0], list)
     per_sample = cast("list[list[str]]", versions) if nested else [cast("list[str]", versions or [])] * n
