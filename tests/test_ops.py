@@ -16,20 +16,19 @@ import shutil
 import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import make_group, updated, wait_until
 from tests.roles import ENV, PASSWORDS
 from weightbus.bus import BusMetrics, ConnectOptions, Deliver, MemoryBus, connect, subjects
 from weightbus.consumers import StalenessMetrics, StalenessStage, TrackerMetrics, VersionTracker
 from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.embedded.cluster import CLUSTER_CONF, EmbeddedCluster
 from weightbus.embedded.server import find_nats_server
-from weightbus.schemas import WeightUpdated
-from weightbus.schemas.rollouts import Group, Sample, SampleStatus
+from weightbus.schemas.rollouts import SampleStatus
 
 OPS = Path(__file__).parent.parent / "ops"
 RULES = OPS / "prometheus" / "weightbus-rules.yml"
@@ -39,50 +38,30 @@ _MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 _BY = re.compile(r"\bby\s*\(([^)]*)\)")
 
 
-def _group(index: int, versions: list[str], status: SampleStatus = SampleStatus.COMPLETED) -> Group:
-    samples = [
-        Sample(index=index * 10, weight_versions=versions, status=status, response="r", tokens=[1], response_length=1)
-    ]
-    return Group(prompt_index=index, samples=samples, status=status)
-
-
-def _wu(policy: str, version: int, epoch: int = 1, published_at: float | None = None) -> WeightUpdated:
-    return WeightUpdated(
-        policy=policy, version=version, epoch=epoch, trainer_id="t", published_at=published_at or time.time()
-    )
-
-
-async def _until(value: Callable[[], float | None], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not value():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
 async def _run_the_code(registry: CollectorRegistry) -> None:
     policy = "p"
     bus = MemoryBus(BusMetrics(registry))
     w = subjects.weights(policy)
-    await bus.publish(w, _wu(policy, 5), msg_id="ops:5")
+    await bus.publish(w, updated(5, policy=policy), msg_id="ops:5")
     async with VersionTracker(bus, policy, registry=registry) as tracker:
         await tracker.wait_ready(5)
-        await bus.publish(w, _wu(policy, 6), msg_id="ops:6")  # live: lag observed
+        await bus.publish(w, updated(6, policy=policy), msg_id="ops:6")  # live: lag observed
         await tracker.wait_for(6, 5)
-        rogue = WeightUpdated(policy=policy, version=9, epoch=1, trainer_id="rogue", published_at=time.time())
+        rogue = updated(9, policy=policy, trainer="rogue")
         await bus.publish(w, rogue, msg_id="ops:rogue")  # not from the owner: rejected
-        await _until(
+        await wait_until(
             lambda: registry.get_sample_value(
                 "weightbus_events_rejected_total", {"policy": policy, "reason": "not_owner"}
             )
         )
         changes = tracker.changes(include_regressions=True)
         await anext(changes)
-        await bus.publish(w, _wu(policy, 1, epoch=2), msg_id="ops:1")  # a regression
+        await bus.publish(w, updated(1, policy=policy, epoch=2), msg_id="ops:1")  # a regression
         await asyncio.wait_for(anext(changes), 5)
         await changes.aclose()
     sub = bus.subscribe(w, deliver=Deliver.NEW)
     await bus.publish_raw(w, b"{not json", msg_id="ops:bad")
-    await bus.publish(w, _wu(policy, 7, epoch=2), msg_id="ops:7")
+    await bus.publish(w, updated(7, policy=policy, epoch=2), msg_id="ops:7")
     await asyncio.wait_for(anext(sub), 5)  # skips the invalid payload, counting it
     await sub.close()
     await bus.close()
@@ -90,14 +69,16 @@ async def _run_the_code(registry: CollectorRegistry) -> None:
     AdmissionMetrics(registry).for_policy(policy)  # the shared budget's families, each series at 0
     metrics = StalenessMetrics(registry)
     groups = [
-        _group(0, ["7"]),
-        _group(1, ["3"]),
-        _group(2, ["default"]),
-        _group(3, ["7"], SampleStatus.ABORTED),
+        make_group(0, ["7"], n=1, tokens=[1]),
+        make_group(1, ["3"], n=1, tokens=[1]),
+        make_group(2, ["default"], n=1, tokens=[1]),
+        make_group(3, ["7"], status=SampleStatus.ABORTED, n=1, tokens=[1]),
     ]
     for on_stale in ("drop", "recycle"):
         StalenessStage(max_staleness=1, on_stale=on_stale, metrics=metrics.for_policy(f"p-{on_stale}")).judge(groups, 7)
-    StalenessStage(max_staleness=None, metrics=metrics.for_policy("p-unmeasured")).judge([_group(4, ["7"])], None)
+    StalenessStage(max_staleness=None, metrics=metrics.for_policy("p-unmeasured")).judge(
+        [make_group(4, ["7"], n=1, tokens=[1])], None
+    )
 
 
 def emitted() -> dict[str, dict[str, set[str]]]:

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import has_waiters, updated, wait_until
 from weightbus.bus import Deliver, Envelope, MemoryBus, NatsBus, subjects
 from weightbus.bus.nats import _NatsSubscription as NatsSubscriptionType
 from weightbus.bus.nats import stream_seq
 from weightbus.errors import SequenceConflictError, SlowConsumerError
-from weightbus.schemas import DrainReport, WeightUpdated
+from weightbus.schemas import DrainReport
 
 Bus = MemoryBus | NatsBus
 
 
-def wu(policy: str, version: int, epoch: int = 0) -> WeightUpdated:
-    return WeightUpdated(policy=policy, version=version, epoch=epoch, trainer_id="t", published_at=1.0)
+wu = partial(updated, epoch=0, at=1.0)
 
 
 async def take(it: AsyncIterator[Envelope], n: int, timeout: float = 5.0) -> list[Envelope]:
@@ -42,18 +43,18 @@ async def nothing_more(it: AsyncIterator[Envelope], wait: float = 0.3) -> None:
 async def test_publish_then_last(bus: Bus, policy: str) -> None:
     subject = subjects.weights(policy)
     assert await bus.last(subject) is None
-    a1 = await bus.publish(subject, wu(policy, 1), msg_id=f"{policy}:1")
-    a2 = await bus.publish(subject, wu(policy, 2), msg_id=f"{policy}:2")
+    a1 = await bus.publish(subject, wu(1, policy=policy), msg_id=f"{policy}:1")
+    a2 = await bus.publish(subject, wu(2, policy=policy), msg_id=f"{policy}:2")
     assert a2.seq > a1.seq and not a1.duplicate
     last = await bus.last(subject)
-    assert last is not None and last.event == wu(policy, 2) and last.seq == a2.seq
+    assert last is not None and last.event == wu(2, policy=policy) and last.seq == a2.seq
     assert last.headers["Nats-Msg-Id"] == f"{policy}:2"
 
 
 async def test_same_msg_id_stores_one_event(bus: Bus, policy: str) -> None:
     subject = subjects.weights(policy)
-    first = await bus.publish(subject, wu(policy, 1), msg_id=f"{policy}:1")
-    again = await bus.publish(subject, wu(policy, 1), msg_id=f"{policy}:1")
+    first = await bus.publish(subject, wu(1, policy=policy), msg_id=f"{policy}:1")
+    again = await bus.publish(subject, wu(1, policy=policy), msg_id=f"{policy}:1")
     assert again.duplicate and again.seq == first.seq
     sub = bus.subscribe(subject, deliver=Deliver.ALL)
     got = await take(sub, 1)
@@ -64,29 +65,29 @@ async def test_same_msg_id_stores_one_event(bus: Bus, policy: str) -> None:
 
 async def test_conditional_publish(bus: Bus, policy: str) -> None:
     subject = subjects.weights(policy)
-    a1 = await bus.publish(subject, wu(policy, 1), msg_id=f"{policy}:1", expected_last_seq=0)
+    a1 = await bus.publish(subject, wu(1, policy=policy), msg_id=f"{policy}:1", expected_last_seq=0)
     with pytest.raises(SequenceConflictError) as info:
-        await bus.publish(subject, wu(policy, 2), msg_id=f"{policy}:2", expected_last_seq=0)
+        await bus.publish(subject, wu(2, policy=policy), msg_id=f"{policy}:2", expected_last_seq=0)
     assert info.value.expected == 0
     last = await bus.last(subject)
     assert last is not None and last.event.version == 1  # type: ignore[union-attr]
-    a2 = await bus.publish(subject, wu(policy, 2), msg_id=f"{policy}:2", expected_last_seq=a1.seq)
+    a2 = await bus.publish(subject, wu(2, policy=policy), msg_id=f"{policy}:2", expected_last_seq=a1.seq)
     # A retry of a conditional publish that landed is a duplicate, not a conflict.
-    again = await bus.publish(subject, wu(policy, 2), msg_id=f"{policy}:2", expected_last_seq=a1.seq)
+    again = await bus.publish(subject, wu(2, policy=policy), msg_id=f"{policy}:2", expected_last_seq=a1.seq)
     assert again.duplicate and again.seq == a2.seq
 
 
 async def test_last_per_subject_replays_current_then_live(bus: Bus, policy: str) -> None:
     w, d = subjects.weights(policy), subjects.drains(policy)
     for v in (1, 2, 3):
-        await bus.publish(w, wu(policy, v), msg_id=f"{policy}:{v}")
+        await bus.publish(w, wu(v, policy=policy), msg_id=f"{policy}:{v}")
     report = DrainReport(policy=policy, consumer="c", seq=1, current=3, kept=1, recycled=0, dropped=0, published_at=1)
     await bus.publish(d, report, msg_id=f"{policy}:d1")
     sub = bus.subscribe(subjects.policy_pattern(policy))
     first = await take(sub, 2)
     assert [(e.subject, type(e.event).__name__) for e in first] == [(w, "WeightUpdated"), (d, "DrainReport")]
     assert first[0].event.version == 3  # type: ignore[union-attr]
-    await bus.publish(w, wu(policy, 4), msg_id=f"{policy}:4")
+    await bus.publish(w, wu(4, policy=policy), msg_id=f"{policy}:4")
     live = await take(sub, 1)
     assert live[0].event.version == 4  # type: ignore[union-attr]
     await sub.close()
@@ -94,11 +95,11 @@ async def test_last_per_subject_replays_current_then_live(bus: Bus, policy: str)
 
 async def test_deliver_new_skips_stored_events(bus: Bus, policy: str) -> None:
     w = subjects.weights(policy)
-    await bus.publish(w, wu(policy, 1), msg_id=f"{policy}:1")
+    await bus.publish(w, wu(1, policy=policy), msg_id=f"{policy}:1")
     sub = bus.subscribe(w, deliver=Deliver.NEW)
     if isinstance(sub, object) and hasattr(sub, "start"):
         await sub.start()  # type: ignore[attr-defined]
-    await bus.publish(w, wu(policy, 2), msg_id=f"{policy}:2")
+    await bus.publish(w, wu(2, policy=policy), msg_id=f"{policy}:2")
     got = await take(sub, 1)
     assert got[0].event.version == 2  # type: ignore[union-attr]
     await sub.close()
@@ -114,8 +115,8 @@ async def test_wildcards(bus: Bus, policy: str) -> None:
         DrainReport(policy=policy, consumer="c", seq=1, current=None, kept=0, recycled=0, dropped=0, published_at=1),
         msg_id=f"{policy}:d",
     )
-    await bus.publish(subjects.weights(policy), wu(policy, 1), msg_id=f"{policy}:1")
-    await bus.publish(subjects.weights(other), wu(other, 5), msg_id=f"{other}:5")
+    await bus.publish(subjects.weights(policy), wu(1, policy=policy), msg_id=f"{policy}:1")
+    await bus.publish(subjects.weights(other), wu(5, policy=other), msg_id=f"{other}:5")
     got = await take(sub, 2)
     assert sorted((e.event.policy, e.event.version) for e in got) == [(policy, 1), (other, 5)]  # type: ignore[union-attr]
     await nothing_more(sub)
@@ -139,7 +140,7 @@ async def test_invalid_payload_is_counted_and_subscription_carries_on(
     if hasattr(sub, "start"):
         await sub.start()  # type: ignore[attr-defined]
     await bus.publish_raw(w, payload, msg_id=f"{policy}:bad")
-    await bus.publish(w, wu(policy, 9), msg_id=f"{policy}:9")
+    await bus.publish(w, wu(9, policy=policy), msg_id=f"{policy}:9")
     got = await take(sub, 1)
     assert got[0].event.version == 9  # type: ignore[union-attr]
     assert registry.get_sample_value("weightbus_invalid_events_total", {"family": "weights", "reason": reason}) == 1
@@ -149,14 +150,14 @@ async def test_invalid_payload_is_counted_and_subscription_carries_on(
 async def test_closed_subscription_ends_iteration(bus: Bus, policy: str) -> None:
     sub = bus.subscribe(subjects.weights(policy))
     task = asyncio.ensure_future(take(sub, 1, timeout=5))
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: has_waiters(sub._queue), 5, "the reader to wait")  # type: ignore[attr-defined]
     await sub.close()
     assert await task == []
 
 
 async def test_deliveries_carry_their_stream_sequence(bus: Bus, policy: str) -> None:
     subject = subjects.weights(policy)
-    acks = [await bus.publish(subject, wu(policy, v), msg_id=f"{policy}:{v}") for v in (1, 2, 3)]
+    acks = [await bus.publish(subject, wu(v, policy=policy), msg_id=f"{policy}:{v}") for v in (1, 2, 3)]
     sub = bus.subscribe(subject, deliver=Deliver.ALL)
     got = await take(sub, 3)
     await sub.close()
@@ -170,8 +171,13 @@ async def test_a_consumer_that_falls_behind_gets_a_typed_error_not_a_silent_gap(
     if isinstance(sub, NatsSubscriptionType):
         await sub.start()  # subscribed before the publishes
     for v in range(1, 21):
-        await bus.publish(subject, wu(policy, v), msg_id=f"{policy}:{v}")
-    await asyncio.sleep(0.3)  # all twenty are queued, none read
+        await bus.publish(subject, wu(v, policy=policy), msg_id=f"{policy}:{v}")
+    # More queued than it may hold, none read (MemoryBus drops the overflow and flags it; nats-py queues it).
+    await wait_until(
+        lambda: sub._overflowed or sub._queue.qsize() > sub._max_pending,  # type: ignore[union-attr]
+        5,
+        "the subscription to fall behind",
+    )
     with pytest.raises(SlowConsumerError):
         await take(sub, 20)
     await sub.close()

@@ -16,11 +16,11 @@ import pytest
 import pytest_asyncio
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
+from tests._builders import updated
 from weightbus.bus import connect, subjects
 from weightbus.bus.stream import DEFAULT_HISTORY
 from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import BusError, StreamConfigError, StreamNotFoundError
-from weightbus.schemas import WeightUpdated, now
 
 pytestmark = pytest.mark.nats
 
@@ -46,7 +46,7 @@ async def test_a_deleted_stream_is_named_as_such_not_as_jetstream_disabled(serve
     try:
         assert bus.direct  # the reads that used to say "JetStream is not enabled"
         subject = subjects.weights("diag")
-        event = WeightUpdated(policy="diag", version=1, epoch=0, trainer_id="t", published_at=now())
+        event = updated(1, policy="diag", epoch=0)
         await bus.publish(subject, event, msg_id="diag:1")
         await admin.delete_stream("WEIGHTBUS")
         for read in (bus.last_seq, bus.last):

@@ -21,7 +21,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
-from tests.chaos.conftest import wait_until
+from tests._builders import wait_until
 from weightbus.bus import _natspy
 from weightbus.embedded.server import EmbeddedNats
 

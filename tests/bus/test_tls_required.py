@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._builders import wait_until
 from weightbus.bus import ConnectOptions, connect
 from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import BusConnectError
@@ -207,9 +208,7 @@ async def test_a_reconnect_to_a_plaintext_server_on_the_same_port_sends_no_crede
             except OSError:
                 await asyncio.sleep(0.1)
         assert listener is not None, "could not take the port back"
-        deadline = asyncio.get_running_loop().time() + 60
-        while fake.connections < 2 and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.1)
+        await wait_until(lambda: fake.connections >= 2, 60, "the client to try to reconnect")
         assert fake.connections >= 2, "the client never tried to reconnect"
         assert not bus.client.is_connected
         assert b"CONNECT" not in fake.received and SECRET.encode() not in fake.received, bytes(fake.received)

@@ -7,12 +7,12 @@ import io
 import json
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests._builders import updated
 from weightbus.bus import Deliver, MemoryBus, NatsBus, subjects
 from weightbus.bus.trace import TraceRecord, read_trace, record, replay
 from weightbus.schemas import PublisherClaimed, WeightUpdated, decode
@@ -86,7 +86,7 @@ async def test_record_writes_one_line_per_valid_event() -> None:
     w = subjects.weights("rec")
     await bus.publish_raw(w, b"garbage", msg_id="g")
     for v in (1, 2):
-        event = WeightUpdated(policy="rec", version=v, epoch=0, trainer_id="t", published_at=1.0)
+        event = updated(v, policy="rec", epoch=0, at=1.0)
         await bus.publish(w, event, msg_id=f"rec:{v}")
     assert await asyncio.wait_for(task, 5) == 2
     lines = out.getvalue().splitlines()
@@ -114,8 +114,11 @@ def test_cli_replay_then_record_round_trip(nats_url: str, tmp_path: Path) -> Non
         stderr=subprocess.PIPE,
     )
     try:
-        # The recorder subscribes with deliver=new; give it time to start before replaying.
-        time.sleep(1.5)
+        # The recorder subscribes with deliver=new: replay once it says what it records (it subscribes next,
+        # long before the replay process has started and connected).
+        for line in recorder.stderr or ():
+            if line.startswith(b"recording "):
+                break
         replayed = subprocess.run(
             [*exe, "replay", str(FIXTURE), "--new-ids", "--force", "--nats", nats_url],
             capture_output=True,

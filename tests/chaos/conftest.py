@@ -16,7 +16,7 @@ import os
 import resource
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,6 @@ __all__ = [
     "report",
     "rss_mib",
     "stream_leader",
-    "wait_until",
 ]
 
 CLUSTER_CONF = Path(__file__).parents[2] / "ops" / "nats" / "cluster.conf"
@@ -84,20 +83,6 @@ class DisconnectMark(logging.Handler):
 
     def __exit__(self, *exc: object) -> None:
         logging.getLogger("weightbus.bus").removeHandler(self)
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    """Wait for ``predicate`` (checked every 10 ms); return the seconds it took.
-
-    Raises:
-        AssertionError: it did not hold within ``timeout`` (``what`` says what was awaited).
-    """
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - started
 
 
 def rss_mib() -> float:

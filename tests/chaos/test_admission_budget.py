@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.conftest import kill_pid, report, wait_until
+from tests._builders import wait_until
+from tests.chaos.conftest import kill_pid, report
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.bus.history import read_subject_history
 from weightbus.embedded.server import EmbeddedNats
@@ -111,7 +112,7 @@ async def test_three_processes_share_one_budget_through_kill_restart_and_failove
             except (BusError, WeightbusError):
                 await asyncio.sleep(0.1)
                 continue
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # the trainer's pace
         await wait_until(lambda: all(p.poll() is None for p in procs[:2]), 1, "the live workers to be running")
         stored = await read_subject_history(trainer_bus if len(buses) == 1 else buses[-1], subjects.admission(POLICY))
     finally:

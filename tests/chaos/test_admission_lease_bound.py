@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.conftest import kill_pid, report, wait_until
+from tests._builders import wait_until
+from tests.chaos.conftest import kill_pid, report
 from weightbus.embedded.server import EmbeddedNats
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]
@@ -147,7 +148,7 @@ async def test_running_groups_stay_within_the_cap_when_a_holder_outlives_its_lea
             60,
             "every worker's first group",
         )
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(3.0)  # the scenario: every worker runs a while before the fault
         fault_at = time.time()
         if fault == "sigstop":
             kill_pid(procs[0].pid, signal.SIGSTOP)

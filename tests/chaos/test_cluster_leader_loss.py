@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, stream_leader, wait_until
+from tests._builders import wait_until
+from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, stream_leader
 from weightbus.bus import ConnectOptions, NatsBus, connect
 from weightbus.consumers import VersionTracker
 from weightbus.embedded.cluster import EmbeddedCluster

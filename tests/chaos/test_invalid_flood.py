@@ -32,7 +32,8 @@ import nats
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, rss_mib, wait_until
+from tests._builders import wait_until
+from tests.chaos.conftest import EventRecorder, assert_versions_exact, report, rss_mib
 from weightbus.bus import BusMetrics, Deliver, NatsBus, connect, subjects
 from weightbus.bus.history import read_subject_history
 from weightbus.consumers import VersionTracker

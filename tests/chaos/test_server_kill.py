@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
+from tests._builders import wait_until
 from tests.chaos.conftest import (
     DisconnectMark,
     EventRecorder,
     assert_versions_exact,
     nats_py_tasks,
     report,
-    wait_until,
 )
 from weightbus.bus import NatsBus, connect
 from weightbus.bus._connection import RECONNECT_TIME_WAIT

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 from typer.testing import CliRunner
 
+from tests._builders import updated
 from weightbus.bus import connect, subjects
 from weightbus.cli import app
 from weightbus.schemas import WeightUpdated
@@ -38,10 +38,12 @@ def _logs(stderr: str) -> list[dict[str, object]]:
 
 
 def test_a_restarted_follow_summarises_replayed_incidents_once_at_info(nats_url: str, policy: str) -> None:
-    def updated(version: int, trainer: str, epoch: int) -> WeightUpdated:
-        return WeightUpdated(policy=policy, version=version, epoch=epoch, trainer_id=trainer, published_at=time.time())
-
-    _store(nats_url, *(updated(v, "trainer-a", 1) for v in (1, 2, 3)), updated(1, "rogue", 0), updated(2, "rogue", 0))
+    _store(
+        nats_url,
+        *(updated(v, policy=policy, trainer="trainer-a", epoch=1) for v in (1, 2, 3)),
+        updated(1, policy=policy, trainer="rogue", epoch=0),
+        updated(2, policy=policy, trainer="rogue", epoch=0),
+    )
     args = ["follow", "--policy", policy, "--nats", nats_url, "--duration", "2", "-v"]
     runs = [runner.invoke(app, args) for _ in range(3)]
     assert all(r.exit_code == 0 for r in runs), [r.output for r in runs]

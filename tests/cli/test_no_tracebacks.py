@@ -21,6 +21,7 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
+from tests._builders import updated
 from weightbus.bus import connect, subjects
 from weightbus.bus.trace import TraceRecord, read_trace, write_record
 from weightbus.cli import app
@@ -56,10 +57,6 @@ def write_trace(path: Path, *items: tuple[str, bytes]) -> Path:
     return path
 
 
-def updated(policy: str, version: int, trainer: str = "trainer-a", epoch: int = 1) -> WeightUpdated:
-    return WeightUpdated(policy=policy, version=version, epoch=epoch, trainer_id=trainer, published_at=time.time())
-
-
 # --- options checked before anything connects -------------------------------------------------------------
 
 
@@ -71,7 +68,13 @@ def test_an_empty_nats_url_fails_fast(command: str, tmp_path: Path) -> None:
         "watch": [],
         "follow": ["--policy", "p"],
         "record": ["--out", str(tmp_path / "x.jsonl")],
-        "replay": [str(write_trace(tmp_path / "t.jsonl", ("weightbus.p.weights", encode(updated("p", 1)))))],
+        "replay": [
+            str(
+                write_trace(
+                    tmp_path / "t.jsonl", ("weightbus.p.weights", encode(updated(1, policy="p", trainer="trainer-a")))
+                )
+            )
+        ],
     }[command]
     started = time.monotonic()
     one_line_error(invoke(command, *extra, "--nats", ""), 2, "--nats ''", "empty NATS URL")
@@ -199,7 +202,7 @@ async def _store(url: str, *events: WeightUpdated) -> None:
 
 @pytest.mark.nats
 def test_an_invalid_stored_event(nats_url: str, policy: str) -> None:
-    asyncio.run(_store(nats_url, updated(policy, 3)))
+    asyncio.run(_store(nats_url, updated(3, policy=policy, trainer="trainer-a")))
     bad = b'{"type": "weight.updated", "policy": "%s", "version": -5, "epoch": 1, "trainer_id": "x", "published_at": 1}'
     asyncio.run(_store_raw(nats_url, subjects.weights(policy), bad % policy.encode(), f"{policy}:bad"))
     shown = invoke("status", "--policy", policy, "--nats", nats_url)
@@ -221,17 +224,19 @@ def test_an_invalid_stored_event(nats_url: str, policy: str) -> None:
     ],
 )
 def test_replay_refuses_a_subject_that_is_not_concrete(nats_url: str, tmp_path: Path, subject: str, why: str) -> None:
-    trace = write_trace(tmp_path / "t.jsonl", (subject, encode(updated("p", 1))))
+    trace = write_trace(tmp_path / "t.jsonl", (subject, encode(updated(1, policy="p", trainer="trainer-a"))))
     one_line_error(invoke("replay", str(trace), "--nats", nats_url), 2, "record 1", why)
 
 
 @pytest.mark.nats
 def test_replay_validates_every_event_before_publishing_any(nats_url: str, policy: str, tmp_path: Path) -> None:
     w = subjects.weights(policy)
-    negative = encode(updated(policy, 1)).replace(b'"version":1', b'"version":-5')
-    big = encode(updated(policy, 2)).replace(b'"trainer_id":"trainer-a"', b'"trainer_id":"' + b"x" * 2_000_000 + b'"')
+    negative = encode(updated(1, policy=policy, trainer="trainer-a")).replace(b'"version":1', b'"version":-5')
+    big = encode(updated(2, policy=policy, trainer="trainer-a")).replace(
+        b'"trainer_id":"trainer-a"', b'"trainer_id":"' + b"x" * 2_000_000 + b'"'
+    )
     for bad, needle in ((negative, "version"), (big, "oversized")):
-        trace = write_trace(tmp_path / "t.jsonl", (w, encode(updated(policy, 1))), (w, bad))
+        trace = write_trace(tmp_path / "t.jsonl", (w, encode(updated(1, policy=policy, trainer="trainer-a"))), (w, bad))
         one_line_error(invoke("replay", str(trace), "--nats", nats_url), 2, "record 2", needle)
     shown = invoke("status", "--policy", policy, "--nats", nats_url, "--json")
     assert shown.exit_code == 4  # nothing was published: the policy never published
@@ -240,7 +245,11 @@ def test_replay_validates_every_event_before_publishing_any(nats_url: str, polic
 @pytest.mark.nats
 def test_replay_into_a_live_policy_needs_force_and_policy_rewrites(nats_url: str, policy: str, tmp_path: Path) -> None:
     w = subjects.weights(policy)
-    trace = write_trace(tmp_path / "t.jsonl", (w, encode(updated(policy, 1))), (w, encode(updated(policy, 2))))
+    trace = write_trace(
+        tmp_path / "t.jsonl",
+        (w, encode(updated(1, policy=policy, trainer="trainer-a"))),
+        (w, encode(updated(2, policy=policy, trainer="trainer-a"))),
+    )
     assert invoke("replay", str(trace), "--nats", nats_url).exit_code == 0
     one_line_error(invoke("replay", str(trace), "--nats", nats_url, "--new-ids"), 3, "--force", policy)
     again = invoke("replay", str(trace), "--nats", nats_url, "--new-ids", "--force")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from tests._builders import updated
 from weightbus.bus import connect, subjects
 from weightbus.cli import app
 from weightbus.consumers import VersionTracker
@@ -21,10 +21,6 @@ from weightbus.schemas import WeightUpdated
 pytestmark = pytest.mark.nats
 
 runner = CliRunner()
-
-
-def updated(policy: str, version: int, trainer: str, epoch: int) -> WeightUpdated:
-    return WeightUpdated(policy=policy, version=version, epoch=epoch, trainer_id=trainer, published_at=time.time())
 
 
 async def _store_then_track(url: str, policy: str, *events: WeightUpdated) -> int | None:
@@ -43,8 +39,8 @@ def test_status_and_watch_hold_what_trackers_hold_and_flag_the_rogue(nats_url: s
         _store_then_track(
             nats_url,
             policy,
-            *(updated(policy, v, "trainer-a", 1) for v in (1, 2, 3, 4)),
-            updated(policy, 1, "rogue", 0),
+            *(updated(v, policy=policy, trainer="trainer-a", epoch=1) for v in (1, 2, 3, 4)),
+            updated(1, policy=policy, trainer="rogue", epoch=0),
         )
     )
     assert held == 4  # what a tracker started now holds
@@ -66,7 +62,7 @@ def test_status_and_watch_hold_what_trackers_hold_and_flag_the_rogue(nats_url: s
 
 def test_status_exit_codes_for_monitoring(nats_url: str, policy: str) -> None:
     assert runner.invoke(app, ["status", "--policy", policy, "--nats", nats_url]).exit_code == 4  # never published
-    asyncio.run(_store_then_track(nats_url, policy, updated(policy, 5, "trainer-a", 1)))
+    asyncio.run(_store_then_track(nats_url, policy, updated(5, policy=policy, trainer="trainer-a", epoch=1)))
     state = EngineState()
     with ServedEngine(create_app(state)) as engine:
         args = ["status", "--policy", policy, "--nats", nats_url, "--engine", engine.url]

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from tests._builders import updated
 from weightbus.bus import connect, subjects
 from weightbus.bus.trace import read_trace
 from weightbus.cli import app
-from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats
 runner = CliRunner()
@@ -23,7 +22,7 @@ def _store(url: str, policy: str, *versions: int) -> None:
         bus = await connect(url, connect_timeout=5)
         try:
             for v in versions:
-                event = WeightUpdated(policy=policy, version=v, epoch=1, trainer_id="t", published_at=time.time())
+                event = updated(v, policy=policy)
                 await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:{v}")
         finally:
             await bus.close()

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from tests._builders import updated
 from weightbus.bus import connect, subjects
 from weightbus.embedded.server import free_port
-from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats
 
@@ -31,7 +31,7 @@ def _publish_one(url: str, policy: str) -> None:
     async def go() -> None:
         bus = await connect(url, connect_timeout=5)
         try:
-            event = WeightUpdated(policy=policy, version=1, epoch=1, trainer_id="t", published_at=time.time())
+            event = updated(1, policy=policy)
             await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:1")
         finally:
             await bus.close()

@@ -15,12 +15,13 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from tests._builders import updated
 from weightbus.bus import connect, subjects
 from weightbus.bus.trace import TraceRecord, write_record
 from weightbus.cli import app
 from weightbus.cli.watch import render
 from weightbus.consumers.monitor import MonitorState, reduce
-from weightbus.schemas import DrainReport, Event, VersionRegressed, WeightUpdated, encode
+from weightbus.schemas import DrainReport, Event, VersionRegressed, encode
 
 pytestmark = pytest.mark.nats
 
@@ -37,12 +38,9 @@ def publish(url: str, *items: tuple[str, Event, str]) -> None:
     asyncio.run(_go())
 
 
-def updated(policy: str, version: int, *, epoch: int = 1, trainer: str = "trainer-a") -> WeightUpdated:
-    return WeightUpdated(policy=policy, version=version, epoch=epoch, trainer_id=trainer, published_at=time.time())
-
-
-def weights_item(policy: str, version: int, **kw: object) -> tuple[str, Event, str]:
-    return subjects.weights(policy), updated(policy, version, **kw), f"{policy}:w:{version}:{kw.get('epoch', 1)}"
+def weights_item(policy: str, version: int, *, epoch: int = 1, trainer: str = "trainer-a") -> tuple[str, Event, str]:
+    event = updated(version, policy=policy, epoch=epoch, trainer=trainer)
+    return subjects.weights(policy), event, f"{policy}:w:{version}:{epoch}"
 
 
 def drain_item(policy: str) -> tuple[str, Event, str]:
@@ -117,7 +115,7 @@ def test_watch_table_shows_version_drains_and_alerts(nats_url: str, policy: str)
 def test_render_marks_a_regression_seen_on_the_weights_subject() -> None:
     state = MonitorState()
     for v in (57, 1):
-        event = WeightUpdated(policy="p", version=v, epoch=1, trainer_id="a", published_at=100.0)
+        event = updated(v, trainer="a", at=100.0)
         state = reduce(state, "weightbus.p.weights", event, received_at=100.5, live=True)
     console = Console(record=True, width=250, color_system=None)
     console.print(render(state, now=110.0))

@@ -11,16 +11,15 @@ import io
 import logging
 import re
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
 from rich.console import Console
 
+from tests._builders import updated, wait_until
 from weightbus.bus import MemoryBus, subjects
 from weightbus.cli.watch import watch
 from weightbus.process.logs import setup_logging
-from weightbus.schemas import WeightUpdated
 
 _TOKEN = re.compile(r"\x1b\[(\??)(\d*)([A-Za-z])|\r|\n|[^\x1b\r\n]+")
 
@@ -73,20 +72,16 @@ def tty(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
     root.setLevel(level)
 
 
-def updated(version: int) -> WeightUpdated:
-    return WeightUpdated(policy="p", version=version, epoch=1, trainer_id="trainer-a", published_at=time.time())
-
-
 async def test_a_log_line_during_the_live_view_leaves_no_ghost_header(tty: io.StringIO) -> None:
     console = Console(file=tty, force_terminal=True, color_system=None, width=220, height=60)
     bus = MemoryBus()
-    await bus.publish(subjects.weights("p"), updated(1), msg_id="p:1")
+    await bus.publish(subjects.weights("p"), updated(1, trainer="trainer-a"), msg_id="p:1")
 
     async def meanwhile() -> None:
-        await asyncio.sleep(0.4)
+        await wait_until(lambda: "weightbus — " in tty.getvalue(), 1.5, "the live view")
         logging.getLogger("weightbus.consumers").warning("something worth a line", extra={"policy": "p"})
-        await asyncio.sleep(0.4)
-        await bus.publish(subjects.weights("p"), updated(2), msg_id="p:2")
+        await wait_until(lambda: "something worth a line" in tty.getvalue(), 1.5, "the log line")
+        await bus.publish(subjects.weights("p"), updated(2, trainer="trainer-a"), msg_id="p:2")
 
     task = asyncio.create_task(meanwhile())
     await watch(bus, "weightbus.>", duration=1.5, console=console, refresh_per_second=20)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from functools import partial
+
+from tests._builders import updated
 from weightbus.consumers.monitor import MonitorState, reduce
 from weightbus.rules.chain import TrackerAction
 from weightbus.schemas import (
@@ -10,15 +13,13 @@ from weightbus.schemas import (
     PublisherClaimed,
     VersionRegressed,
     WeightApplied,
-    WeightUpdated,
 )
 from weightbus.schemas.codec import Event
 
 W = "weightbus.p.weights"
 
 
-def upd(version: int, *, epoch: int = 1, trainer: str = "a", at: float = 100.0) -> WeightUpdated:
-    return WeightUpdated(policy="p", version=version, epoch=epoch, trainer_id=trainer, published_at=at)
+upd = partial(updated, trainer="a", at=100.0)
 
 
 def drain(seq: int, kept: int, recycled: int, dropped: int, avg: float | None, mx: int | None) -> DrainReport:
@@ -147,7 +148,7 @@ def test_engine_read_backs_count_for_the_newest_version() -> None:
 
 
 def test_policies_are_kept_apart() -> None:
-    other = WeightUpdated(policy="q", version=9, epoch=1, trainer_id="x", published_at=1.0)
+    other = updated(9, policy="q", trainer="x", at=1.0)
     state = run((W, upd(1), 1.0, True), ("weightbus.q.weights", other, 1.0, True))
     assert list(state.policies) == ["p", "q"]
     assert state.policies["q"].weights.version == 9 and state.policies["p"].weights.version == 1

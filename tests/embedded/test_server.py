@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests._builders import updated, wait_until
 from weightbus.bus import Deliver, connect, subjects
 from weightbus.embedded.server import EmbeddedNats, NatsServerStartError, find_nats_server, free_port
 from weightbus.errors import BusConnectError, InvalidPolicyError
-from weightbus.schemas import WeightUpdated
 
 
 def _alive(pid: int) -> bool:
@@ -126,19 +126,16 @@ async def test_subscription_and_publisher_survive_a_server_restart(tmp_path: Pat
         bus = await connect(server.url)
         w = subjects.weights("restart")
 
-        def wu(v: int) -> WeightUpdated:
-            return WeightUpdated(policy="restart", version=v, epoch=0, trainer_id="t", published_at=time.time())
-
-        await bus.publish(w, wu(1), msg_id="restart:1")
+        await bus.publish(w, updated(1, policy="restart", epoch=0), msg_id="restart:1")
         sub = bus.subscribe(w, deliver=Deliver.LAST_PER_SUBJECT)
         first = await asyncio.wait_for(sub.__anext__(), 5)
         assert first.event.version == 1  # type: ignore[union-attr]
         server.kill()
-        await asyncio.sleep(0.5)
+        await wait_until(lambda: not bus.client.is_connected, 5, "the client to notice the dead server")
         server.start()
         # The publish retries with the same Nats-Msg-Id until the reconnect; it lands once.
-        ack = await bus.publish(w, wu(2), msg_id="restart:2")
-        again = await bus.publish(w, wu(2), msg_id="restart:2")
+        ack = await bus.publish(w, updated(2, policy="restart", epoch=0), msg_id="restart:2")
+        again = await bus.publish(w, updated(2, policy="restart", epoch=0), msg_id="restart:2")
         assert again.duplicate and again.seq == ack.seq
         got = await asyncio.wait_for(sub.__anext__(), 15)
         assert got.event.version == 2  # type: ignore[union-attr]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import has_waiters, make_group, updated, wait_until
 from tests.chaos.conftest import report
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.consumers import (
@@ -43,11 +44,6 @@ from .conftest import Engines, history
 pytestmark = pytest.mark.nats
 
 
-def group(i: int, *labels: str, aborted: bool = False) -> Group:
-    status = SampleStatus.ABORTED if aborted else SampleStatus.COMPLETED
-    return Group(prompt_index=i, samples=[Sample(index=i, weight_versions=list(labels), status=status)])
-
-
 async def _publish_versions(bus: NatsBus, policy: str, n: int) -> VersionPublisher:
     pub = await VersionPublisher(bus, policy, trainer_id="t").start()
     for _ in range(n):
@@ -64,8 +60,8 @@ async def test_a_tracker_is_ready_when_entered_and_a_drain_never_judges_against_
         async with VersionTracker(nats_bus, policy) as tracker:
             assert tracker.current == 25
     buffer = FullyAsyncBuffer(4, stage=StalenessStage(max_staleness=1, on_stale="drop"))
-    await buffer.put(group(0, "1"))  # 24 versions stale
-    await buffer.put(group(1, "25"))
+    await buffer.put(make_group(0, ["1"], n=1))  # 24 versions stale
+    await buffer.put(make_group(1, ["25"], n=1))
     tracker = await VersionTracker(nats_bus, policy).start()  # not awaited ready: the drain must wait
     try:
         drain = await buffer.drain(1, tracker)
@@ -81,7 +77,7 @@ async def test_only_a_policy_that_never_published_turns_the_filter_off_and_says_
 ) -> None:
     await VersionPublisher(nats_bus, policy, trainer_id="t").start()  # claimed, never announced
     buffer = FullyAsyncBuffer(4, stage=StalenessStage(max_staleness=1))
-    await buffer.put(group(0, "1"))
+    await buffer.put(make_group(0, ["1"], n=1))
     async with VersionTracker(nats_bus, policy) as tracker:
         assert tracker.status is TrackerStatus.NEVER_PUBLISHED
         drain = await buffer.drain(1, tracker)
@@ -98,9 +94,7 @@ async def test_a_deaf_tracker_is_not_ready_and_comes_back_with_a_recreated_strea
         await _publish_versions(bus, policy, 2)
         async with VersionTracker(bus, policy, registry=registry, check_interval=0.2, retry_delay=0.1) as tracker:
             await bus.js.delete_stream(bus.stream)
-            async with asyncio.timeout(10):
-                while tracker.status is not TrackerStatus.DEAF:
-                    await asyncio.sleep(0.05)
+            await wait_until(lambda: tracker.status is TrackerStatus.DEAF, 10, "the tracker to go deaf")
             assert registry.get_sample_value("weightbus_tracker_ready", {"policy": policy}) == 0
             with pytest.raises(TrackerNotReadyError, match="deaf"):
                 tracker.current  # noqa: B018
@@ -120,7 +114,7 @@ async def test_a_regression_is_alerted_once_and_a_restarted_raise_mode_consumer_
     nats_bus: NatsBus, policy: str
 ) -> None:
     await _publish_versions(nats_bus, policy, 4)
-    rogue = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue", published_at=now())
+    rogue = updated(1, policy=policy, epoch=0, trainer="rogue")
     await nats_bus.publish(subjects.weights(policy), rogue, msg_id=f"{policy}:rogue")
     for observer in ("rm-0", "rm-1", "rm-0"):  # restarts and a second consumer
         async with VersionTracker(nats_bus, policy, regression=RegressionMode.RAISE, observer=observer) as tracker:
@@ -131,10 +125,10 @@ async def test_a_regression_is_alerted_once_and_a_restarted_raise_mode_consumer_
 
 async def test_a_cancelled_or_failed_drain_puts_every_kept_group_back() -> None:
     buffer = FullyAsyncBuffer(8, samples_per_group=1)
-    await buffer.put(group(0, "5"))
-    await buffer.put(group(1, "5"))
+    await buffer.put(make_group(0, ["5"], n=1))
+    await buffer.put(make_group(1, ["5"], n=1))
     pending = asyncio.create_task(buffer.drain(3, 5))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: has_waiters(buffer._changed), 5, "the drain to wait for a third group")
     pending.cancel()
     with pytest.raises(asyncio.CancelledError):
         await pending
@@ -148,9 +142,9 @@ async def test_a_cancelled_or_failed_drain_puts_every_kept_group_back() -> None:
 
 async def test_an_aborted_groups_newer_label_raises_the_drains_current() -> None:
     buffer = FullyAsyncBuffer(8, stage=StalenessStage(max_staleness=1, on_stale="drop"))
-    await buffer.put(group(0, "13", aborted=True))
-    await buffer.put(group(1, "11"))
-    await buffer.put(group(2, "13"))
+    await buffer.put(make_group(0, ["13"], status=SampleStatus.ABORTED, n=1))
+    await buffer.put(make_group(1, ["11"], n=1))
+    await buffer.put(make_group(2, ["13"], n=1))
     drain = await buffer.drain(1, 10)
     assert [g.prompt_index for g in drain.groups] == [2]
     assert drain.stats.current == 13 and drain.stats.reasons.get("stale") == 1
@@ -166,7 +160,7 @@ async def test_drains_cost_the_same_with_nats_down(tmp_path: Path, policy: str) 
         reporter = DrainReporter(bus, policy, "rm-0", metrics=metrics, timeout=1.0, max_queued=4)
         buffer = FullyAsyncBuffer(64, stage=StalenessStage(metrics=metrics), reporter=reporter)
         for i in range(20):
-            await buffer.put(group(i, "3"))
+            await buffer.put(make_group(i, ["3"], n=1))
         await buffer.drain(1, 3)
         await reporter.flush(5)
         server.kill()
@@ -227,7 +221,7 @@ async def test_a_forged_claim_far_above_the_chain_pins_no_tracker_fences_no_owne
         async with VersionTracker(nats_bus, policy, registry=fresh_registry) as fresh:
             assert fresh.current == 3
             for i in range(8):
-                await buffer.put(group(i, "3"))
+                await buffer.put(make_group(i, ["3"], n=1))
             drain = await asyncio.wait_for(buffer.drain(8, fresh), 5)
             assert [g.prompt_index for g in drain.groups] == list(range(8))  # all eight trained, none recycled
             assert drain.stats.current == 3 and not drain.stats.reasons

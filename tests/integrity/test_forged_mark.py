@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import updated
 from tests.roles import PASSWORDS, roles_server
 from weightbus.bus import ConnectOptions, NatsBus, connect, subjects
 from weightbus.bus.protocol import Bus, PublishAck
@@ -124,7 +125,7 @@ async def test_a_mark_forged_while_the_trainer_runs_is_superseded_and_never_cred
     # Then the whole weights history is evicted (264 low writes; 256 are retained): only the marks remain,
     # and the forged one, superseded by a lower mark, is void; the real ones keep their guarantee.
     for i in range(264):
-        low = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue", published_at=now())
+        low = updated(1, policy=policy, epoch=0, trainer="rogue")
         await nats_bus.publish(subjects.weights(policy), low, msg_id=f"{policy}:low:{i}")
     restarted = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
     async with restarted.update() as version:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import updated, wait_until
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
 from weightbus.consumers import VersionTracker
@@ -208,9 +209,7 @@ async def test_out_of_range_and_unexplained_versions_are_never_adopted(
         )
         await nats_bus.publish_raw(subject, raw, msg_id=f"{policy}:huge:{huge}")
     # Schema-valid, but nothing on the chain explains it: a forged owner identity without a reservation.
-    forged = WeightUpdated(
-        policy=policy, version=2**52, epoch=0, trainer_id="t", published_at=now(), incarnation=pub.state.incarnation
-    )
+    forged = updated(2**52, policy=policy, epoch=0, incarnation=pub.state.incarnation)
     await nats_bus.publish(subject, forged, msg_id=f"{policy}:forged")
     async with VersionTracker(nats_bus, policy) as tracker:
         assert tracker.current == 1
@@ -326,10 +325,7 @@ async def test_an_update_cancelled_during_its_resume_still_resumes_the_fleet(
         await task
     release.set()
     state = engines.states["http://e1"]
-    for _ in range(250):
-        if state.pause_mode is None:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: state.pause_mode is None, 5, "the fleet to be resumed")
     assert state.pause_mode is None  # v is announced: a fleet left paused would stall every rollout
     assert state.weight_version == "1"  # and not quarantined: the number is on the bus
     last = await nats_bus.last(subjects.weights(policy))
@@ -462,7 +458,7 @@ async def test_history_evicted_by_low_writes_is_resumed_above_the_counter_mark_a
             pass
     # 264 low-version writes (retention is 256 per subject) evict every event of the real history.
     for i in range(264):
-        low = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue", published_at=now())
+        low = updated(1, policy=policy, epoch=0, trainer="rogue")
         await nats_bus.publish(weights, low, msg_id=f"{policy}:low:{i}")
     retained = await history(nats_bus, weights)
     assert len(retained) == 256 and {e.event.trainer_id for e in retained} == {"rogue"}

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import pytest
 
+from tests._builders import wait_until
 from weightbus.bus import NatsBus, subjects
 from weightbus.engines.sglang import SGLangClient
 from weightbus.errors import EngineOutOfSyncError, FencedError
@@ -53,6 +54,14 @@ class _Poller:
         assert self._task is not None
         self._task.cancel()
 
+    def caught_up(self) -> bool:
+        """The last sample of every engine is its state now."""
+        last = {url: (label, weights) for url, label, weights in self.seen}
+        return all(
+            last.get(url) == (state.weight_version, state.model.fingerprint)  # type: ignore[attr-defined]
+            for url, state in self.states.items()
+        )
+
     def violations(self, named: Mapping[int, str]) -> list[tuple[str, str, str]]:
         """Samples whose label is a number the owner did not announce on these weights."""
         return [s for s in self.seen if (v := parse_version(s[1])) is not None and named.get(v) != s[2]]
@@ -92,7 +101,7 @@ async def test_a_zombie_pushing_after_the_takeover_never_serves_under_the_owners
             assert version == 3
             await _push(clients, "/ckpt/3")
         named[3] = "/ckpt/3"
-        await asyncio.sleep(0.01)
+        await wait_until(poll.caught_up, 5, "the poller to record every engine's last state")
     assert poll.violations(named) == []
     zombie_seen = {label for _, label, weights in poll.seen if weights == ZOMBIE}
     # Never a number: its own pending and quarantine labels, then the owner's pending label until its push.
@@ -127,7 +136,7 @@ async def test_a_zombie_that_checks_before_its_push_never_pushes_over_the_owners
             await z.before_push()  # just before its push: the takeover is seen, nothing is pushed
             await _push(clients, ZOMBIE)
         await z.__aexit__(FencedError, info.value, None)
-        await asyncio.sleep(0.01)
+        await wait_until(poll.caught_up, 5, "the poller to record every engine's last state")
     assert poll.violations(named) == []
     assert all(weights != ZOMBIE for _, _, weights in poll.seen)
     for state in engines.states.values():
@@ -161,7 +170,7 @@ async def test_a_zombie_relabel_during_the_owners_push_stops_the_owners_stamp(
                 await _push(clients, ZOMBIE)
         with pytest.raises(FencedError):
             await z.__aexit__(None, None, None)
-        await asyncio.sleep(0.01)
+        await wait_until(poll.caught_up, 5, "the poller to record every engine's last state")
     assert poll.violations(named) == []
     assert await _announced(nats_bus, policy) == [(1, "cell-0")]
     async with owner.update() as version:

@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import pytest
 
+from tests._builders import wait_until
 from weightbus.process.overhead import BusyTimer, HttpCall, OverheadMeter, covered
 
 
@@ -103,8 +104,10 @@ async def test_busy_timer_passes_errors_and_cancellation_through() -> None:
         await BusyTimer(fails())
 
     cleaned: list[bool] = []
+    entered: list[bool] = []
 
     async def waits() -> None:
+        entered.append(True)
         try:
             await asyncio.sleep(60)
         finally:
@@ -114,7 +117,7 @@ async def test_busy_timer_passes_errors_and_cancellation_through() -> None:
         await BusyTimer(waits())
 
     task = asyncio.create_task(run())
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: entered, 5, "the timed call to start waiting")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
+from tests._builders import updated
 from weightbus.producers.coverage import Lineage, cover, covers, fold_lineage, is_boot_label, pending_label
-from weightbus.schemas import LoraAdapter, PublisherClaimed, VersionReserved, WeightUpdated
+from weightbus.schemas import LoraAdapter, PublisherClaimed, VersionReserved
 
 P = "p"
 ADAPTER = LoraAdapter(name="a", path="/a")
@@ -18,11 +21,8 @@ def _claim(epoch: int = 0, version: int | None = None, reserved: int | None = No
     )  # fmt: skip
 
 
-def _updated(version: int, lora: LoraAdapter | None = None, reserves_next: bool = True) -> WeightUpdated:
-    return WeightUpdated(
-        policy=P, version=version, epoch=0, trainer_id="t", published_at=1.0, lora=lora, incarnation="i0",
-        reserves_next=reserves_next,
-    )  # fmt: skip
+# The one publisher of these chains: epoch 0, incarnation i0, each update reserving the next version.
+_updated = partial(updated, policy=P, epoch=0, at=1.0, incarnation="i0", reserves_next=True)
 
 
 def _reserved(version: int, lora: LoraAdapter | None = None) -> VersionReserved:
@@ -78,15 +78,15 @@ def test_cover_splits_in_order() -> None:
 
 def test_the_lineage_is_unknown_without_the_first_claim() -> None:
     assert fold_lineage([]) == Lineage.UNKNOWN
-    assert fold_lineage([_updated(4, ADAPTER), _updated(5, ADAPTER)]) == Lineage(ahead=6)  # evicted start
+    assert fold_lineage([_updated(4, lora=ADAPTER), _updated(5, lora=ADAPTER)]) == Lineage(ahead=6)  # evicted start
     # A claim that found nothing issued is a genesis only when it is the first retained event.
-    assert fold_lineage([_updated(4, ADAPTER), _claim(1)]) == Lineage.UNKNOWN
+    assert fold_lineage([_updated(4, lora=ADAPTER), _claim(1)]) == Lineage.UNKNOWN
     # A claim over a lost history takes its version from the engines' labels: nothing is known.
     assert fold_lineage([_claim(0, version=4, reserved=4)]) == Lineage.UNKNOWN
 
 
 def test_the_lineage_of_a_lora_only_run_and_what_ends_it() -> None:
-    lora_only = [_claim(), _updated(1, ADAPTER), _updated(2, ADAPTER)]
+    lora_only = [_claim(), _updated(1, lora=ADAPTER), _updated(2, lora=ADAPTER)]
     assert fold_lineage(lora_only) == Lineage(boot_base=True, untouched=True, ahead=3)
     assert fold_lineage([_claim()]) == Lineage.GENESIS
     full = fold_lineage([*lora_only, _updated(3)])
@@ -99,9 +99,9 @@ def test_the_lineage_of_a_lora_only_run_and_what_ends_it() -> None:
 
 
 def test_a_number_reserved_ahead_and_never_accounted_for_may_have_been_any_push() -> None:
-    run = [_claim(), _updated(1, ADAPTER), _reserved(3, ADAPTER)]  # 2 was taken by a read and failed
+    run = [_claim(), _updated(1, lora=ADAPTER), _reserved(3, ADAPTER)]  # 2 was taken by a read and failed
     assert fold_lineage(run) == Lineage(boot_base=True, untouched=False)
-    takeover = fold_lineage([_claim(), _updated(1, ADAPTER), _claim(1, version=1, reserved=2, previous="t")])
+    takeover = fold_lineage([_claim(), _updated(1, lora=ADAPTER), _claim(1, version=1, reserved=2, previous="t")])
     assert (takeover.boot_base, takeover.untouched) == (True, False)
     # The same publisher knows what it took: a LoRA attempt under the reserved number keeps it untouched.
     own = fold_lineage(run[:2]).taken(2, lora_only=True).taken(3, lora_only=True)

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import updated
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus.protocol import Bus
 from weightbus.consumers import VersionTracker
@@ -19,7 +20,6 @@ from weightbus.schemas import (
     PublisherClaimed,
     VersionReserved,
     WeightUpdated,
-    now,
 )
 
 from .conftest import Engines, HookBus, history
@@ -45,7 +45,7 @@ async def test_new_policy_claims_epoch_0_and_starts_at_1(bus: Bus, policy: str) 
 
 async def test_restart_resumes_the_counter_57_to_58(bus: Bus, policy: str) -> None:
     # The failover of the review finding: the old trainer's last event says 57.
-    old = WeightUpdated(policy=policy, version=57, epoch=4, trainer_id="cell-0", published_at=now())
+    old = updated(57, policy=policy, epoch=4, trainer="cell-0")
     await bus.publish(subjects.weights(policy), old, msg_id=f"{policy}:4:57", expected_last_seq=0)
     pub = await VersionPublisher(bus, policy, trainer_id="cell-1").start()
     assert (pub.state.epoch, pub.state.version) == (5, 57)
@@ -63,12 +63,12 @@ async def test_restart_after_a_rogue_lower_version_resumes_above_the_highest(bus
     w = subjects.weights(policy)
     await bus.publish(
         w,
-        WeightUpdated(policy=policy, version=57, epoch=4, trainer_id="cell-0", published_at=now()),
+        updated(57, policy=policy, epoch=4, trainer="cell-0"),
         msg_id=f"{policy}:4:57",
     )
     await bus.publish(
         w,
-        WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue", published_at=now()),
+        updated(1, policy=policy, epoch=0, trainer="rogue"),
         msg_id=f"{policy}:rogue:1",
     )
     pub = await VersionPublisher(bus, policy, trainer_id="cell-1").start()
@@ -278,7 +278,7 @@ async def test_read_status_shows_what_trackers_hold_with_the_rejected_event_flag
     for _ in range(4):
         async with pub.update(lora=LoraAdapter(name="a", path="/p")):
             pass
-    rogue = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id="rogue", published_at=now())
+    rogue = updated(1, policy=policy, epoch=0, trainer="rogue")
     await bus.publish(subjects.weights(policy), rogue, msg_id=f"{policy}:rogue")
     await bus.publish_raw(subjects.weights(policy), b"hello", msg_id=f"{policy}:garbage")
     status = await read_status(bus, policy)

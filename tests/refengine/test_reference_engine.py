@@ -7,13 +7,13 @@ check the client against a strict server.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 import pytest_asyncio
 
+from tests._builders import wait_until
 from weightbus.engines import SGLangClient
 from weightbus.errors import EngineError
 from weightbus.refengine.engine_state import version_spans
@@ -21,14 +21,8 @@ from weightbus.refengine.model import VOCAB, encode
 from weightbus.refengine.reference import EngineState, create_app
 
 BASE = "http://engine"
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
+# Polled faster than the engine makes tokens (2 ms each), so a wait sees a state before it moves on.
+POLL = 0.001
 
 
 @pytest.fixture
@@ -54,7 +48,7 @@ def start_generation(client: SGLangClient, rid: str, max_new_tokens: int = 400) 
 
 
 async def generated(state: EngineState, rid: str, tokens: int) -> None:
-    await wait_until(lambda: rid in state.in_flight and len(state.in_flight[rid].output_ids) >= tokens)
+    await wait_until(lambda: rid in state.in_flight and len(state.in_flight[rid].output_ids) >= tokens, interval=POLL)
 
 
 async def test_weight_version_is_default_at_boot(client: SGLangClient) -> None:
@@ -141,10 +135,10 @@ async def test_spans_for_a_request_straddling_a_version_change_under_pause(
     task = start_generation(client, "r1", max_new_tokens=40)
     await generated(state, "r1", 3)
     await client.pause_generation(mode)  # type: ignore[arg-type]
-    await wait_until(lambda: state.in_flight["r1"].parked)
+    await wait_until(lambda: state.in_flight["r1"].parked, interval=POLL)
     cut = len(state.in_flight["r1"].output_ids)
     await client.update_weight_version(7)
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # waited out (ten tokens' time): the point is that nothing is generated meanwhile
     assert len(state.in_flight["r1"].output_ids) == cut, "a paused request must not generate"
     await client.continue_generation()
     out = await asyncio.wait_for(task, 5)
@@ -172,7 +166,7 @@ async def test_pause_abort_mode_aborts_and_later_requests_wait(state: EngineStat
     out = await asyncio.wait_for(first, 5)
     assert out.meta_info.finish_reason is not None and out.meta_info.finish_reason.type == "abort"
     second = start_generation(client, "r2", max_new_tokens=5)
-    await wait_until(lambda: "r2" in state.in_flight and state.in_flight["r2"].parked)
+    await wait_until(lambda: "r2" in state.in_flight and state.in_flight["r2"].parked, interval=POLL)
     assert state.in_flight["r2"].output_ids == []
     await client.continue_generation()
     out = await asyncio.wait_for(second, 5)
@@ -276,7 +270,7 @@ async def test_update_weights_reports_paused_requests(state: EngineState, client
     task = start_generation(client, "r1", max_new_tokens=20)
     await generated(state, "r1", 1)
     await client.pause_generation("in_place")
-    await wait_until(lambda: state.in_flight["r1"].parked)
+    await wait_until(lambda: state.in_flight["r1"].parked, interval=POLL)
     result = await client.update_weights_from_disk("/ckpt/2", weight_version=2)
     assert result.num_paused_requests == 1
     await client.continue_generation()

@@ -10,18 +10,15 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from tests._builders import wait_until
 from weightbus.cli import engine as engine_cli
 from weightbus.engines import SGLangClient
 from weightbus.errors import EngineError
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
 
-
-async def wait_until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.002)
+# Polled faster than the engine makes tokens (2 ms each), so a wait sees a state before it moves on.
+POLL = 0.002
 
 
 async def test_full_weight_update_cycle_over_http() -> None:
@@ -33,9 +30,9 @@ async def test_full_weight_update_cycle_over_http() -> None:
         async with SGLangClient(engine.url, timeout=5) as client:
             assert await client.weight_version() == "default"
             task = asyncio.create_task(client.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 30}))
-            await wait_until(lambda: any(len(r.output_ids) >= 2 for r in state.in_flight.values()))
+            await wait_until(lambda: any(len(r.output_ids) >= 2 for r in state.in_flight.values()), interval=POLL)
             await client.pause_generation("in_place")
-            await wait_until(lambda: all(r.parked for r in state.in_flight.values()))
+            await wait_until(lambda: all(r.parked for r in state.in_flight.values()), interval=POLL)
             await client.update_weights_from_disk("/ckpt/1", weight_version=1)
             await client.continue_generation()
             out = await asyncio.wait_for(task, 5)
@@ -54,7 +51,7 @@ async def test_stop_does_not_hang_on_a_parked_request() -> None:
     async with SGLangClient(engine.url, timeout=10) as client:
         await client.pause_generation("in_place")
         task = asyncio.create_task(client.generate(input_ids=[1], sampling_params={"max_new_tokens": 5}))
-        await wait_until(lambda: any(r.parked for r in state.in_flight.values()))
+        await wait_until(lambda: any(r.parked for r in state.in_flight.values()), interval=POLL)
         started = time.monotonic()
         await asyncio.to_thread(engine.stop)
         assert time.monotonic() - started < 5

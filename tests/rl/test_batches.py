@@ -7,6 +7,7 @@ import asyncio
 import msgspec
 import pytest
 
+from tests._builders import wait_until
 from weightbus.bus import connect
 from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, chunk_payload, request_batch, serve_batches
 from weightbus.schemas.rollouts import Group, Sample
@@ -82,7 +83,7 @@ async def test_the_handler_gets_what_is_left_of_the_patience_and_a_request_that_
     sub = await serve_batches(server, policy, handler)
     try:
         first = asyncio.create_task(request_batch(client, policy, BatchRequest(size=1, patience_s=2.0), timeout=5))
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: len(seen) == 1, 5, "the first request to reach the handler")
         second = await request_batch(client, policy, BatchRequest(size=1, patience_s=0.5), timeout=5)
         reply = await first
     finally:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.consumers._groups import make_group
+from tests._builders import make_group
 from weightbus.bus.memory import MemoryBus
 from weightbus.rl import rollout as rollout_module
 from weightbus.rl.batches import BatchRequest

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.consumers._groups import make_group
+from tests._builders import make_group
 from weightbus.rules.abort import certain_stale, oldest_bound
 from weightbus.rules.staleness import Reason, group_versions, judge
 

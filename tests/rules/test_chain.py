@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
+from tests._builders import updated
 from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerState, decide
-from weightbus.schemas import PublisherClaimed, VersionReserved, WeightUpdated
+from weightbus.schemas import PublisherClaimed, VersionReserved
 
-
-def upd(version: int, *, epoch: int = 1, trainer: str = "a", at: float = 100.0, inc: str = "") -> WeightUpdated:
-    return WeightUpdated(policy="p", version=version, epoch=epoch, trainer_id=trainer, published_at=at, incarnation=inc)
+upd = partial(updated, trainer="a", at=100.0)
 
 
 def claim(
@@ -58,7 +59,7 @@ def test_higher_version_advances_in_the_same_epoch() -> None:
 
 def test_takeover_with_higher_version_after_its_claim_is_not_a_regression() -> None:
     claimed = decide(HELD57, claim(57, epoch=3, trainer="b", inc="x")).state
-    d = decide(claimed, upd(58, epoch=3, trainer="b", inc="x"))
+    d = decide(claimed, upd(58, epoch=3, trainer="b", incarnation="x"))
     assert d.action is TrackerAction.ADVANCED
     assert (d.state.version, d.state.epoch, d.state.publisher) == (58, 3, "b")
     assert not d.is_regression and d.reason is None
@@ -66,7 +67,7 @@ def test_takeover_with_higher_version_after_its_claim_is_not_a_regression() -> N
 
 def test_an_update_from_anyone_but_the_owner_is_rejected() -> None:
     # A new epoch that never claimed, a zombie of an older epoch, and a twin with the same trainer id.
-    for event in (upd(58, epoch=3, trainer="b"), upd(58, epoch=0), upd(58, inc="twin")):
+    for event in (upd(58, epoch=3, trainer="b"), upd(58, epoch=0), upd(58, incarnation="twin")):
         d = decide(HELD57, event)
         assert (d.action, d.reason, d.state) == (TrackerAction.REJECTED, "not_owner", HELD57)
         assert d.alert and not d.changed
@@ -97,9 +98,7 @@ def test_reservations_never_move_the_version_and_must_come_from_the_owner() -> N
 
 
 def test_an_announcement_that_reserves_the_next_number_explains_the_reservation_after_it() -> None:
-    ahead = WeightUpdated(
-        policy="p", version=58, epoch=1, trainer_id="a", published_at=60.0, incarnation="", reserves_next=True
-    )
+    ahead = upd(58, at=60.0, reserves_next=True)
     state = decide(HELD57, ahead).state
     assert (state.version, state.reserved) == (58, 59)
     # Update 59 failed (its number was reserved by the announcement): the next one reserves 60.
@@ -108,14 +107,14 @@ def test_an_announcement_that_reserves_the_next_number_explains_the_reservation_
     plain = decide(HELD57, upd(58, at=60.0)).state
     assert decide(plain, reserve(60)).reason == "unexplained_jump"
     # Only the owner's accepted announcement reserves: a rejected one changes nothing.
-    rogue = WeightUpdated(policy="p", version=58, epoch=1, trainer_id="z", published_at=60.0, reserves_next=True)
+    rogue = upd(58, trainer="z", at=60.0, reserves_next=True)
     assert decide(HELD57, rogue).state == HELD57
 
 
 def test_reserving_ahead_stops_at_the_largest_exact_version() -> None:
     top = 2**53 - 1
     held = TrackerState(version=top - 1, epoch=1, publisher="a", updated_at=1.0, incarnation="", reserved=top - 1)
-    last = WeightUpdated(policy="p", version=top, epoch=1, trainer_id="a", published_at=2.0, reserves_next=True)
+    last = upd(top, at=2.0, reserves_next=True)
     assert decide(held, last).state.reserved == top
 
 

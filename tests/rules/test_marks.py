@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
+from tests._builders import updated
 from weightbus.rules import TrackerState
 from weightbus.rules.history import fold_history
 from weightbus.rules.marks import MarkJudge, chain_seen, mark_explained
-from weightbus.schemas import CounterHighWater, PublisherClaimed, WeightUpdated
+from weightbus.schemas import CounterHighWater, PublisherClaimed
 
 P = "p"
 
@@ -22,10 +24,7 @@ def mark(version: int, announced: int | None = None, who: str = "t") -> CounterH
     return CounterHighWater(policy=P, version=version, epoch=0, trainer_id=who, published_at=1.0, announced=announced)
 
 
-def update(version: int, who: str = "t", epoch: int = 0) -> WeightUpdated:
-    return WeightUpdated(
-        policy=P, version=version, epoch=epoch, trainer_id=who, published_at=1.0, incarnation="i", reserves_next=True
-    )
+update = partial(updated, policy=P, epoch=0, at=1.0, incarnation="i", reserves_next=True)
 
 
 def test_a_mark_may_say_at_most_one_above_what_the_chain_has_seen() -> None:
@@ -47,7 +46,7 @@ def test_marks_are_judged_where_they_were_stored() -> None:
 
 
 def test_a_mark_older_than_every_retained_event_keeps_its_guarantee() -> None:
-    rogue = [Stored(100 + i, update(1, "rogue")) for i in range(3)]
+    rogue = [Stored(100 + i, update(1, trainer="rogue")) for i in range(3)]
     folded = fold_history(P, rogue, marks=[Stored(v, mark(v, v - 1)) for v in range(1, 7)])
     assert folded.state.version == 1 and folded.issued == 6 and folded.mark is not None
     assert folded.mark.announced == 5 and folded.unexplained_marks == []

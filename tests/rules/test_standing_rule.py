@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import msgspec
 import pytest
 
+from tests._builders import updated
 from weightbus.rules.standing import outranks, owner_claim, owner_standing
 from weightbus.schemas import MAX_VERSION, ClaimStanding, CounterHighWater, PublisherClaimed, WeightUpdated
 
@@ -36,14 +37,7 @@ def claim(epoch: int, trainer: str, standing: ClaimStanding | None, *, version: 
 
 
 def update(version: int, epoch: int, trainer: str) -> WeightUpdated:
-    return WeightUpdated(
-        policy="p",
-        version=version,
-        epoch=epoch,
-        trainer_id=trainer,
-        published_at=float(version),
-        incarnation=f"{trainer}-{epoch}",
-    )
+    return updated(version, epoch=epoch, trainer=trainer, at=float(version), incarnation=f"{trainer}-{epoch}")
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tests.consumers._groups import make_group
+from tests._builders import has_waiters, make_group, wait_until
 from weightbus.consumers.admission import AcceptedGroups, Admission
 from weightbus.consumers.drain import FullyAsyncBuffer, StalenessStage
 from weightbus.errors import AdmissionError
@@ -58,7 +58,7 @@ async def test_a_drain_that_filters_a_whole_window_frees_those_slots_while_it_wa
     assert gate.try_acquire() is None  # the window of v9 is full: (1 + 1) * 2
     version[0] = 11
     drain = asyncio.create_task(buffer.drain(2, lambda: version[0]))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(buffer) == 0 and has_waiters(buffer._changed), 5, "the drain to wait for fresh groups")
     assert not drain.done()  # every group was stale: it waits for fresh ones
     assert gate.ready == 0 and gate.capacity() == 4  # ... with the slots of what it filtered free again
     for i in range(2):

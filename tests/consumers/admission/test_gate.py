@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests._builders import has_waiters, wait_until
 from weightbus.consumers.admission import Admission
 from weightbus.errors import TrackerNotReadyError
 
@@ -29,7 +30,7 @@ async def test_a_waiter_gets_the_slot_a_release_frees() -> None:
     first, second = gate.try_acquire(), gate.try_acquire()
     assert first is not None and second is not None and gate.try_acquire() is None
     waiter = asyncio.create_task(gate.acquire())
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: has_waiters(gate._changed), 5, "the acquire to wait")
     assert not waiter.done()
     first.release("aborted")
     slot = await asyncio.wait_for(waiter, 1.0)
@@ -53,7 +54,8 @@ async def test_a_cancelled_wait_takes_nothing() -> None:
     gate = Admission("cap", cap=1, batch=1, poll_s=0.01)
     assert gate.try_acquire() is not None
     waiter = asyncio.create_task(gate.acquire())
-    await asyncio.sleep(0.03)
+    # Checked more often than the acquire polls (10 ms): a check in step with its polls would only see them.
+    await wait_until(lambda: has_waiters(gate._changed), 5, "the acquire to wait", interval=0.003)
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
@@ -70,7 +72,7 @@ async def test_the_tracker_moving_on_frees_the_window() -> None:
     gate.drained(2, at=5)
     assert gate.try_acquire() is None  # the batch at v5 fills the window
     waiter = asyncio.create_task(gate.acquire())
-    await asyncio.sleep(0.03)
+    await asyncio.sleep(0.03)  # waited out (three polls): the point is that the waiter gets nothing meanwhile
     assert not waiter.done()
     tracker.version = 6  # no call to the gate: the poll sees it
     slot = await asyncio.wait_for(waiter, 1.0)
@@ -128,7 +130,11 @@ async def test_follow_wakes_a_waiting_acquire_at_each_change() -> None:
 
     waiter = asyncio.create_task(gate.acquire())
     follower = asyncio.create_task(gate.follow(changes))
-    await asyncio.sleep(0.05)
+    await wait_until(
+        lambda: subscriptions == 2 and has_waiters(gate._changed),
+        5,
+        "the follower to resubscribe and the acquire to wait",
+    )
     assert not waiter.done()  # v1's window is full
     changed.set()
     slot = await asyncio.wait_for(waiter, timeout=5)

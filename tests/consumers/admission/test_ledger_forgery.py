@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import wait_until
 from weightbus.bus import NatsBus, connect, subjects
 from weightbus.bus.history import read_subject_history
 from weightbus.consumers.admission import Admission, SharedBudget
@@ -141,12 +142,26 @@ async def test_an_empty_forged_ledger_is_rejected_and_the_limit_holds(nats_url: 
         async with _holders(
             nats_url, 3, cap=6, workers=4, hold_s=0.2, lease_s=3.0, skew_s=0.3, linger_s=2.0
         ) as holders:
-            await asyncio.sleep(1.5)
+            await wait_until(lambda: holders.started() >= 6, 10, "the holders to fill the limit")
             before = holders.started()
             for _ in range(10):
                 await _forge(forger, {}, 6)
-                await asyncio.sleep(0.3)
-            await asyncio.sleep(1.0)
+                await asyncio.sleep(0.3)  # the forger's pace
+
+            async def answered() -> bool:  # the newest stored ledger is an honest holder's again
+                last = await forger.last(subjects.admission(POLICY))
+                return last is not None and isinstance(last.event, AdmissionLedger) and last.event.writer != FORGER
+
+            # Before the holders leave: their goodbyes must not be the writes that answer the last forged ledger.
+            await wait_until(answered, 10, "an honest write after the last forged ledger", interval=0.05)
+            await wait_until(
+                lambda: (
+                    holders.metric("weightbus_admission_ledgers_rejected_total", reason="dropped_live_holding") >= 10
+                    and holders.metric("weightbus_admission_holding_tampered_total") >= 10
+                ),
+                10,
+                "every forged ledger to be rejected",
+            )
             assert holders.started() > before, "the holders stopped admitting"
             assert holders.peak() <= 6, f"peak {holders.peak()} running against a limit of 6"
             assert holders.metric("weightbus_admission_ledgers_rejected_total", reason="dropped_live_holding") >= 10
@@ -176,9 +191,9 @@ async def test_eight_holders_share_three_slots_fairly_in_the_cap_mode(nats_url: 
     # The rotation turn used to be the version, always None in the cap mode: three holders took nearly every
     # group. Every holder busy, for long enough that the turn moves many times.
     async with _holders(nats_url, 8, cap=3, workers=2, hold_s=0.05, lease_s=1.5, skew_s=0.2, linger_s=0.5) as holders:
-        await asyncio.sleep(2.0)
+        await wait_until(lambda: holders.started() >= 3, 10, "the holders to fill the cap")
         since = time.time()
-        await asyncio.sleep(14.0)
+        await asyncio.sleep(14.0)  # the window measured: long enough for the turn to move many times
         counts = [holders.started(i, after=since) for i in range(8)]
         peak = holders.peak()
     print(f"ADMISSION cap-fairness: groups per holder {counts}, peak {peak}")

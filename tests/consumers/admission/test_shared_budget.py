@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests._builders import wait_until
 from weightbus.bus import MemoryBus, subjects
 from weightbus.consumers.admission import Admission, SharedBudget
 from weightbus.schemas import AdmissionLedger
@@ -38,7 +39,8 @@ async def test_three_holders_racing_never_exceed_the_allowance() -> None:
         await b.start()
     held: list = []
     fills = [asyncio.create_task(_fill(g, 8, held)) for g in gates]
-    await asyncio.sleep(0.5)
+    await wait_until(lambda: len(held) >= 8, 5, "the allowance to be taken")
+    await asyncio.sleep(0.5)  # waited out: the point is that no holder takes a ninth meanwhile
     assert len(held) == 8  # the allowance: (1 + 1) * 4, and no more
     assert sum(g.running for g in gates) == 8
     for ledger in _ledgers(bus):
@@ -86,7 +88,7 @@ async def test_a_lapsed_lease_holds_nothing() -> None:
     assert budget.held == 4
     for task in budget._tasks:
         task.cancel()  # no renewal from now on (as when the bus is unreachable)
-    await asyncio.sleep(0.45)
+    await wait_until(lambda: budget.held == 0, 0.45, "the lease to lapse")  # within the lease
     assert budget.held == 0 and gate.try_acquire() is None
 
 
@@ -141,10 +143,11 @@ async def test_a_shared_cap_is_one_cap_for_every_holder() -> None:
         await b.start()
     held: list = []
     fills = [asyncio.create_task(_fill(g, 4, held)) for g in gates]
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: len(held) >= 4, 5, "the cap to be taken")
+    await asyncio.sleep(0.3)  # waited out: the point is that no holder takes a fifth meanwhile
     assert len(held) == 4 and sum(g.running for g in gates) == 4
     held[0].release("finished")
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: len(held) >= 5, 5, "the freed slot to be taken")
     assert sum(g.running for g in gates) == 4
     for f in fills:
         f.cancel()
@@ -215,14 +218,6 @@ async def _busy(gate: Admission, done: list, hold_s: float = 0.01) -> None:
         done.append(time.monotonic())
 
 
-async def _until(predicate, timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - started < timeout, f"not within {timeout}s: {what}"
-        await asyncio.sleep(0.01)
-    return time.monotonic() - started
-
-
 @pytest.mark.parametrize("lease", [0.9, 30.0])
 async def test_a_busy_holder_cannot_starve_a_late_one(lease: float) -> None:
     # The CI failure of the chaos test: one process took every slot and, always busy, refilled them from its
@@ -234,14 +229,14 @@ async def test_a_busy_holder_cannot_starve_a_late_one(lease: float) -> None:
     await hog.start()
     hog_done: list = []
     workers = [asyncio.create_task(_busy(hog_gate, hog_done)) for _ in range(8)]
-    await _until(lambda: hog.held == 6, 2.0, "the lone holder to use the whole cap")
+    await wait_until(lambda: hog.held == 6, 2.0, "the lone holder to use the whole cap")
     late = SharedBudget(bus, POLICY, name="late", lease_s=lease, skew_s=0.1, grant=2)
     late_gate = Admission("cap", cap=6, batch=1, budget=late, poll_s=0.01)
     await late.start()
     late_done: list = []
     workers += [asyncio.create_task(_busy(late_gate, late_done)) for _ in range(8)]
-    await _until(lambda: bool(late_done), 1.0, "the late holder's first admission")
-    await _until(lambda: hog.held == 3 and late.held == 3, 2.0, "an even split")
+    await wait_until(lambda: bool(late_done), 1.0, "the late holder's first admission")
+    await wait_until(lambda: hog.held == 3 and late.held == 3, 2.0, "an even split")
     for ledger in _ledgers(bus):
         assert sum(h.slots for h in ledger.holders.values()) <= ledger.total
     for w in workers:
@@ -250,7 +245,7 @@ async def test_a_busy_holder_cannot_starve_a_late_one(lease: float) -> None:
     await late.close()
     # The other one gone, the busy holder takes the whole cap again.
     workers = [asyncio.create_task(_busy(hog_gate, hog_done)) for _ in range(8)]
-    await _until(lambda: hog.held == 6, 2.0, "the whole cap back to the remaining holder")
+    await wait_until(lambda: hog.held == 6, 2.0, "the whole cap back to the remaining holder")
     for w in workers:
         w.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
@@ -280,10 +275,10 @@ async def test_a_ledger_in_a_holders_name_that_it_did_not_write_is_noticed_and_i
     # No signature tells it from a's own write: every reader takes it; a notices, admits on the smaller holding.
     zero = Holding(slots=0, used=0, expires_at=time.time() + 2.0)
     await _publish_as(bus, a.holder, {**a.ledger.holders, a.holder: zero}, 6)
-    await _until(lambda: a.tampered == 1, 2.0, "the holder to notice the ledger written in its name")
+    await wait_until(lambda: a.tampered == 1, 2.0, "the holder to notice the ledger written in its name")
     assert registry.get_sample_value("weightbus_admission_holding_tampered_total", {"policy": POLICY}) == 1
     # It rewrites its own holding at once: what it has in use is back in the ledger.
-    await _until(
+    await wait_until(
         lambda: a.ledger is not None and a.ledger.writer == a.holder and a.ledger.holders[a.holder].slots >= 3,
         2.0,
         "the holder's rewrite",
@@ -312,15 +307,15 @@ async def test_groups_in_use_beyond_a_holding_count_against_the_others_and_are_r
     assert b.ledger is not None
     back = "back:0123456789ab"
     await _publish_as(bus, back, {**b.ledger.holders, back: Holding(slots=0, used=3, expires_at=time.time() + 2)}, 6)
-    await _until(lambda: b.over_admitted >= 1, 2.0, "the over-admission to be observed")
+    await wait_until(lambda: b.over_admitted >= 1, 2.0, "the over-admission to be observed")
     assert registry.get_sample_value("weightbus_admission_over_admission_total", {"policy": POLICY}) >= 1
     for s in held[:3]:
         s.release("finished")
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # waited out: the point is that nothing more is granted here meanwhile
     # 3 running here + 3 still running there: the total. Nothing more starts here.
     assert gate.try_acquire() is None
     # And its next write (a renewal at the latest) holds no more than what is left.
-    await _until(
+    await wait_until(
         lambda: b.ledger is not None and b.ledger.writer == b.holder and b.ledger.holders[b.holder].slots <= 3,
         2.0,
         "the holder's holding to shrink to what is left",

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.consumers._groups import make_group
+from tests._builders import has_waiters, make_group, wait_until
 from weightbus.consumers import FullyAsyncBuffer, StalenessMetrics, StalenessStage, buffer_capacity, resolve_current
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
@@ -88,7 +88,7 @@ async def test_full_buffer_blocks_the_producer_without_evicting():  # miles 15
     buffer = FullyAsyncBuffer(2)
     await fill(buffer, make_group(1, ["1"]), make_group(2, ["1"]))
     third = asyncio.create_task(buffer.put(make_group(3, ["1"])))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: has_waiters(buffer._changed), 5, "the put to wait for room")
     assert not third.done() and len(buffer) == 2
     first = await buffer.drain(1, 1)
     assert await asyncio.wait_for(third, 1)
@@ -189,7 +189,7 @@ async def test_cancelled_drain_puts_kept_groups_back_in_order():
     buffer = FullyAsyncBuffer(10)
     await fill(buffer, make_group(1, ["1"]), make_group(2, ["1"]))
     task = asyncio.create_task(buffer.drain(3, 1))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: has_waiters(buffer._changed), 5, "the drain to wait for a third group")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -202,7 +202,7 @@ async def test_failed_producer_fails_the_drain_even_with_groups_queued():
     buffer = FullyAsyncBuffer(10)
     await fill(buffer, make_group(1, ["1"]))
     waiting = asyncio.create_task(buffer.drain(2, 1))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: has_waiters(buffer._changed), 5, "the drain to wait for a second group")
     buffer.fail(RuntimeError("worker died"))
     with pytest.raises(RuntimeError, match="worker died"):
         await asyncio.wait_for(waiting, 1)
@@ -261,7 +261,7 @@ async def test_drain_wakes_a_blocked_producer_before_waiting_for_more():
     buffer = FullyAsyncBuffer(1)
     await fill(buffer, make_group(1, ["1"]))
     producer = asyncio.create_task(buffer.put(make_group(2, ["1"])))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: has_waiters(buffer._changed), 5, "the put to wait for room")
     assert not producer.done()
     # the drain empties the buffer, then needs the blocked producer's group to finish
     drain = await asyncio.wait_for(buffer.drain(2, 1), 1)
@@ -302,7 +302,7 @@ async def test_a_newer_label_anywhere_in_the_buffer_is_evidence_for_the_drain():
 async def test_an_aborted_label_put_while_a_drain_waits_reaches_it():
     buffer = FullyAsyncBuffer(10, stage=StalenessStage(max_staleness=1))
     pending = asyncio.create_task(buffer.drain(1, 10))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: has_waiters(buffer._changed), 5, "the drain to wait for a group")
     assert not await buffer.put(make_group(1, ["13"], status=SampleStatus.ABORTED))
     await fill(buffer, make_group(2, ["11"]), make_group(3, ["13"]))
     drain = await asyncio.wait_for(pending, 1)
@@ -314,7 +314,7 @@ async def test_a_cancelled_drains_filter_counts_stay_in_the_next_window():
     buffer = FullyAsyncBuffer(10, stage=StalenessStage(max_staleness=1))
     await fill(buffer, make_group(1, ["5"]), make_group(2, ["10"]))
     task = asyncio.create_task(buffer.drain(2, 10))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: has_waiters(buffer._changed), 5, "the drain to wait for a second kept group")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -6,7 +6,7 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.consumers._groups import make_group
+from tests._builders import make_group, wait_until
 from weightbus.bus import subjects
 from weightbus.bus.memory import MemoryBus
 from weightbus.bus.protocol import PublishAck
@@ -146,9 +146,7 @@ async def test_a_report_stored_after_its_publish_timed_out_is_not_counted_as_fai
     stats = judge_groups([make_group(1, ["1"])], 1).stats
     bus.down = True
     reporter.submit(stats)
-    async with asyncio.timeout(5):
-        while reporter.in_doubt == 0:
-            await asyncio.sleep(0.01)
+    await wait_until(lambda: reporter.in_doubt > 0, 5, "the report to be in doubt")
     bus.up()  # the client's buffer went out on reconnect: report 1 is stored
     reporter.submit(stats)
     await reporter.flush(5)
@@ -163,9 +161,7 @@ async def test_a_report_that_never_lands_is_counted_once_when_given_up():
     reporter = DrainReporter(bus, "p", "rm-0", timeout=0.05)
     bus.down = True
     reporter.submit(judge_groups([make_group(1, ["1"])], 1).stats)
-    async with asyncio.timeout(5):
-        while reporter.in_doubt == 0:
-            await asyncio.sleep(0.01)
+    await wait_until(lambda: reporter.in_doubt > 0, 5, "the report to be in doubt")
     bus.kept.clear()  # lost with the connection
     await reporter.aclose()
     assert reporter.failures == 1 and reporter.in_doubt == 0 and bus.stored == {}
@@ -195,13 +191,9 @@ async def test_reports_queued_while_nats_is_down_and_stored_later_are_not_failur
         await reporter.flush(5)
         server.kill()
         await buffer.drain(1, 3)  # its publish times out: nats-py keeps it for the reconnect
-        async with asyncio.timeout(10):
-            while reporter.in_doubt == 0:
-                await asyncio.sleep(0.05)
+        await wait_until(lambda: reporter.in_doubt > 0, 10, "the report to be in doubt")
         await asyncio.to_thread(server.start)  # the same store: the kept publish goes out
-        async with asyncio.timeout(20):
-            while not bus.client.is_connected:
-                await asyncio.sleep(0.05)
+        await wait_until(lambda: bus.client.is_connected, 20, "the client to reconnect")
         await buffer.drain(1, 3)
         await reporter.flush(10)
         seqs = [env.event.seq for env in (await read_subject_history(bus, subjects.drains(policy))).events]

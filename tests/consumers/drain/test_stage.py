@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from tests.consumers._groups import make_group
+from tests._builders import make_group
 from weightbus.consumers import Action, Reason, StalenessMetrics, StalenessStage, judge_groups
 from weightbus.consumers.drain.tally import DrainTally
 from weightbus.rules.staleness import group_versions, judge

@@ -9,6 +9,7 @@ import uuid
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import updated, wait_until
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus._subscription import QueueSubscription
 from weightbus.bus.protocol import Bus, Deliver
@@ -16,7 +17,7 @@ from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.consumers.tracker.tracker import TrackerStatus, VersionTracker
 from weightbus.errors import BusError, TrackerNotReadyError, VersionRegressionError
 from weightbus.rules.chain import TrackerAction
-from weightbus.schemas import PublisherClaimed, VersionRegressed, WeightUpdated
+from weightbus.schemas import PublisherClaimed, VersionRegressed
 
 TIMEOUT = 5.0
 
@@ -24,13 +25,7 @@ TIMEOUT = 5.0
 async def publish(
     bus: Bus, policy: str, version: int, *, epoch: int = 1, trainer: str = "trainer-a", at: float | None = None
 ) -> None:
-    event = WeightUpdated(
-        policy=policy,
-        version=version,
-        epoch=epoch,
-        trainer_id=trainer,
-        published_at=time.time() if at is None else at,
-    )
+    event = updated(version, policy=policy, epoch=epoch, trainer=trainer, at=at)
     await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:{epoch}:{version}:{uuid.uuid4().hex}")
 
 
@@ -193,7 +188,7 @@ async def test_a_history_of_garbage_only_is_not_never_published(
             pass
     tracker = await VersionTracker(bus, policy, metrics=metrics).start()
     try:
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: tracker.status is not TrackerStatus.STARTING, 5, "the tracker to read its history")
         assert tracker.status is TrackerStatus.NO_VALID_VERSION and not tracker.ready
         with pytest.raises(TrackerNotReadyError):
             tracker.current  # noqa: B018  # never "no version" by accident: the filter must not switch off
@@ -218,10 +213,10 @@ async def test_iterator_starts_at_the_current_version_and_ends_on_stop(
 
     await tracker.wait_ready(TIMEOUT)
     consumer = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(seen) == 1, TIMEOUT, "the consumer to get the current version")
     await publish(bus, policy, 2)
     await tracker.wait_for(2, TIMEOUT)
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(seen) == 2, TIMEOUT, "the consumer to get the new version")
     await tracker.stop()
     await asyncio.wait_for(consumer, TIMEOUT)
     assert seen == [(1, True), (2, False)]
@@ -246,7 +241,7 @@ async def test_slow_consumer_resubscribes_and_relearns_the_version(policy: str, 
 async def test_event_naming_another_policy_is_skipped(bus: Bus, policy: str, registry: CollectorRegistry) -> None:
     async with VersionTracker(bus, policy, registry=registry) as tracker:
         await tracker.wait_ready(TIMEOUT)
-        stray = WeightUpdated(policy="other", version=99, epoch=1, trainer_id="x", published_at=time.time())
+        stray = updated(99, policy="other", trainer="x")
         await bus.publish(subjects.weights(policy), stray, msg_id=f"{policy}:stray")
         await publish(bus, policy, 4)
         assert await tracker.wait_for(4, TIMEOUT) == 4
@@ -289,9 +284,7 @@ async def test_failed_subscription_resubscribes_without_handling_the_last_event_
         await publish(bus, policy, 1, epoch=2)
         assert (await asyncio.wait_for(anext(changes), TIMEOUT)).action is TrackerAction.HELD
         bus.subscriptions[-1].fail(BusError("connection lost"))
-        async with asyncio.timeout(TIMEOUT):
-            while len(bus.subscriptions) < 2:
-                await asyncio.sleep(0.005)
+        await wait_until(lambda: len(bus.subscriptions) >= 2, TIMEOUT, "the tracker to resubscribe", interval=0.005)
         # The replay after resubscribing is the held v1 again: recognised, not a second regression
         # (which would be the next item here, before v58).
         await publish(bus, policy, 58)

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import updated
 from weightbus.bus import BusMetrics, connect, subjects
 from weightbus.consumers.tracker.tracker import VersionTracker
 from weightbus.embedded.server import EmbeddedNats
-from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats
-
-
-def updated(policy: str, version: int) -> WeightUpdated:
-    return WeightUpdated(policy=policy, version=version, epoch=1, trainer_id="t", published_at=time.time())
 
 
 async def test_tracker_follows_across_a_server_restart(
@@ -27,12 +22,12 @@ async def test_tracker_follows_across_a_server_restart(
     try:
         bus = await connect(server.url, metrics=BusMetrics(registry), connect_timeout=5)
         try:
-            await bus.publish(subjects.weights(policy), updated(policy, 1), msg_id=f"{policy}:1")
+            await bus.publish(subjects.weights(policy), updated(1, policy=policy), msg_id=f"{policy}:1")
             async with VersionTracker(bus, policy, registry=registry, retry_delay=0.1) as tracker:
                 assert await tracker.wait_ready(5) == 1
                 server.kill()
                 server.start()  # same port, same store
-                await bus.publish(subjects.weights(policy), updated(policy, 2), msg_id=f"{policy}:2")
+                await bus.publish(subjects.weights(policy), updated(2, policy=policy), msg_id=f"{policy}:2")
                 assert await tracker.wait_for(2, 15) == 2
         finally:
             await bus.close()

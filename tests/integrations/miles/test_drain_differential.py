@@ -9,17 +9,16 @@ through miles' objects (``miles_standin``) and follows a tracker on an in-memory
 from __future__ import annotations
 
 import asyncio
-import time
 from argparse import Namespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests._builders import updated
 from tests.integrations.miles.miles_standin import DataBufferConstructorInput, DataBufferInput, Sample
 from weightbus.bus import MemoryBus, subjects
 from weightbus.consumers import FullyAsyncBuffer, StalenessStage, judge_groups
 from weightbus.integrations.miles import WeightbusDataBuffer
-from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, SampleStatus
 from weightbus.schemas.rollouts import Sample as WbSample
 
@@ -65,7 +64,7 @@ async def miles_keeps(specs, current, max_staleness, unknown) -> tuple[list[int]
     bus = MemoryBus()
     policy = "diff"
     if current is not None:
-        event = WeightUpdated(policy=policy, version=current, epoch=1, trainer_id="t", published_at=time.time())
+        event = updated(current, policy=policy)
         await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:{current}")
     unused: list[list] = []
     args = Namespace(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from argparse import Namespace
 from dataclasses import dataclass, field
 from enum import Enum
@@ -19,10 +18,11 @@ from typing import Any
 
 import pytest
 
+from tests._builders import updated
 from weightbus.bus import MemoryBus, connect, subjects
 from weightbus.bus.protocol import Bus
 from weightbus.integrations.miles import WeightbusDataBuffer
-from weightbus.schemas import DrainReport, WeightUpdated
+from weightbus.schemas import DrainReport
 
 
 class _Status(Enum):
@@ -71,7 +71,7 @@ def entry(index: int, *labels: str, status: _Status = _Status.COMPLETED) -> Data
 
 
 async def announce(bus: Bus, policy: str, version: int) -> None:
-    event = WeightUpdated(policy=policy, version=version, epoch=1, trainer_id="trainer", published_at=time.time())
+    event = updated(version, policy=policy, trainer="trainer")
     await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:1:{version}")
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from typing import Any
 
 import pytest
 
+from tests._builders import has_waiters, updated, wait_until
 from tests.integrations.miles.miles_standin import (
     FullyAsyncRolloutFn,
     GenerateFnOutput,
@@ -34,7 +34,6 @@ from tests.integrations.miles.miles_standin import (
 from weightbus.bus import NatsBus, subjects
 from weightbus.integrations.miles import admission as miles_admission
 from weightbus.integrations.miles.admission import MilesAdmission
-from weightbus.schemas import WeightUpdated
 
 pytestmark = pytest.mark.nats
 
@@ -82,7 +81,7 @@ async def engine_generate(input: Any) -> GenerateFnOutput:
 
 
 async def announce(bus: NatsBus, policy: str, version: int) -> None:
-    event = WeightUpdated(policy=policy, version=version, epoch=1, trainer_id="trainer", published_at=time.time())
+    event = updated(version, policy=policy, trainer="trainer")
     await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:1:{version}")
 
 
@@ -256,7 +255,7 @@ async def test_a_put_cancelled_while_the_buffer_is_full_returns_its_slot(nats_bu
         await buffer.put(DataBufferInput(prompt_group=first, group=first))
         assert (admission.gate.running, admission.gate.ready) == (1, 1)
         blocked = asyncio.create_task(buffer.put(DataBufferInput(prompt_group=second, group=second)))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: buffer._cond is not None and has_waiters(buffer._cond), 5, "the put to wait for room")
         assert not blocked.done()  # the buffer is full
         blocked.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -311,7 +310,7 @@ async def test_admission_inside_miles_survives_a_nats_restart(
                     ENGINE.version = version + 1
                     if step == restart_after:
                         server.kill()
-                        await asyncio.sleep(1.0)
+                        await asyncio.sleep(1.0)  # the outage: down a while, as a restart is
                         await asyncio.to_thread(server.start)
                     await announce_until_stored(version + 1)
             finally:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import updated
 from tests.integrations.miles.miles_standin import (
     DynamicFilterOutput,
     FullyAsyncRolloutFn,
@@ -33,7 +33,7 @@ from weightbus.bus.history import read_subject_history
 from weightbus.consumers.drain.metrics import StalenessMetrics
 from weightbus.errors import TrackerNotReadyError
 from weightbus.producers import VersionPublisher
-from weightbus.schemas import DrainReport, WeightUpdated
+from weightbus.schemas import DrainReport
 
 pytestmark = pytest.mark.nats
 
@@ -48,7 +48,7 @@ def miles_env(nats_url: str, policy: str, monkeypatch: pytest.MonkeyPatch) -> st
 
 
 async def announce(bus: NatsBus, policy: str, version: int) -> None:
-    event = WeightUpdated(policy=policy, version=version, epoch=1, trainer_id="trainer", published_at=time.time())
+    event = updated(version, policy=policy, trainer="trainer")
     await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:1:{version}")
 
 

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests._builders import wait_until
 from tests.integrations.miles.miles_standin import (
     DataBufferConstructorInput,
     DataBufferInput,
@@ -301,7 +302,12 @@ async def test_a_failover_ping_pong_through_miles_alive_cell_choice_keeps_the_jo
         cells[0].actors[0].model.on_bucket = crash_mid_push  # this time cell 0 dies halfway through its push
         await run(group.update_weights, info)  # cell 0 fails; the retry picks cell 1 (quorum 3, alive rank 1)
         await step(6)  # cell 1 again
-        await asyncio.sleep(0.5)
+        if with_weightbus:  # miles alone announces nothing
+            await wait_until(
+                lambda: any(c.version == manager.versions[-1] for c in changes),
+                10,
+                "the tracker to see the last version",
+            )
     finally:
         await tracker.__aexit__(None, None, None)
         await tracker_bus.close()
@@ -581,7 +587,12 @@ async def test_a_disk_delta_cell_miles_picks_again_claims_again_before_miles_wri
         assert all(len(a.calls) > n for a, n in zip(ref_engines.actors, calls, strict=True))
         assert chain_files(ref_engines.delta_dir) != files
         await run(group.update_weights, info)  # cell 1 again
-        await asyncio.sleep(0.5)
+        if with_weightbus:  # miles alone announces nothing
+            await wait_until(
+                lambda: any(c.version == manager.versions[-1] for c in changes),
+                10,
+                "the tracker to see the last version",
+            )
     finally:
         await tracker.__aexit__(None, None, None)
         await tracker_bus.close()
