@@ -1,7 +1,8 @@
 """The options ``weightbus`` commands share, each with one meaning and one environment variable.
 
-* ``--nats URL``: the NATS server(s); from ``WEIGHTBUS_NATS``, else ``NATS_URL`` (the ``nats`` CLI's),
-  else ``DEFAULT_NATS``.
+* ``--nats URL`` (also ``-s``/``--server``, the ``nats`` CLI's flag): the NATS server(s); from
+  ``WEIGHTBUS_NATS``, else ``NATS_URL`` (the ``nats`` CLI's), else the ``--context``'s ``url``, else
+  ``DEFAULT_NATS``.
 * ``--policy ID``: the policy the command is about, required wherever a command needs one (from
   ``WEIGHTBUS_POLICY``); ``watch`` alone treats it as an optional filter.
 * ``--api-key KEY``: the engines' Bearer token, ``WEIGHTBUS_API_KEY`` for clients and engines alike.
@@ -44,9 +45,11 @@ NatsOption = Annotated[
     str,
     typer.Option(
         "--nats",
+        "--server",
+        "-s",
         envvar=list(NATS_URL_ENV),
         show_envvar=True,
-        help="NATS URL (or several, comma-separated); else WEIGHTBUS_NATS, else NATS_URL.",
+        help="NATS URL (or several, comma-separated); else WEIGHTBUS_NATS, else NATS_URL, else the --context's url.",
         show_default=True,
         callback=check_nats_url,
     ),
