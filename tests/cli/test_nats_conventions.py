@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 import typer
@@ -87,6 +88,34 @@ def test_the_url_comes_from_the_flag_the_variables_then_the_context(tmp_path: Pa
     assert _resolved(["--context", "c", "-s", DEFAULT_NATS], home)[0] == DEFAULT_NATS
     url, opts = _resolved(["--context", "c", "--server", "nats://f.invalid:1", "--token", "flag-token"], home)
     assert (url, opts.token) == ("nats://f.invalid:1", "flag-token")
+
+
+def test_a_config_file_url_beats_the_context(tmp_path: Path) -> None:
+    """``rollout``/``trainer`` take ``--config FILE``: its ``nats_url`` is explicit, above a context."""
+    seen: dict[str, object] = {}
+
+    def probe(
+        config: Annotated[Path | None, typer.Option("--config")] = None,
+        nats_url: Annotated[str | None, typer.Option("--nats")] = None,
+        connection: ConnectOptions = ConnectOptions(),  # noqa: B008
+    ) -> None:
+        seen["nats_url"] = nats_url
+
+    probe_app = typer.Typer()
+    probe_app.command()(with_connection(probe))
+    _context(tmp_path, "c", {"url": "nats://ctx.invalid:1"})
+    env = {**_UNSET, "XDG_CONFIG_HOME": str(tmp_path)}
+    with_url, without_url = tmp_path / "with.json", tmp_path / "without.json"
+    with_url.write_text(json.dumps({"nats_url": "nats://file.invalid:1"}))
+    without_url.write_text(json.dumps({"policy": "p"}))
+    for args, expected in [
+        (["--context", "c"], "nats://ctx.invalid:1"),
+        (["--context", "c", "--config", str(without_url)], "nats://ctx.invalid:1"),
+        (["--context", "c", "--config", str(with_url)], None),  # the command reads it from the file
+        (["--context", "c", "--config", str(with_url), "--nats", "nats://f.invalid:1"], "nats://f.invalid:1"),
+    ]:
+        result = runner.invoke(probe_app, args, env=env)
+        assert result.exit_code == 0 and seen["nats_url"] == expected, (args, result.output, seen)
 
 
 @pytest.fixture

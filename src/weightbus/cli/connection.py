@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -77,9 +79,21 @@ CONNECTION_FLAGS = (
 )
 
 
+def _config_file_names_url(kwargs: dict[str, Any]) -> bool:
+    """Whether the command's ``--config`` file sets ``nats_url`` (an explicit value, above a context)."""
+    path = kwargs.get("config")
+    if path is None:
+        return False
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return False  # the command itself reports an unreadable config file, before it connects
+    return isinstance(data, dict) and "nats_url" in data
+
+
 def _url_from_context(kwargs: dict[str, Any], context: NatsContext, typer_context: typer.Context | None) -> None:
-    """Put the context's URL in the command's URL parameter when no flag or variable set that one."""
-    if not context.url:
+    """Put the context's URL in the command's URL parameter when no flag, variable or config file set one."""
+    if not context.url or _config_file_names_url(kwargs):
         return
     for name in _URL_PARAMS:
         if name not in kwargs:
