@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from weightbus.bus import Deliver, connect, subjects
+from weightbus.embedded.cluster import EmbeddedCluster
 from weightbus.embedded.server import EmbeddedNats, NatsServerStartError, find_nats_server, free_port
 from weightbus.errors import BusConnectError, InvalidPolicyError
 from weightbus.schemas import WeightUpdated
@@ -264,3 +265,14 @@ async def test_a_server_that_picked_its_port_comes_back_on_it(tmp_path: Path) ->
         await bus.close()
     finally:
         server.stop()
+
+
+def test_a_cluster_picks_beforehand_only_the_route_ports_its_nodes_must_share(tmp_path: Path) -> None:
+    cluster = EmbeddedCluster(tmp_path / "cluster")
+    try:
+        for node in cluster.nodes.values():
+            assert node.port is None and node.command()[node.command().index("-p") + 1] == "-1"
+            assert node.env["WEIGHTBUS_CLIENT_LISTEN"] == node.env["WEIGHTBUS_HTTP_LISTEN"] == "127.0.0.1:-1"
+            assert not node.env["WEIGHTBUS_CLUSTER_LISTEN"].endswith(":-1")
+    finally:
+        cluster.stop()

@@ -3,8 +3,9 @@
 Each node is an ``EmbeddedNats`` started from one cluster config (``ops/nats/cluster.conf`` or the same
 text built in here) whose per-node values come from environment variables: ``WEIGHTBUS_NODE``,
 ``WEIGHTBUS_CLIENT_LISTEN``, ``WEIGHTBUS_CLUSTER_LISTEN``, ``WEIGHTBUS_HTTP_LISTEN``, ``WEIGHTBUS_STORE``
-and ``WEIGHTBUS_ROUTE_A/B/C``. Every node gets free client, cluster and monitoring ports and a store of
-its own under ``base_dir``.
+and ``WEIGHTBUS_ROUTE_A/B/C``. Every node gets a store of its own under ``base_dir``; nats-server picks
+its client and monitoring ports (``-1``, read back from its log), and only the route ports, which every
+node must know before any starts, are picked beforehand (a start retries when one was taken meanwhile).
 
 Invariants:
 
@@ -12,7 +13,7 @@ Invariants:
   ``/healthz`` answers 200, which nats-server only does once JetStream is up and the cluster has a meta
   leader; never on a TCP probe.
 * Nodes are killed and restarted by pid (``kill``/``restart``); a restarted node keeps its store and
-  ports, so it rejoins as the same server.
+  ports (the ones nats-server picked at its first start), so it rejoins as the same server.
 """
 
 from __future__ import annotations
@@ -86,24 +87,22 @@ class EmbeddedCluster:
         self._plan()
 
     def _plan(self) -> None:
-        """Pick the nine ports (client, route, monitoring per node) and build the nodes on them."""
-        client = {n: free_port() for n in _NAMES}
+        """Pick the three route ports and build the nodes (their client and monitoring ports: nats-server's)."""
         cluster = {n: free_port() for n in _NAMES}
-        self.http_ports = {n: free_port() for n in _NAMES}
+        self.http_ports: dict[str, int] = {}
         routes = {f"WEIGHTBUS_ROUTE_{n.upper()}": f"nats-route://127.0.0.1:{cluster[n]}" for n in _NAMES}
         self.nodes: dict[str, EmbeddedNats] = {}
         for n in _NAMES:
             store = self.base_dir / f"node-{n}"
             env = {
                 "WEIGHTBUS_NODE": f"weightbus-{n}",
-                "WEIGHTBUS_CLIENT_LISTEN": f"127.0.0.1:{client[n]}",
+                "WEIGHTBUS_CLIENT_LISTEN": "127.0.0.1:-1",
                 "WEIGHTBUS_CLUSTER_LISTEN": f"127.0.0.1:{cluster[n]}",
-                "WEIGHTBUS_HTTP_LISTEN": f"127.0.0.1:{self.http_ports[n]}",
+                "WEIGHTBUS_HTTP_LISTEN": "127.0.0.1:-1",
                 "WEIGHTBUS_STORE": str(store),
                 **routes,
             }
             self.nodes[f"weightbus-{n}"] = EmbeddedNats(
-                port=client[n],
                 store_dir=store,
                 binary=self._binary,
                 config=self.config,
@@ -118,8 +117,18 @@ class EmbeddedCluster:
         return ",".join(node.url for node in self.nodes.values())
 
     def http_url(self, name: str) -> str:
-        """The monitoring endpoint of node ``name`` (``weightbus-a``...)."""
+        """The monitoring endpoint of node ``name`` (``weightbus-a``...), known once the node has started."""
         return f"http://127.0.0.1:{self.http_ports[name.rsplit('-', 1)[-1]]}"
+
+    def _start_node(self, name: str) -> None:
+        """Start node ``name``; pin the ports nats-server picked, so a restart comes back on them."""
+        node = self.nodes[name]
+        node.start()
+        if node.http_port is None:
+            raise NatsServerStartError(f"cluster node {name} did not log its monitoring port", _tail(node))
+        self.http_ports[name.rsplit("-", 1)[-1]] = node.http_port
+        node.env["WEIGHTBUS_CLIENT_LISTEN"] = f"127.0.0.1:{node.port}"
+        node.env["WEIGHTBUS_HTTP_LISTEN"] = f"127.0.0.1:{node.http_port}"
 
     def start(self) -> EmbeddedCluster:
         """Start every node and wait until the cluster is healthy.
@@ -129,12 +138,12 @@ class EmbeddedCluster:
         """
         for attempt in range(1, _PORT_ATTEMPTS + 1):
             try:
-                for node in self.nodes.values():
-                    node.start()
+                for name in self.nodes:
+                    self._start_node(name)
                 self.wait_healthy(list(self.nodes))
                 return self
             except NatsServerStartError as exc:
-                # Nine ports are picked before any node binds: another process may take one meanwhile.
+                # The route ports are picked before any node binds: another process may take one meanwhile.
                 if "address already in use" not in (exc.reason or "") or attempt == _PORT_ATTEMPTS:
                     self.stop()  # a half-started cluster must not outlive the failed start
                     raise
@@ -183,7 +192,7 @@ class EmbeddedCluster:
 
     def restart(self, name: str) -> None:
         """Start node ``name`` again on its ports and store, and wait until it is healthy."""
-        self.nodes[name].start()
+        self._start_node(name)
         self.wait_healthy([name])
 
     def stop(self) -> None:
@@ -204,3 +213,7 @@ class EmbeddedCluster:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _tail(node: EmbeddedNats) -> str:
+    return " | ".join(node.log_lines[-3:])

@@ -72,6 +72,7 @@ _INSTALL_HINT = (
 )
 _READY: Final = b"Server is ready"
 _LISTENING: Final = re.compile(rb"Listening for client connections on \S*:(\d+)")
+_HTTP_LISTENING: Final = re.compile(rb"Starting http monitor on \S*:(\d+)")
 _VERSION: Final = re.compile(r"\bv?(\d+)\.(\d+)\.(\d+)")
 _VERSION_TIMEOUT: Final = 10.0
 _checked: dict[tuple[str, int, int], str] = {}
@@ -226,6 +227,8 @@ class EmbeddedNats:
         self.binary = binary or find_nats_server()
         self.port: int | None = port
         self._port_given = port is not None
+        self.http_port: int | None = None
+        """The monitoring port nats-server logged it serves (``http``/``-m``), once started; else None."""
         self._own_store = store_dir is None
         if store_dir is None:
             _sweep_orphan_stores()
@@ -366,6 +369,9 @@ class EmbeddedNats:
                     listening = _LISTENING.search(raw)
                     if listening:
                         self.port = int(listening[1])
+                http = _HTTP_LISTENING.search(raw)
+                if http:
+                    self.http_port = int(http[1])
                 if _READY in raw:
                     self._saw_ready = True
                     self._ready.set()
