@@ -125,6 +125,13 @@ async def _train(nats_bus: NatsBus, policy: str, bound: int, steps: int) -> tupl
                 ENGINE.version = version + 1  # the push, then the announcement
                 await asyncio.sleep(0.005)
                 await announce(nats_bus, policy, version + 1)
+                # A real step outlasts propagation by far (seconds against milliseconds). Under load the next
+                # drain could come before the buffer's tracker has the announcement: groups admitted against the
+                # old version would then be judged stale, which is right, but not what this test measures.
+                buffer = miles_admission.active_buffer()
+                tracker = getattr(buffer, "tracker", None)  # the WeightbusDataBuffer miles built
+                if tracker is not None:
+                    await wait_until(lambda: tracker.current == version + 1, 5, "the tracker to see the push")
             return fn, trained
         finally:
             await fn.aclose()
