@@ -77,7 +77,7 @@ async def connect(
         ensure_stream: create the stream when missing and check it when present (an existing stream is
             never changed); False skips both.
         options: credentials, TLS and the replicas of a created stream; ``ConnectOptions.from_env()``
-            (the ``WEIGHTBUS_*`` variables) when None.
+            (the ``WEIGHTBUS_*`` variables, then the ``NATS_*`` ones and ``NATS_CONTEXT``) when None.
 
     Raises:
         BusConnectError: ``url`` names no server, or NATS could not be reached or used; ``cause`` is

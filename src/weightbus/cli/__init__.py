@@ -25,7 +25,8 @@ app = typer.Typer(
         "Exit codes shared by every command: 0 success, 1 runtime failure, 2 bad arguments, 5 NATS "
         "unreachable, 77 permission denied, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); each command's "
         "--help lists its own.\n\n"
-        "The NATS URL is --nats, else WEIGHTBUS_NATS, else NATS_URL; the policy is --policy, else WEIGHTBUS_POLICY.\n\n"
+        "The NATS URL is --nats (-s, --server), else WEIGHTBUS_NATS, else NATS_URL, else the url of the nats CLI "
+        "context named by --context or NATS_CONTEXT; the policy is --policy, else WEIGHTBUS_POLICY.\n\n"
         "Commands run on uvloop when it is installed; WEIGHTBUS_EVENT_LOOP=asyncio runs them on asyncio's own loop."
     ),
     no_args_is_help=True,
