@@ -218,9 +218,9 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
     numbers = write_tradeoff(results, out)
     typer.echo("")
     typer.echo("max_staleness  reward(last quarter)  training s  tokens not trained on")
-    for bound, entry in numbers.items():
+    for label, entry in numbers.items():
         typer.echo(
-            f"{bound:>13}  {entry['reward_last']:>20.3f}  {entry['wall_s']:>10.1f}  "
+            f"{label:>13}  {entry['reward_last']:>20.3f}  {entry['wall_s']:>10.1f}  "
             f"{(entry['tokens_wasted_share'] or 0) * 100:>20.0f}%"
         )
     typer.echo(f"report: {out / 'staleness-tradeoff.png'}, {out / 'staleness-tradeoff.json'}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 import typer
@@ -107,7 +107,7 @@ def engine_command(
 
 
 def _model(config: EngineConfig) -> EngineModel | None:
-    engine_model: Any = None
+    engine_model: EngineModel | None = None
     try:
         if config.model == "torch":
             from weightbus.refengine.tiny_model import TinyTorchModel

@@ -234,10 +234,10 @@ def replay_command(
             if not force:
                 for target in targets:
                     try:
-                        stored = await bus.last(subjects.weights(target))
+                        stored = await bus.last(subjects.weights(target)) is not None
                     except InvalidEventError:
                         stored = True
-                    if stored is not None:
+                    if stored:
                         raise _LivePolicyError(
                             f"policy {target!r} already has events on {subjects.weights(target)}; replaying would "
                             "re-store old versions and fence its trainer: pass --force, or --as-policy NEW"

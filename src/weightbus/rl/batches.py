@@ -21,13 +21,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
 from weightbus.bus.subjects import validate_policy
 from weightbus.errors import NoRolloutError, PermissionDeniedError
 from weightbus.schemas.rollouts import Group
+
+if TYPE_CHECKING:
+    from weightbus.bus.nats import NatsBus
 
 __all__ = [
     "BatchReply",
@@ -183,7 +186,7 @@ async def serve_batches(bus: Any, policy: str, handler: Callable[[BatchRequest],
         raise
 
 
-async def request_batch(bus: Any, policy: str, request: BatchRequest, *, timeout: float) -> BatchReply:
+async def request_batch(bus: NatsBus, policy: str, request: BatchRequest, *, timeout: float) -> BatchReply:
     """Ask the rollout for a batch and reassemble its chunks.
 
     Args:

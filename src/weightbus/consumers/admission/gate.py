@@ -426,6 +426,6 @@ def _reader(source: Any) -> Callable[[], int | None]:
 
 
 def _checked(value: object) -> int | None:
-    if value is None or (type(value) is int and value >= 0):  # type: ignore[operator]
-        return value  # type: ignore[return-value]
+    if value is None or (type(value) is int and value >= 0):
+        return value
     raise TypeError(f"a current version must be an int >= 0 or None, got {value!r}")
