@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Annotated, Final
+from typing import IO, Annotated, Final
 
 import msgspec
 import typer
@@ -78,26 +78,26 @@ def record_command(
     if not pattern or any(c.isspace() for c in pattern) or "" in pattern.split("."):
         raise fail(f"--subjects {subjects_!r} is not a subject pattern (e.g. 'weightbus.>')", EXIT_USAGE)
 
-    async def _run() -> int:
+    async def _run(sink: IO[bytes]) -> int:
         from prometheus_client import CollectorRegistry
 
         from weightbus.bus.metrics import BusMetrics
         from weightbus.bus.nats import connect
 
-        with contextlib.ExitStack() as files:
-            # Opened before connecting: a path that cannot be written fails before anything else happens.
-            sink = sys.stdout.buffer if str(out) == "-" else files.enter_context(open(out, "ab"))
-            registry = CollectorRegistry()
-            start_metrics(metrics_port, registry, metrics_host)
-            bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
-            try:
-                typer.echo(recording_line(pattern, deliver, out), err=True)
-                return await record_events(bus, sink, pattern=pattern, deliver=deliver, count=count, duration=duration)
-            finally:
-                await bus.close()
+        registry = CollectorRegistry()
+        start_metrics(metrics_port, registry, metrics_host)
+        bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
+        try:
+            typer.echo(recording_line(pattern, deliver, out), err=True)
+            return await record_events(bus, sink, pattern=pattern, deliver=deliver, count=count, duration=duration)
+        finally:
+            await bus.close()
 
     try:
-        n = run_async(_run())
+        with contextlib.ExitStack() as files:
+            # Opened before connecting (and outside the loop): a path that cannot be written fails first.
+            sink = sys.stdout.buffer if str(out) == "-" else files.enter_context(open(out, "ab"))
+            n = run_async(_run(sink))
     except OSError as exc:
         raise fail(f"cannot write {out}: {exc.strerror or exc}", EXIT_USAGE) from None
     except PermissionDeniedError as exc:

@@ -233,7 +233,8 @@ async def watch(
                         if timeout is not None and timeout <= 0:
                             return state
                         try:
-                            env = await asyncio.wait_for(anext(sub), timeout)
+                            async with asyncio.timeout(timeout):
+                                env = await anext(sub)
                         except TimeoutError:
                             return state
                         except StopAsyncIteration:

@@ -225,7 +225,8 @@ async def _request(nc: Any, policy: str, request: BatchRequest, timeout: float) 
     sub = await nc.subscribe(inbox, cb=on_chunk)
     try:
         await nc.publish(batch_subject(policy), msgspec.json.encode(request), reply=inbox)
-        await asyncio.wait_for(done.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await done.wait()
     finally:
         await sub.unsubscribe()
     if failure:
