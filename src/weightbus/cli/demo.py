@@ -15,7 +15,7 @@ from weightbus.cli.exits import signal_exit_code
 if TYPE_CHECKING:
     from weightbus.rl.report import DemoResult
 
-__all__ = ["register"]
+__all__ = ["demo_command", "register"]
 
 #: What the demo's processes import: the reference engine's server, torch, safetensors and the router.
 _EXTRAS = ("starlette", "uvicorn", "torch", "safetensors", "sglang_router")

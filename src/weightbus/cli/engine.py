@@ -21,7 +21,7 @@ from weightbus.rl.config import ConfigError, load_config, make_config
 if TYPE_CHECKING:
     from weightbus.refengine.model import EngineModel
 
-__all__ = ["register"]
+__all__ = ["engine_command", "register"]
 
 
 def _d(name: str) -> str:

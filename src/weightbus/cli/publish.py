@@ -62,6 +62,7 @@ __all__ = [
     "EXIT_NATS",
     "OwnerAliveError",
     "default_cli_trainer_id",
+    "publish_command",
     "register",
 ]
 

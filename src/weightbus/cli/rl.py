@@ -42,7 +42,7 @@ from weightbus.rl.config import (
     make_config,
 )
 
-__all__ = ["EXIT_DENIED", "EXIT_ENGINE", "EXIT_FENCED", "EXIT_NATS", "register"]
+__all__ = ["EXIT_DENIED", "EXIT_ENGINE", "EXIT_FENCED", "EXIT_NATS", "register", "rollout_command", "trainer_command"]
 
 #: Another trainer took the counter over.
 EXIT_FENCED: Final = 3

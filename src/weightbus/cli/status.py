@@ -50,6 +50,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_REJECTED",
     "register",
+    "status_command",
 ]
 
 EXIT_OK: Final = 0

@@ -36,7 +36,7 @@ from weightbus.errors import BusError, InvalidEventError, InvalidPolicyError, Pe
 from weightbus.process.logs import setup_logging
 from weightbus.schemas import decode, encode
 
-__all__ = ["EXIT_LIVE_POLICY", "prepare_replay", "recording_line", "register"]
+__all__ = ["EXIT_LIVE_POLICY", "prepare_replay", "record_command", "recording_line", "register", "replay_command"]
 
 EXIT_LIVE_POLICY: Final = 3
 EXIT_NATS: Final = 5

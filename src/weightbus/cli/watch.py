@@ -54,7 +54,7 @@ from weightbus.process.logs import route_logs, setup_logging
 from weightbus.rules.chain import TrackerAction
 from weightbus.schemas.weights import WeightUpdated
 
-__all__ = ["register", "render", "watch"]
+__all__ = ["register", "render", "watch", "watch_command"]
 
 log = logging.getLogger("weightbus.consumers")
 
