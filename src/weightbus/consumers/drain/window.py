@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from weightbus.consumers.drain.reports import DrainReporter
     from weightbus.rules.staleness import UnknownPolicy
 
-__all__ = ["DrainWindow", "HeldSlots", "JudgementConfig", "VERSION_STATES"]
+__all__ = ["VERSION_STATES", "DrainWindow", "HeldSlots", "JudgementConfig"]
 
 #: ``DrainStats.version_state`` values from the most trusted to the least: a window that judged
 #: against several says the least trusted one.
