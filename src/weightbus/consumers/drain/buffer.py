@@ -8,7 +8,7 @@ Invariants (miles fully-async, §9 items 3 to 11, with weightbus' stricter rule)
   time (a group fresh when put can be stale when taken), and returns exactly ``n`` kept groups
   sorted by their first sample's index; it blocks while the buffer is empty;
 * groups not kept go to ``on_stale``: ``drop`` discards them, ``recycle`` resets the flat prompt
-  group and hands it out through ``recycled()`` (or an ``on_recycle`` callable); dynamic-filter
+  group and hands it out through ``take_recycled()`` (or an ``on_recycle`` callable); dynamic-filter
   rejects are always dropped; the admission slot of each (``slots``) is freed as it is routed, while
   the drain may still wait for fresh groups, and a kept group's counts where it trains;
 * the statistics of a drain cover everything since the previous drain, put-side events included,
@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -138,7 +138,7 @@ class FullyAsyncBuffer:
             measures without filtering and drops what it does not keep.
         reporter: publishes a ``DrainReport`` after each drain; its failures never fail a drain.
         on_recycle: called with each recycled (already reset) prompt group instead of queueing it for
-            ``recycled()``; must not block.
+            ``take_recycled()``; must not block.
         dynamic_filter: called on each put; a returned ``str`` rejects the group (always dropped,
             counted as ``rollout/dynamic_filter/drop_<reason>`` when the reason is non-empty).
         samples_per_group: when set, a drain raises ``ValueError`` on a kept group of another size.
@@ -283,14 +283,6 @@ class FullyAsyncBuffer:
                     )
         kept = sorted(w.close(t), key=_sort_key)
         return Drain(groups=kept, stats=w.finish(items))
-
-    def recycled(self) -> AsyncIterator[Group]:
-        """Recycled prompt groups (already reset for a retry), as they come; never ends."""
-        return self._iter_recycled()
-
-    async def _iter_recycled(self) -> AsyncIterator[Group]:
-        while True:
-            yield await self._recycled.get()
 
     def take_recycled(self) -> list[Group]:
         """Every recycled prompt group queued so far, without waiting."""
