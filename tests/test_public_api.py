@@ -72,6 +72,16 @@ def test_all_matches_public_names(name: str) -> None:
     missing = sorted(attr for attr in exported if not hasattr(module, attr))
     assert not missing, f"in __all__ but not defined: {missing}"
     assert len(module.__all__) == len(exported), "duplicates in __all__"
+    # An error has one import path, weightbus.errors (the 0.1 re-exports are gone: docs/upgrading.md).
+    if name != "weightbus.errors":
+        errors = sorted(
+            attr
+            for attr in exported
+            if inspect.isclass(getattr(module, attr))
+            and issubclass(getattr(module, attr), BaseException)
+            and getattr(module, attr).__module__ == "weightbus.errors"
+        )
+        assert not errors, f"{name} re-exports {errors}: import them from weightbus.errors"
     # Classes and functions carry their own docstring (constants are documented where they are defined).
     undocumented = sorted(
         attr

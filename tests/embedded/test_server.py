@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from weightbus.bus import Deliver, connect, subjects
-from weightbus.embedded.server import EmbeddedNats, NatsServerStartError, find_nats_server, free_port
-from weightbus.errors import BusConnectError, InvalidPolicyError
+from weightbus.embedded.server import EmbeddedNats, find_nats_server, free_port
+from weightbus.errors import BusConnectError, InvalidPolicyError, NatsServerStartError
 from weightbus.schemas import WeightUpdated
 
 

@@ -8,7 +8,8 @@ import msgspec
 import pytest
 
 from weightbus.bus import connect
-from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, chunk_payload, request_batch, serve_batches
+from weightbus.errors import NoRolloutError
+from weightbus.rl.batches import BatchReply, BatchRequest, chunk_payload, request_batch, serve_batches
 from weightbus.schemas.rollouts import Group, Sample
 
 pytestmark = pytest.mark.nats

@@ -15,8 +15,9 @@ import msgspec
 import typer
 
 from weightbus.cli._common import EXIT_USAGE, check_port, fail, run_async
+from weightbus.errors import ConfigError
 from weightbus.refengine.config import EngineConfig
-from weightbus.rl.config import ConfigError, load_config, make_config
+from weightbus.rl.config import load_config, make_config
 
 if TYPE_CHECKING:
     from weightbus.refengine.model import EngineModel

