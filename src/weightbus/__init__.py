@@ -1,7 +1,6 @@
 """weightbus: tells asynchronous RL rollouts how stale their data is.
 
-Trainers publish ``WeightUpdated`` after each engine push over NATS JetStream; rollout consumers
-follow the current version in memory and a staleness stage keeps, recycles or drops drained groups.
+Trainers announce each engine push over NATS JetStream; rollouts follow the current version and judge drained groups.
 """
 
 import logging

@@ -2,45 +2,51 @@
 
 Library errors derive from ``WeightbusError`` and, where the meaning matches, from a builtin::
 
-    WeightbusError
-    ├── InvalidPolicyError (ValueError)       policy id is not a single NATS subject token
-    ├── InvalidEventError (ValueError)        a payload failed the typed decode at the bus boundary
-    │   └── UnsendableEventError              an event refused before sending: it would fail that decode
-    ├── BusError
-    │   ├── BusConnectError (ConnectionError) NATS could not be reached or used; ``cause`` says why
-    │   │   └── StreamConfigError             the WEIGHTBUS stream exists but lacks what weightbus needs
-    │   ├── BusConfigError (ValueError)       connection options that cannot work (a missing file, ...)
-    │   ├── StreamNotFoundError               the WEIGHTBUS stream does not exist (never created, or deleted)
-    │   ├── PermissionDeniedError             the server refused a publish or subscribe for this user
-    │   ├── PublishError                      the bus refused or could not confirm a publish
-    │   │   ├── SequenceConflictError         a conditional publish lost: the subject moved on
-    │   │   └── CounterExhaustedError         the policy's counter reached MAX_VERSION: use a new policy id
-    │   └── SlowConsumerError                 a subscriber fell behind its bounded queue
-    ├── NatsServerNotFound (FileNotFoundError) no nats-server binary to run an embedded server with
-    ├── NatsServerStartError (RuntimeError)   an embedded nats-server exited or did not become ready
-    ├── FencedError                           another publisher owns the policy's counter
-    ├── OwnerAliveError                       a manual publish would fence an owner that is alive
-    ├── TrackerNotReadyError                  a tracker does not know the current state (starting, deaf)
-    ├── AdmissionError                        an admission slot used twice, or a drain of groups without slots
-    ├── EngineError                           an SGLang engine answered with an error or not at all
-    │   └── EngineOutOfSyncError              an engine does not serve the version it was stamped with
-    ├── PushCoverageError                     no engine holds the weights a version would name after its push
-    ├── VersionRegressionError                a tracker in ``raise`` mode saw a lower version
-    ├── EventLoopError (ValueError)           ``WEIGHTBUS_EVENT_LOOP`` names a loop that cannot be used
-    ├── TaskLoadError (ValueError)            a ``--task`` import path names no task factory
-    ├── ConfigError (ValueError)              a process's config file or flags do not decode into its config
-    ├── NoRolloutError (ConnectionError)      no rollout process serves the policy's batch subject
-    ├── DemoError (RuntimeError)              a demo process failed to start or died unasked
-    └── InstallError (RuntimeError)           a framework integration found a framework it was not written for
+    WeightbusError                                final  the root (an error of no known kind is not retried)
+    ├── InvalidPolicyError (ValueError)           final  policy id is not a single NATS subject token
+    ├── InvalidEventError (ValueError)            final  a payload failed the typed decode at the bus boundary
+    │   └── UnsendableEventError                  final  an event refused before sending: it would fail that decode
+    ├── BusError                                  retry  the bus did not answer or could not be read
+    │   ├── BusConnectError (ConnectionError)     retry  NATS could not be reached or used; ``cause`` says why
+    │   │   └── StreamConfigError                 final  the WEIGHTBUS stream exists but lacks what weightbus needs
+    │   ├── BusConfigError (ValueError)           final  connection options that cannot work (a missing file, ...)
+    │   ├── StreamNotFoundError                   final  the WEIGHTBUS stream does not exist (never created, or deleted)
+    │   ├── PermissionDeniedError                 final  the server refused a publish or subscribe for this user
+    │   ├── CounterExhaustedError                 final  the policy's counter reached MAX_VERSION: use a new policy id
+    │   ├── PublishError                          retry  the bus refused or could not confirm a publish
+    │   │   └── SequenceConflictError             retry  a conditional publish lost: the subject moved on
+    │   └── SlowConsumerError                     retry  a subscriber fell behind its bounded queue
+    ├── NatsServerNotFound (FileNotFoundError)    final  no nats-server binary to run an embedded server with
+    ├── NatsServerStartError (RuntimeError)       final  an embedded nats-server exited or did not become ready
+    ├── FencedError                               final  another publisher owns the policy's counter
+    ├── OwnerAliveError                           final  a manual publish would fence an owner that is alive
+    ├── TrackerNotReadyError                      retry  a tracker does not know the current state (starting, deaf)
+    ├── AdmissionError                            final  an admission slot used twice, or a drain of slotless groups
+    ├── EngineError                               retry  an SGLang engine answered with an error or not at all
+    │   └── EngineOutOfSyncError                  retry  an engine does not serve the version it was stamped with
+    ├── PushCoverageError                         final  no engine holds the weights a version would name after its push
+    ├── VersionRegressionError                    final  a tracker in ``raise`` mode saw a lower version
+    ├── EventLoopError (ValueError)               final  ``WEIGHTBUS_EVENT_LOOP`` names a loop that cannot be used
+    ├── TaskLoadError (ValueError)                final  a ``--task`` import path names no task factory
+    ├── ConfigError (ValueError)                  final  a process's config file or flags do not decode into its config
+    ├── NoRolloutError (ConnectionError)          retry  no rollout process serves the policy's batch subject
+    ├── DemoError (RuntimeError)                  final  a demo process failed to start or died unasked
+    └── InstallError (RuntimeError)               final  an integration found a framework it was not written for
 
-Each error is defined here and nowhere else; the modules that raise one also re-export it under its old
-import path (``weightbus.embedded.server.NatsServerNotFound``, ``weightbus.demo.DemoError``, ...).
+What the caller does next is each class's ``retryable`` (drawn above as ``retry`` or ``final``), set in every
+class's own body: ``retry`` means the same call may succeed later with nothing changed by the caller (the bus or
+an engine is restarting, a race was lost); ``final`` means retrying repeats the failure until someone changes
+something (a config, a permission, the policy id, the stream, the code). Retry loops catch what they wrap and
+test ``exc.retryable`` (or ``is_retryable(exc)``), never a list of classes. The axis is an attribute, not a
+base class, because final errors specialise retryable ones (``StreamConfigError`` is a ``BusConnectError``,
+``PermissionDeniedError`` a ``BusError``) and an ``except`` clause cannot un-inherit a base.
 
-Translation from nats-py and msgspec errors happens in ``weightbus.bus`` only; from httpx errors in
-``weightbus.engines`` only.
+Each is defined here only; nats-py and msgspec errors are translated in ``bus`` only, httpx errors in ``engines`` only.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 __all__ = [
     "AdmissionError",
@@ -73,15 +79,21 @@ __all__ = [
     "UnsendableEventError",
     "VersionRegressionError",
     "WeightbusError",
+    "is_retryable",
 ]
 
 
 class WeightbusError(Exception):
     """Root of every error raised by weightbus."""
 
+    retryable: ClassVar[bool] = False
+    """Whether the same call may succeed later unchanged (see the module docstring); every class sets it."""
+
 
 class InvalidPolicyError(WeightbusError, ValueError):
     """A policy id that cannot be a single NATS subject token (empty, dots, spaces, wildcards)."""
+
+    retryable = False
 
     def __init__(self, policy: str, why: str) -> None:
         self.policy = policy
@@ -99,6 +111,8 @@ class InvalidEventError(WeightbusError, ValueError):
             (decoding), ``unsendable`` (an event refused before sending).
         detail: the decoder's message, e.g. ``Expected `int` >= 0 - at `$.version```.
     """
+
+    retryable = False
 
     def __init__(self, subject: str, family: str, reason: str, detail: str) -> None:
         self.subject = subject
@@ -118,6 +132,8 @@ class UnsendableEventError(InvalidEventError):
         path: the JSON path of the offending field (``$.version``), or ``$`` for the whole event.
     """
 
+    retryable = False
+
     def __init__(self, subject: str, family: str, event_type: str, path: str, detail: str) -> None:
         self.event_type = event_type
         self.path = path
@@ -126,6 +142,8 @@ class UnsendableEventError(InvalidEventError):
 
 class BusError(WeightbusError):
     """A failure of the message bus itself."""
+
+    retryable = True
 
 
 class BusConnectError(BusError, ConnectionError):
@@ -137,6 +155,8 @@ class BusConnectError(BusError, ConnectionError):
         cause: a short label: ``refused``, ``dns``, ``auth``, ``tls``, ``no_jetstream``, ``timeout``,
             ``permission``, ``stream`` or ``config``.
     """
+
+    retryable = True
 
     def __init__(self, url: str, detail: str, cause: str = "timeout") -> None:
         self.url = url
@@ -153,6 +173,8 @@ class StreamConfigError(BusConnectError):
         mismatches: one line per problem, e.g. ``max_msgs_per_subject is 8, needs at least 256``.
     """
 
+    retryable = False
+
     def __init__(self, url: str, stream: str, mismatches: list[str]) -> None:
         self.stream = stream
         self.mismatches = list(mismatches)
@@ -167,6 +189,8 @@ class StreamConfigError(BusConnectError):
 class BusConfigError(BusError, ValueError):
     """Connection options that cannot work: a missing creds or certificate file, a password without a user."""
 
+    retryable = False
+
 
 class StreamNotFoundError(BusError):
     """The stream weightbus reads does not exist on the server: it was never created, or it was deleted.
@@ -175,6 +199,8 @@ class StreamNotFoundError(BusError):
         url: the server's URL (secrets redacted).
         stream: the stream name.
     """
+
+    retryable = False
 
     def __init__(self, url: str, stream: str) -> None:
         self.url = url
@@ -192,6 +218,8 @@ class PermissionDeniedError(BusError):
         subject: the subject that was refused.
     """
 
+    retryable = False
+
     def __init__(self, action: str, subject: str, detail: str = "") -> None:
         self.action = action
         self.subject = subject
@@ -202,6 +230,8 @@ class PermissionDeniedError(BusError):
 class PublishError(BusError):
     """The bus refused a publish, or could not confirm it after every retry."""
 
+    retryable = True
+
     def __init__(self, subject: str, reason: str) -> None:
         self.subject = subject
         self.reason = reason
@@ -211,36 +241,45 @@ class PublishError(BusError):
 class SequenceConflictError(PublishError):
     """A conditional publish expected the subject's last sequence to be ``expected``; it had moved on."""
 
+    retryable = True
+
     def __init__(self, subject: str, expected: int) -> None:
         self.expected = expected
         super().__init__(subject, f"the subject's last sequence is no longer {expected}")
 
 
-class CounterExhaustedError(PublishError):
+class CounterExhaustedError(BusError):
     """The policy's version counter has issued ``MAX_VERSION`` (2**53 - 1): no valid next number exists.
 
-    Raised before anything is reserved, paused or pushed. A number above ``MAX_VERSION`` would be
-    dropped as invalid by every consumer (JSON consumers cannot all hold it exactly), so the policy
-    cannot go on: publish the new weights under a new policy id.
+    Raised before anything is reserved, paused, pushed or published (so it is no ``PublishError``). A
+    number above ``MAX_VERSION`` would be dropped as invalid by every consumer (JSON consumers cannot all
+    hold it exactly), so the policy cannot go on: publish the new weights under a new policy id.
 
     Attributes:
+        subject: the policy's weights subject.
         policy: the policy id.
         issued: the highest number issued so far.
+        reason: what the message says after the subject (kept from when this was a ``PublishError``).
     """
 
+    retryable = False
+
     def __init__(self, subject: str, policy: str, issued: int) -> None:
+        self.subject = subject
         self.policy = policy
         self.issued = issued
-        super().__init__(
-            subject,
+        self.reason = (
             f"the version counter of policy {policy!r} is exhausted: {issued} was issued and no version may "
             "exceed 2**53 - 1; nothing was reserved or pushed; publish under a new policy id "
-            "(a forged claim or reservation can also cause this: check the weights history)",
+            "(a forged claim or reservation can also cause this: check the weights history)"
         )
+        super().__init__(f"no version can be issued on {subject!r}: {self.reason}")
 
 
 class SlowConsumerError(BusError):
     """A subscriber's bounded queue overflowed; events were not silently dropped but this was raised."""
+
+    retryable = True
 
     def __init__(self, subject: str, limit: int) -> None:
         self.subject = subject
@@ -258,6 +297,8 @@ class FencedError(WeightbusError):
         version: the latest version on the bus (None if the owner has not published one yet).
     """
 
+    retryable = False
+
     def __init__(self, policy: str, owner: str, epoch: int, version: int | None) -> None:
         self.policy = policy
         self.owner = owner
@@ -271,6 +312,8 @@ class AdmissionError(WeightbusError):
     """The admission gate was used wrongly: a slot accepted or released twice, or a drain that took more
     groups than were accepted (a group entered the buffer without a slot): either would over-admit."""
 
+    retryable = False
+
 
 class TrackerNotReadyError(WeightbusError):
     """A tracker cannot say what the current version is: it has not replayed the stream yet, the
@@ -280,6 +323,8 @@ class TrackerNotReadyError(WeightbusError):
         policy: the policy id.
         status: the tracker's status (``starting``, ``no_valid_version``, ``deaf``).
     """
+
+    retryable = True
 
     def __init__(self, policy: str, status: str, detail: str = "") -> None:
         self.policy = policy
@@ -291,6 +336,8 @@ class TrackerNotReadyError(WeightbusError):
 class EngineError(WeightbusError):
     """An SGLang engine answered with an error status, an unexpected body, or not at all."""
 
+    retryable = True
+
     def __init__(self, url: str, status: int | None, message: str) -> None:
         self.url = url
         self.status = status
@@ -301,6 +348,8 @@ class EngineError(WeightbusError):
 
 class EngineOutOfSyncError(EngineError):
     """An engine read back a different ``weight_version`` than it was stamped with."""
+
+    retryable = True
 
     def __init__(self, url: str, expected: str, actual: str) -> None:
         self.expected = expected
@@ -319,6 +368,8 @@ class PushCoverageError(WeightbusError):
         missing: the engines the push did not cover.
     """
 
+    retryable = False
+
     def __init__(self, version: int, missing: tuple[str, ...]) -> None:
         self.version = version
         self.missing = missing
@@ -330,6 +381,8 @@ class PushCoverageError(WeightbusError):
 
 class VersionRegressionError(WeightbusError):
     """A tracker in ``regression="raise"`` mode saw a lower version than the one it holds."""
+
+    retryable = False
 
     def __init__(self, policy: str, current: int, incoming: int, publisher: str) -> None:
         self.policy = policy
@@ -344,9 +397,13 @@ class VersionRegressionError(WeightbusError):
 class NatsServerNotFound(WeightbusError, FileNotFoundError):
     """No ``nats-server`` binary was found for an embedded server; the message says how to get one."""
 
+    retryable = False
+
 
 class NatsServerStartError(WeightbusError, RuntimeError):
     """An embedded nats-server exited or did not become ready; ``reason`` holds what it logged (the port in use)."""
+
+    retryable = False
 
     def __init__(self, message: str, reason: str = "") -> None:
         self.reason = reason
@@ -363,6 +420,8 @@ class OwnerAliveError(WeightbusError):
         window: the ``--alive-window`` it was compared with.
     """
 
+    retryable = False
+
     def __init__(self, policy: str, owner: str, age: float, window: float) -> None:
         self.policy = policy
         self.owner = owner
@@ -377,21 +436,31 @@ class OwnerAliveError(WeightbusError):
 class EventLoopError(WeightbusError, ValueError):
     """``WEIGHTBUS_EVENT_LOOP`` names an unknown loop, or uvloop was asked for and does not import."""
 
+    retryable = False
+
 
 class ConfigError(WeightbusError, ValueError):
     """A process config that does not decode: a missing or unknown field, a value out of range, bad JSON."""
+
+    retryable = False
 
 
 class TaskLoadError(WeightbusError, ValueError):
     """A ``--task`` import path that does not name a task factory."""
 
+    retryable = False
+
 
 class NoRolloutError(WeightbusError, ConnectionError):
     """No rollout process is subscribed to the policy's batch subject."""
 
+    retryable = True
+
 
 class DemoError(WeightbusError, RuntimeError):
     """A process of the demo failed to start or died without being asked to."""
+
+    retryable = False
 
 
 class InstallError(WeightbusError, RuntimeError):
@@ -405,6 +474,8 @@ class InstallError(WeightbusError, RuntimeError):
         problems: one line per missing or mismatched name, each saying what was expected.
     """
 
+    retryable = False
+
     def __init__(self, framework: str, written_for: str, problems: list[str]) -> None:
         self.framework = framework
         self.written_for = written_for
@@ -414,3 +485,8 @@ class InstallError(WeightbusError, RuntimeError):
             f"weightbus cannot install into this {framework} (written against {written_for}); nothing was "
             f"patched:\n{lines}"
         )
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a weightbus error whose class says a retry may succeed (anything else is final)."""
+    return isinstance(exc, WeightbusError) and exc.retryable

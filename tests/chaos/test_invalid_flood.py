@@ -194,13 +194,13 @@ async def test_forged_claims_raced_against_every_update_move_nothing(own_server:
     rogue = await nats.connect(own_server.url, name="chaos-rogue")
     js = rogue.jetstream()
     pub = await VersionPublisher(bus, policy, trainer_id="t").start()
-    assert pub.epoch is not None
+    assert pub.state.epoch is not None
     tracker = await VersionTracker(tracker_bus, policy, registry=registry).start()
     try:
         for i in range(UPDATES):
             forged = PublisherClaimed(
                 policy=policy,
-                epoch=pub.epoch + 1 + i,
+                epoch=pub.state.epoch + 1 + i,
                 trainer_id=f"typo-{i}",
                 published_at=now(),
                 version=2**53 - 1 - i,
@@ -212,7 +212,7 @@ async def test_forged_claims_raced_against_every_update_move_nothing(own_server:
                 await asyncio.sleep(0)
             assert version == i + 1
             await racer
-        assert pub.fenced is None
+        assert pub.state.fenced is None
         assert await tracker.wait_for(UPDATES, 30) == UPDATES
 
         def _rejected() -> float:

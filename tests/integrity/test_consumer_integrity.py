@@ -204,7 +204,7 @@ async def test_a_forged_claim_far_above_the_chain_pins_no_tracker_fences_no_owne
     nats_bus: NatsBus, nats_url: str, policy: str, previous: str | None
 ) -> None:
     pub = await _publish_versions(nats_bus, policy, 3)
-    assert pub.epoch is not None
+    assert pub.state.epoch is not None
     running_registry, fresh_registry = CollectorRegistry(), CollectorRegistry()
     buffer = FullyAsyncBuffer(8, stage=StalenessStage(max_staleness=1, on_stale="recycle"))
     async with VersionTracker(nats_bus, policy, registry=running_registry, check_interval=0.2) as running:
@@ -213,7 +213,7 @@ async def test_a_forged_claim_far_above_the_chain_pins_no_tracker_fences_no_owne
         # A buggy tool (or an operator's typo) claims the counter at the largest safe integer.
         forged = PublisherClaimed(
             policy=policy,
-            epoch=pub.epoch + 1,
+            epoch=pub.state.epoch + 1,
             trainer_id="typo",
             published_at=now(),
             version=2**53 - 1,
@@ -246,7 +246,7 @@ async def test_a_forged_claim_far_above_the_chain_pins_no_tracker_fences_no_owne
         ("unexplained_claim", "PublisherClaimed", 2**53 - 1, 3, "typo")
     ]
     status = await read_status(nats_bus, policy)
-    assert (status.version, status.publisher, status.epoch) == (4, "t", pub.epoch)
+    assert (status.version, status.publisher, status.epoch) == (4, "t", pub.state.epoch)
     assert status.rejected == f"unexplained_claim: PublisherClaimed v{2**53 - 1} by typo"
     cli = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "weightbus", "status", "--policy", policy, "--nats", nats_url, "--json",
@@ -265,7 +265,10 @@ async def test_a_forged_claim_far_above_the_chain_pins_no_tracker_fences_no_owne
         ("unexplained_claim", "PublisherClaimed", 2**53 - 1, 3)
     ]
     successor = await VersionPublisher(nats_bus, policy, trainer_id="u").start()
-    assert (successor.version, successor.next_version) == (4, 6)  # resumes from the chain, not from the claim
+    assert (successor.state.version, successor.state.next_version) == (
+        4,
+        6,
+    )  # resumes from the chain, not from the claim
 
 
 async def test_a_resume_above_the_engines_labels_after_a_lost_history_is_still_followed_by_every_tracker(

@@ -76,7 +76,7 @@ async def test_a_forged_mark_neither_wedges_nor_splits_the_policy(nats_bus: Nats
         # The trainer restarts (no fleet, no checkpoint): it resumes above what the chain explains (12 was
         # reserved by the announcement of 11), not above the forged mark, and is never exhausted.
         restarted = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
-        assert restarted.next_version == 13
+        assert restarted.state.next_version == 13
         async with restarted.update() as version:
             assert version == 13
         assert await running.wait_for(13, 10) == 13  # the tracker that was running follows

@@ -84,7 +84,7 @@ async def test_a_zombie_pushing_after_the_takeover_never_serves_under_the_owners
         owner = await VersionPublisher(
             nats_bus, policy, trainer_id="cell-1", fleet=EngineFleet(clients), pause="retract"
         ).start()
-        assert owner.version == 1  # 1 is the owner's current number now
+        assert owner.state.version == 1  # 1 is the owner's current number now
         await _push(clients, ZOMBIE)  # the zombie's push lands
         with pytest.raises(FencedError):
             await z.__aexit__(None, None, None)

@@ -37,7 +37,7 @@ async def test_publish_across_a_server_restart_lands_once(
         assert not publishing.done()
         await asyncio.to_thread(server.start)
         await asyncio.wait_for(publishing, 20)
-        assert pub.version == 3
+        assert pub.state.version == 3
         assert any("retrying with the same Nats-Msg-Id" in r.getMessage() for r in caplog.records)
         async with pub.update() as version:
             assert version == 4

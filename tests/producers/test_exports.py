@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 from pathlib import Path
 
 import weightbus.producers as producers
-from weightbus.producers import VersionPublisher
+from weightbus.producers import PublisherState, VersionPublisher
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "weightbus"
 
@@ -32,7 +33,11 @@ def test_all_is_sorted_and_complete() -> None:
 def test_the_publisher_exposes_start_update_publish_lora_and_read_only_state() -> None:
     members = {name for name in dir(VersionPublisher) if not name.startswith("_")}
     methods = {"start", "update", "publish_lora", "check_owner", "check_outranks"}
-    state = {
+    assert members == methods | {"state"}
+    prop = inspect.getattr_static(VersionPublisher, "state")
+    assert isinstance(prop, property) and prop.fset is None and prop.fdel is None
+    # One frozen snapshot: its fields are the publisher's read-only state, none can be set.
+    assert {f.name for f in dataclasses.fields(PublisherState)} == {
         "active",
         "epoch",
         "fenced",
@@ -45,10 +50,7 @@ def test_the_publisher_exposes_start_update_publish_lora_and_read_only_state() -
         "trainer_id",
         "version",
     }
-    assert members == methods | state
-    for name in state:
-        prop = inspect.getattr_static(VersionPublisher, name)
-        assert isinstance(prop, property) and prop.fset is None and prop.fdel is None, name
+    assert PublisherState.__dataclass_params__.frozen  # type: ignore[attr-defined]
     assert {"__aenter__", "__aexit__"} <= set(vars(VersionPublisher))
 
 

@@ -27,7 +27,7 @@ from .conftest import Engines, HookBus, history
 
 async def test_new_policy_claims_epoch_0_and_starts_at_1(bus: Bus, policy: str) -> None:
     pub = await VersionPublisher(bus, policy, trainer_id="t1", incarnation="i1").start()
-    assert (pub.epoch, pub.version, pub.next_version) == (0, None, 1)
+    assert (pub.state.epoch, pub.state.version, pub.state.next_version) == (0, None, 1)
     claim = (await bus.last(subjects.weights(policy))).event
     assert claim == PublisherClaimed(
         policy=policy, epoch=0, trainer_id="t1", published_at=claim.published_at, version=None, incarnation="i1"
@@ -40,7 +40,7 @@ async def test_new_policy_claims_epoch_0_and_starts_at_1(bus: Bus, policy: str) 
     assert last.headers["Nats-Msg-Id"] == f"{policy}:0:1:i1"
     kinds = [type(e.event).__name__ for e in await history(bus, subjects.weights(policy))]
     assert kinds == ["PublisherClaimed", "VersionReserved", "WeightUpdated"]
-    assert pub.version == 1 and pub.last_event == last.event
+    assert pub.state.version == 1 and pub.state.last_event == last.event
 
 
 async def test_restart_resumes_the_counter_57_to_58(bus: Bus, policy: str) -> None:
@@ -48,7 +48,7 @@ async def test_restart_resumes_the_counter_57_to_58(bus: Bus, policy: str) -> No
     old = WeightUpdated(policy=policy, version=57, epoch=4, trainer_id="cell-0", published_at=now())
     await bus.publish(subjects.weights(policy), old, msg_id=f"{policy}:4:57", expected_last_seq=0)
     pub = await VersionPublisher(bus, policy, trainer_id="cell-1").start()
-    assert (pub.epoch, pub.version) == (5, 57)
+    assert (pub.state.epoch, pub.state.version) == (5, 57)
     claim = (await bus.last(subjects.weights(policy))).event
     assert isinstance(claim, PublisherClaimed)
     assert (claim.version, claim.epoch, claim.previous_trainer_id) == (57, 5, "cell-0")
@@ -72,7 +72,7 @@ async def test_restart_after_a_rogue_lower_version_resumes_above_the_highest(bus
         msg_id=f"{policy}:rogue:1",
     )
     pub = await VersionPublisher(bus, policy, trainer_id="cell-1").start()
-    assert (pub.epoch, pub.version) == (5, 57)
+    assert (pub.state.epoch, pub.state.version) == (5, 57)
     async with pub.update() as version:
         assert version == 58
 
@@ -84,7 +84,7 @@ async def test_same_trainer_restarting_continues(bus: Bus, policy: str) -> None:
             pass
     again = await VersionPublisher(bus, policy, trainer_id="t").start()
     # 4 was reserved by the first instance's last announcement: only that instance may ever push it.
-    assert (again.epoch, again.version, again.issued) == (1, 3, 4)
+    assert (again.state.epoch, again.state.version, again.state.issued) == (1, 3, 4)
     async with again.update() as version:
         assert version == 5
 
@@ -134,7 +134,7 @@ async def test_takeover_fences_the_old_publisher_before_its_body_runs(bus: Bus, 
     with pytest.raises(FencedError):
         async with old.update():
             pass
-    assert old.fenced is not None
+    assert old.state.fenced is not None
     async with new.update() as version:
         assert version == 3  # 2 was the old owner's, reserved by its announcement of 1
 
@@ -148,7 +148,7 @@ async def test_takeover_during_an_update_refuses_its_publish(bus: Bus, policy: s
     assert info.value.owner == "usurper" and info.value.epoch == 1
     events = [e.event for e in await history(bus, subjects.weights(policy))]
     assert [type(e).__name__ for e in events] == ["PublisherClaimed", "VersionReserved", "PublisherClaimed"]
-    assert old.version is None
+    assert old.state.version is None
     # The usurper saw the old owner's reservation: number 1 names the old owner's attempt, never anything else.
     assert events[-1].reserved == 1
 
@@ -157,7 +157,7 @@ async def test_two_publishers_racing_exactly_one_wins(bus: Bus, policy: str) -> 
     a = VersionPublisher(bus, policy, trainer_id="a")
     b = VersionPublisher(bus, policy, trainer_id="b")
     await asyncio.gather(a.start(), b.start())
-    assert {a.epoch, b.epoch} == {0, 1}
+    assert {a.state.epoch, b.state.epoch} == {0, 1}
 
     async def one_update(pub: VersionPublisher) -> int:
         async with pub.update() as version:
@@ -165,13 +165,13 @@ async def test_two_publishers_racing_exactly_one_wins(bus: Bus, policy: str) -> 
         return version
 
     results = await asyncio.gather(one_update(a), one_update(b), return_exceptions=True)
-    winner, loser = (a, b) if a.epoch == 1 else (b, a)
+    winner, loser = (a, b) if a.state.epoch == 1 else (b, a)
     by_pub = dict(zip((a, b), results, strict=True))
     assert by_pub[winner] == 1
     assert isinstance(by_pub[loser], FencedError)
-    assert by_pub[loser].owner == winner.trainer_id
+    assert by_pub[loser].owner == winner.state.trainer_id
     updates = [e.event for e in await history(bus, subjects.weights(policy)) if isinstance(e.event, WeightUpdated)]
-    assert [(u.version, u.trainer_id) for u in updates] == [(1, winner.trainer_id)]
+    assert [(u.version, u.trainer_id) for u in updates] == [(1, winner.state.trainer_id)]
 
 
 async def test_exception_inside_update_announces_nothing_and_never_reuses_the_number(bus: Bus, policy: str) -> None:
@@ -185,7 +185,7 @@ async def test_exception_inside_update_announces_nothing_and_never_reuses_the_nu
     # 2 was used up by the announcement of 1 before the update entered; nothing was stored for it.
     last = await bus.last(subjects.weights(policy))
     assert isinstance(last.event, WeightUpdated) and (last.event.version, last.event.reserves_next) == (1, True)
-    assert pub.version == 1
+    assert pub.state.version == 1
     async with pub.update(lora=LoraAdapter(name="a", path="/p")) as version:
         assert version == 3
     events = [e.event for e in await history(bus, subjects.weights(policy))]
@@ -203,7 +203,29 @@ async def test_update_needs_start_and_is_sequential(bus: Bus, policy: str) -> No
         with pytest.raises(RuntimeError, match="in progress"):
             async with pub.update():
                 pass
-    assert pub.version == 1
+    assert pub.state.version == 1
+
+
+async def test_an_update_is_driven_by_its_phases_in_order(bus: Bus, policy: str) -> None:
+    pub = await VersionPublisher(bus, policy, trainer_id="t").start()
+    update = pub.update()
+    with pytest.raises(RuntimeError, match="begun"):
+        await update.commit()
+    assert await update.begin() == 1
+    with pytest.raises(RuntimeError, match="new update"):
+        await update.begin()
+    await update.commit()
+    assert pub.state.version == 1 and not pub.state.active
+    with pytest.raises(RuntimeError, match="begun"):
+        await update.abort(ValueError("late"))
+    failed = pub.update()
+    assert await failed.begin() == 2
+    await failed.abort(ValueError("push failed"))  # does not raise: the caller raises its error
+    assert pub.state.version == 1 and not pub.state.active
+    with pytest.raises(RuntimeError, match="begun"):
+        await failed.commit()
+    async with pub.update() as version:
+        assert version == 3
 
 
 async def test_a_failed_publish_that_landed_is_resolved_not_fenced(policy: str) -> None:
@@ -221,10 +243,10 @@ async def test_a_failed_publish_that_landed_is_resolved_not_fenced(policy: str) 
     with pytest.raises(PublishError):
         async with pub.update():
             pass
-    assert pub.version is None
+    assert pub.state.version is None
     async with pub.update() as version:
         assert version == 2
-    assert pub.version == 2 and pub.fenced is None
+    assert pub.state.version == 2 and pub.state.fenced is None
     updates = [
         e.event.version for e in await history(mem, subjects.weights(policy)) if isinstance(e.event, WeightUpdated)
     ]

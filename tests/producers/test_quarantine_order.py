@@ -1,7 +1,7 @@
 """A failed update's ``FleetQuarantined`` goes out while the engines are still paused (weightbus #24 item 5).
 
-The docs (``producers/update.py``, docs/design.md, README) promise: relabel every engine
-``quarantine:<v>``, publish the alert, and only then resume. Each test records, at the moment the
+The docs (docs/design.md#the-update-protocol-step-by-step, docs/trainer.md#what-an-update-guarantees) promise:
+relabel every engine ``quarantine:<v>``, publish the alert, and only then resume. Each test records, at the moment the
 alert is published, what every strict reference engine has been asked so far, and asserts from that
 record that no engine had been resumed yet; then that every engine was resumed after it. Paths: an
 exception in the block, an announcement the bus refused, a publisher fenced mid-update, and an alert

@@ -111,7 +111,7 @@ async def test_exception_inside_update_quarantines_resumes_and_announces_nothing
     assert engines.states["http://a"].requests[4].body == {"new_version": "quarantine:1", "abort_all_requests": False}
     assert engines.states["http://a"].weight_version == "quarantine:1"
     assert isinstance((await bus.last(subjects.weights(policy))).event, VersionReserved)
-    assert pub.version is None and pub.next_version == 2
+    assert pub.state.version is None and pub.state.next_version == 2
     (alert,) = [e.event for e in await history(bus, subjects.alerts(policy))]
     assert isinstance(alert, FleetQuarantined)
     assert (alert.label, alert.reason, alert.version, alert.engines, alert.resumed) == (
@@ -137,7 +137,7 @@ async def test_an_engine_that_ignores_the_stamp_is_caught(engines: Engines, bus:
     assert (info.value.url, info.value.expected, info.value.actual) == ("http://bad", "pending:1", "default")
     # Nothing announced, the number is used up, the good engine is quarantined, both generate again.
     assert not any(isinstance(e.event, WeightUpdated) for e in await history(bus, subjects.weights(policy)))
-    assert pub.next_version == 2
+    assert pub.state.next_version == 2
     assert engines.states["http://good"].weight_version == "quarantine:1"
     assert engines.states["http://good"].pause_mode is None and engines.states["http://bad"].pause_mode is None
     alerts = [e.event for e in await history(bus, subjects.alerts(policy))]
@@ -228,7 +228,7 @@ async def test_lora_update_written_by_hand_and_a_refused_load(engines: Engines, 
     assert version == 1 and engines.states["http://a"].weight_version == "1"
     with pytest.raises(EngineError, match="already exists"):
         await pub.publish_lora(adapter)
-    assert pub.version == 1 and engines.states["http://a"].weight_version == "quarantine:2"
+    assert pub.state.version == 1 and engines.states["http://a"].weight_version == "quarantine:2"
     # Re-pushing new adapter weights under the same name: unload first.
     assert await pub.publish_lora(LoraAdapter(name="x", path="/p2"), replace=True) == 3
     assert engines.states["http://a"].lora_adapters["x"].path == "/p2"

@@ -26,7 +26,7 @@ from weightbus.schemas.rollouts import Group, SampleStatus
 
 
 class _Tracker:
-    """What the rollout reads of a tracker: ``current``, ``wait_for`` and ``changes``."""
+    """What the rollout reads of a tracker: ``current``, ``wait_for`` and ``latest_changes``."""
 
     def __init__(self, current: int) -> None:
         self.current = current
@@ -41,7 +41,7 @@ class _Tracker:
         await asyncio.Event().wait()  # the gate's poll sees the version move
         yield None
 
-    def changes(self) -> AsyncIterator[object]:
+    def latest_changes(self) -> AsyncIterator[object]:
         return self._changes()
 
 

@@ -1,8 +1,6 @@
-"""The bus: the ``Bus`` protocol, its NATS JetStream and in-memory implementations, the subject
-scheme, and record/replay of event traces. The embedded nats-server is ``weightbus.embedded``.
+"""The bus: the ``Bus`` protocol, its NATS JetStream and in-memory implementations, the subject scheme and traces.
 
-Importing this package does not import nats-py: ``NatsBus`` and ``connect`` are loaded from
-``weightbus.bus.nats`` on first use, so the protocol, ``MemoryBus`` and the subject scheme stay light.
+Importing this package does not import nats-py: ``NatsBus`` and ``connect`` load ``weightbus.bus.nats`` on first use.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """``honouring_cancel``: await a nats-py call without losing a cancel of the calling task.
 
-nats-py waits for each reply with ``asyncio.wait_for``. On CPython 3.11, ``wait_for`` returns the result when a
-cancel reaches it in the loop iteration where the reply arrives (python/cpython#86296, fixed in 3.12): the
-cancel is swallowed, the task is left marked as cancelling, and it runs on. A ``weightbus record`` sent SIGTERM
-just as its consumer was created then recorded for ever (caught in ``tests/cli/test_signals.py``, 3 runs in 6).
-
-Invariant: when ``honouring_cancel(op)`` returns, no cancel of the task was requested while ``op`` ran; if one
-was and ``op`` returned anyway, it raises ``CancelledError`` in its place, as the awaited call should have.
+CPython 3.11's ``wait_for`` may swallow a cancel that arrives with the reply (python/cpython#86296): this raises it.
+See docs/events.md#what-weightbus-needs-from-nats-pys-internals.
 """
 
 from __future__ import annotations

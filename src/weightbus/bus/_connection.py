@@ -1,18 +1,7 @@
 """Opening the nats-py connection under a ``NatsBus``: a bounded first connect, a typed failure, logged transitions.
 
-Invariants:
-
-* The first connect never hangs: it is bounded by ``connect_timeout`` and fails with ``BusConnectError`` naming
-  the URL (secrets redacted) and the cause (refused, DNS, auth, TLS, timeout). A refused login or TLS handshake
-  on a single server ends the attempt at once instead of retrying until the timeout.
-* TLS asked for (a TLS option or a ``tls://`` URL, ``ConnectOptions.requires_tls``) is TLS or nothing: a server
-  that leaves the connection in plaintext (it does not require TLS, or something in the middle strips it) is
-  refused before CONNECT, so no credential crosses in clear; on the first connect that is a ``BusConnectError``
-  with cause ``tls`` naming the server, on a reconnect a logged refusal and the next attempt.
-* Once connected, the client reconnects forever (every ``RECONNECT_TIME_WAIT`` seconds) and logs each transition;
-  a deliberate close (``Link.closing`` set) is not logged as an outage.
-* A permission refusal reported through the error callback goes to the connection's ``Denials`` (which turn it
-  into ``PermissionDeniedError`` on the refused operation), never into the connect failure.
+The first connect fails within ``connect_timeout`` with ``BusConnectError`` (URL redacted, cause named); TLS asked
+for is TLS or nothing; then the client reconnects forever; permission refusals go to ``Denials``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Permission refusals of one NATS connection, turned into ``PermissionDeniedError`` instead of timeouts.
 
-The server answers a forbidden publish or subscribe with ``-ERR 'Permissions Violation for Publish to
-"<subject>"'`` and drops the message, so the request that carried it would only time out. nats-py hands
-that error to the connection's error callback; ``Denials.record`` interrupts the guarded operation whose
-subject was refused, and ``Denials.guard`` turns that into ``PermissionDeniedError``, so the caller gets a
-typed error as soon as the server says no.
+The server's ``-ERR`` reaches ``Denials.record``, which interrupts the operation ``Denials.guard`` guards.
 """
 
 from __future__ import annotations

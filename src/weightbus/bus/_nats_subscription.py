@@ -1,14 +1,7 @@
 """A ``NatsBus`` subscription: a JetStream ordered push consumer read as a typed async iterator.
 
-Invariants:
-
-* No durable state on the server: an ordered consumer survives server restarts by recreating itself from the
-  last stream sequence it delivered.
-* The iterator reads nats-py's own pending queue (no callback task), unbounded on nats-py's side so that it
-  never drops a delivery the ordered consumer already counted; ``max_pending`` is enforced by
-  ``QueueSubscription`` (``SlowConsumerError`` on the next read).
-* Closing ends the subscription's nats-py tasks (heartbeat and flow-control checks) even when the connection
-  is already closed or unreachable.
+No server-side state; nats-py's pending queue is read directly (``max_pending`` enforced on read); closing ends its
+tasks even when the connection is gone.
 """
 
 from __future__ import annotations

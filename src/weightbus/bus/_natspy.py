@@ -1,25 +1,6 @@
 """Every reach into nats-py's private state, each a small named function: nothing else in weightbus touches one.
 
-nats-py has no public handle on what weightbus needs at these points:
-
-* the client's status, to let a second ``close()`` run nats-py's cleanup after a socket died in the first;
-* the commands it buffers while disconnected (``_pending``, ``_pending_data_size``), which its ``close()``
-  would write to a lost socket;
-* a subscription's pending queue and byte count (``_sub._pending_queue``, ``_sub._pending_size``), which the
-  subscription iterator reads directly instead of through a callback task;
-* the tasks a client starts (read loop, pinger, flusher, reconnection; per JetStream subscription, the
-  heartbeat and flow-control checks), which ``end_tasks`` ends after ``close()``: on CPython 3.11 a cancel
-  that lands while nats-py's ``TcpTransport.connect`` returns a refused connection is swallowed, and the
-  reconnection task keeps retrying every ``reconnect_time_wait`` on a closed client;
-* whether nats-py parses headers with ``fast_mail_parser`` (``parse_email``), which breaks direct gets;
-* the moment between the server's INFO (and nats-py's TLS upgrade, which it does only when that INFO says
-  ``tls_required``) and the CONNECT that carries the credentials: ``refuse_plaintext`` wraps the client's
-  ``_connect_command`` to check there that its transport is encrypted (``_transport``, ``_current_server``).
-
-Checked on nats-py 2.14.0 and 2.16.0 (``CHECKED_ON``; the lowest is the dependency's lower bound) with CPython
-3.11: ``tests/bus/test_natspy_shape.py`` asserts each of these shapes on the installed version, on a client
-connected to a real nats-server, so a nats-py release that changes one fails there, by name, rather than in a
-hang or a wrong count.
+``tests/bus/test_natspy_shape.py`` asserts each shape on the installed nats-py (``CHECKED_ON``: the versions checked).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The bounded queue behind every subscription: decoding at the boundary, counting invalid payloads.
 
-A transport pushes raw messages in with ``offer``; the iterator decodes each one exactly once. An
-invalid payload is logged and counted under ``weightbus_invalid_events_total`` and skipped (or
-yielded as a ``Skipped`` when the subscriber asked for them); it never ends the subscription. A
-full queue does not drop silently: the next ``__anext__`` raises ``SlowConsumerError``.
+An invalid payload is logged, counted and skipped, never ending the subscription; a full queue raises
+``SlowConsumerError`` on the next read, never drops silently.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Reading a subject's retained history in one pass: every valid event, oldest first, and where it ends.
 
-The publisher (resuming and resolving conflicts), the tracker's peers (status, watch) and the tests
-read the weights subject's history the same way, so that one stray payload never decides anything:
-
-Invariants:
-
-* the history ends at the subject's ``last_seq`` read before subscribing, whatever that last
-  payload is; a history whose last payload is garbage still ends, and its garbage is counted
-  (``invalid``) and skipped, never raised;
-* events come in stream order; ``last_valid`` is the newest event that decodes, which is what a
-  reader acts on;
-* the read is bounded by ``timeout``; a bus that does not deliver up to ``last_seq`` in time raises
-  ``BusError`` instead of returning a partial history as if it were whole.
+It ends at the ``last_seq`` read before subscribing, whatever that payload is (garbage is counted and skipped); a bus
+that does not deliver up to it within ``timeout`` raises ``BusError``, never returns a partial history.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Reading a policy's counter high-water mark (``weightbus.<policy>.counter``), for both sides.
+"""Reading a policy's counter high-water mark (``weightbus.<policy>.counter``) for the trainer, status and trackers.
 
-The owner writes ``CounterHighWater`` there with each update (``producers.highwater``); the trainer's
-resume, ``status`` and every tracker read it. Invariants:
-
-* one last-message read in the common case; a newest payload that is not a valid mark is skipped and
-  the highest valid mark retained is read instead, so one stray payload hides no mark;
-* a mark naming another policy is ignored (logged), never taken.
+An invalid newest payload falls back to the highest valid mark retained; a mark naming another policy is ignored.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``MemoryBus``: an in-process bus with the same contract as the NATS JetStream bus.
 
-It keeps a stream in memory: one global sequence, a bounded history per subject, deduplication by
-``msg_id``, conditional publishes on a subject's last sequence, wildcard subscriptions (``*`` one
-token, ``>`` the rest) and last-value replay. Payloads go through the same encode and decode as on
-NATS, so a test on this bus exercises the real codec.
+It passes the same contract suite through the same codec, so a test on it exercises the real encode and decode.
+See docs/events.md#the-bus-interface.
 """
 
 from __future__ import annotations

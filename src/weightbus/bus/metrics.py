@@ -1,7 +1,6 @@
 """Prometheus metrics of the bus boundary, registered on an injected ``CollectorRegistry``.
 
-Only low-cardinality labels: the subject family and a fixed reason, never a policy-free subject or a
-payload value.
+Only low-cardinality labels: the subject family and a fixed reason, never a subject or a payload value.
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
 """``NatsBus``: the ``Bus`` protocol over NATS JetStream (nats-py 2.16).
 
-Invariants:
-
-* One stream (``WEIGHTBUS`` by default) captures ``weightbus.>`` on file storage with a bounded
-  history per subject. Connecting creates it only when it is missing; an existing stream is checked and
-  never changed (see ``weightbus.bus.stream``).
-* Connecting never hangs: the initial connect is bounded by ``connect_timeout`` and fails with
-  ``BusConnectError`` naming the URL (secrets redacted) and the cause (refused, DNS, auth, TLS, no
-  JetStream). Once connected, the client reconnects forever and logs each transition (see
-  ``weightbus.bus._connection``).
-* A permission refusal from the server surfaces as ``PermissionDeniedError`` on the operation it refused,
-  not as a timeout.
-* Every publish is a JetStream publish with a caller-chosen ``Nats-Msg-Id``; a timeout is retried
-  with the same id, so a retry never stores a second event. A conditional publish uses
-  ``Nats-Expected-Last-Subject-Sequence``; if a retry of a publish that did land reports a conflict,
-  the stored message is recognised by its id and acknowledged as a duplicate.
-* A read of a deleted stream fails with ``StreamNotFoundError``, one of a server without JetStream with a
-  ``BusError`` saying so: the two are told apart, not guessed.
-* Subscriptions are ordered push consumers (no durable state on the server), which survive server
-  restarts; payloads are decoded once in the subscription's iterator.
-* ``close()`` returns and never raises, also while the server is unreachable: what nats-py buffered for a
-  reconnection is dropped (it could not be delivered), a socket that dies during the final flush is
-  closed anyway, and every task the client started has ended when it returns (within ``CLOSE_TASKS_BOUND``
-  seconds; one still running after it is logged).
-
-Every reach into nats-py's private state is in ``weightbus.bus._natspy``.
+A timed-out publish is retried with the same ``Nats-Msg-Id`` (a conflict over its own message is a duplicate); a
+deleted stream is ``StreamNotFoundError``; ``close()`` never raises and ends every client task. See ``bus._natspy``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """How a client reaches and authenticates to NATS: credentials, TLS, and the replicas of a stream it creates.
 
-``ConnectOptions`` carries the options NATS users already know (a ``.creds`` file, an NKEY seed file, a
-token, user and password, a TLS CA, a client certificate and key), read from keyword arguments or from
-``WEIGHTBUS_*`` environment variables, and turns them into nats-py connect arguments. The server URL comes
-from ``WEIGHTBUS_NATS``, else ``NATS_URL`` (the ``nats`` CLI's variable): ``NATS_URL_ENV``, ``nats_url_from_env``.
-
-Invariants:
-
-* A secret (password, token, the userinfo of a URL) never reaches a log line or an error message:
-  ``redact_url`` and ``ConnectOptions.redact`` replace it with ``***`` and every message weightbus builds
-  about a connection goes through them. ``repr(ConnectOptions(...))`` shows no secret either.
-* Any TLS option (``tls_ca``, ``tls_cert``) or a ``tls://`` URL means TLS or a typed error: ``requires_tls``
-  says so, and the connection refuses, before CONNECT (which carries the credentials), a server that did not
-  encrypt the connection (``weightbus.bus._connection``).
-* Files (creds, seed, CA, certificate, key) are named by path; their content is read by nats-py or ``ssl``
-  when connecting, and a missing file is reported by path before any network traffic.
+A secret never reaches a log, an error or a ``repr`` (``redact_url``, ``ConnectOptions.redact``); any TLS option
+means TLS or a typed error; a missing file is reported by path before connecting.
 """
 
 from __future__ import annotations

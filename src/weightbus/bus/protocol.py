@@ -1,20 +1,8 @@
 """The ``Bus`` protocol: the one seam between weightbus logic and a message transport.
 
-Two implementations pass one contract suite: ``NatsBus`` (NATS JetStream) and ``MemoryBus`` (in
-process). Invariants every implementation keeps:
-
-* every publish carries a caller-chosen ``msg_id``; publishing the same id twice stores one event
-  (the second ack has ``duplicate=True``), so a retried publish never produces a second event;
-* ``expected_last_seq`` makes a publish conditional on the subject's last stored sequence
-  (0 = the subject must be empty); a lost race raises ``SequenceConflictError`` and stores nothing;
-* a subscription is a typed async iterator of ``Envelope``; payloads are decoded once, here; an
-  invalid payload is logged, counted and skipped, and never ends the subscription (a subscription
-  made with ``include_invalid=True`` also yields it, as a ``Skipped``, so that a reader of the
-  retained history knows where the history ends even when its last payload is garbage);
-* ``last_seq`` is the subject's last stored sequence whatever its payload (0 when empty): the one
-  number every conditional publish is made against;
-* ``Deliver.LAST_PER_SUBJECT`` first yields the latest stored event of each matching subject, then
-  live events, so a subscriber that starts or restarts learns the current version at once.
+Every implementation keeps: one event per ``msg_id``; ``expected_last_seq`` makes a publish conditional (a lost race
+raises ``SequenceConflictError``, stores nothing); invalid payloads are skipped; ``last_seq`` ignores payloads.
+See docs/events.md#the-bus-interface.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """The ``WEIGHTBUS`` JetStream stream: what weightbus relies on, the check a client makes, and the admin upgrade.
 
-Invariants:
-
-* A client (``connect``) creates the stream only when it is missing. When it exists, the client checks
-  what weightbus relies on and never changes it: the subjects cover ``weightbus.>`` with no subject
-  transform or republish rewriting them, file storage, ``max_msgs_per_subject`` at least the history the
-  client needs (256 by default: an update writes two events, and the fence and the counter read them),
-  a duplicate window of at least 2 minutes (publish retries reuse their ``Nats-Msg-Id``), old messages
-  discarded (not new ones), not sealed, not a mirror. Anything else fails with ``StreamConfigError``
-  listing every mismatch.
-* Only ``create_or_upgrade`` (the ``weightbus stream create`` admin command) writes an existing stream's
-  configuration. It keeps every setting an operator chose that weightbus does not rely on (limits,
-  placement, description) and turns ``deny_delete`` and ``deny_purge`` on unless asked not to.
+A client creates it only when missing and never changes it (``StreamConfigError`` lists every mismatch); only
+``create_or_upgrade`` writes it. The requirements: docs/operations.md#the-stream-belongs-to-the-operator.
 """
 
 from __future__ import annotations

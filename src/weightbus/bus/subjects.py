@@ -1,16 +1,13 @@
-"""The subject scheme and NATS wildcard matching.
-
-Every policy owns six subjects, so that several trainers share one NATS::
+"""The subject scheme and NATS wildcard matching: every policy owns six subjects::
 
     weightbus.<policy>.weights   WeightUpdated, PublisherClaimed, VersionReserved  (durable; the current version)
     weightbus.<policy>.counter   CounterHighWater                  (the counter's high-water mark; read last)
     weightbus.<policy>.applied   WeightApplied                     (per-engine read-back)
-    weightbus.<policy>.alerts    VersionRegressed, EngineOutOfSync
+    weightbus.<policy>.alerts    VersionRegressed, VersionRejected, EngineOutOfSync, FleetQuarantined
     weightbus.<policy>.drains    DrainReport
     weightbus.<policy>.admission AdmissionLedger                   (the rollouts' shared budget; read last)
 
-A policy id must be one subject token of ``[A-Za-z0-9_-]`` (1 to 64 characters); anything else is
-refused with ``InvalidPolicyError`` before it can reach the wire.
+A policy id is one subject token of ``[A-Za-z0-9_-]`` (1 to 64 characters), else ``InvalidPolicyError``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Record and replay of event traces (JSON Lines), for tests, debugging and demos.
 
-Format: one JSON object per line, in receive order::
-
-    {"v": 1, "subject": "weightbus.p.weights", "received_at": 1764427200.123, "seq": 7,
-     "headers": {"Nats-Msg-Id": "p:0:3"}, "event": {"type": "weight.updated", ...}}
-
-``event`` is the event's wire JSON, byte for byte as it was received. ``seq`` is the stream sequence
-at the source (informational). ``v`` is the format version; readers skip fields they don't know.
-
-Replay republishes records in order through any ``Bus``, keeping the original ``Nats-Msg-Id`` (so a
-replay into the same stream within its duplicate window is idempotent) unless ``msg_id_suffix`` is
-given, drops recorded ``Nats-Expected-*`` conditions, and optionally keeping the original pacing scaled by ``speed``.
+The format, and what a replay keeps and drops (message ids, ``Nats-Expected-*``, pacing): docs/trace-format.md.
 """
 
 from __future__ import annotations

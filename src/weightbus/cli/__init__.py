@@ -1,7 +1,6 @@
 """The ``weightbus`` command line: ``weightbus <command> --help`` explains each command.
 
-Each command lives in its own module with a ``register(app)`` function; this module only assembles
-them. Heavy imports (torch, starlette) happen inside the commands that need them.
+Each command is a module with ``register(app)``; heavy imports (torch, starlette) happen inside the commands.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The names ``weightbus`` commands shared before they were split by role; kept so their imports work.
 
-Each lives in the module of its role: ``weightbus.cli.options`` (the shared options and their
-environment variables), ``weightbus.cli.checks`` (option checks), ``weightbus.cli.connection`` (the
-NATS credential and TLS flags), ``weightbus.cli.exits`` (exit codes, the ``error:`` line, signals),
-``weightbus.cli.metrics_server`` (``--metrics-port``) and ``weightbus.process.logs`` (log formatting).
-New code imports from those modules.
+Each lives in its role's module (``options``, ``checks``, ``connection``, ``exits``, ``metrics_server``, ``logs``).
 """
 
 from __future__ import annotations

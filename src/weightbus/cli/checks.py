@@ -1,7 +1,6 @@
 """The checks a ``weightbus`` option value passes before a command connects to anything.
 
-Each ``check_*`` is a typer callback: it returns the value, or ends the command with one ``error:``
-line and exit code 2. Invariant: a bad URL, port, policy id or output path never reaches a connection.
+Each ``check_*`` returns the value or ends the command with one ``error:`` line and exit 2, before any connection.
 """
 
 from __future__ import annotations

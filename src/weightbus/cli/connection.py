@@ -1,10 +1,6 @@
 """The NATS credential, TLS and stream flags a connecting command takes, gathered into one ``ConnectOptions``.
 
-``with_connection(command)`` adds ``CONNECTION_FLAGS`` (``--creds``, ``--nkey``, ``--token``, ``--user``,
-``--password``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``, ``--replicas``; each also read from its
-``WEIGHTBUS_*`` variable, ``weightbus.bus.options.ENV``) to a typer command that takes
-``connection: ConnectOptions``. Invariant: an invalid combination ends the command with one ``error:``
-line and exit 2 before it connects.
+``with_connection(command)`` adds ``CONNECTION_FLAGS``; a bad combination is one ``error:`` line, exit 2.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """``weightbus engine``: run the CPU reference engine (SGLang 0.5.23's weight and generate routes) until Ctrl-C.
 
-The command builds one :class:`weightbus.refengine.config.EngineConfig`: from ``--config FILE`` (JSON) if given,
-then every flag given on top. starlette, uvicorn and (for ``--model torch``) torch are imported inside the command,
-after option parsing.
+One ``EngineConfig`` from ``--config FILE``, then the flags on top; starlette, uvicorn and torch load after parsing.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """How a ``weightbus`` command ends: the shared exit codes, the one ``error:`` line, and signals.
 
-Invariants:
-
-* a mistake is one ``error: ...`` line on stderr, never a traceback or a boxed usage message: ``fail``
-  for the commands' own checks, ``CommandGroup`` for click's (a missing required option, a bad value);
-* SIGINT ends every command with 130 and SIGTERM with 143 (128 + the signal number): ``run_async``
-  cancels the running coroutine so its ``finally`` blocks run first (engines paused by ``publish`` are
-  resumed); commands that do not run a coroutine use ``signal_exit_code`` for the same numbers.
+A mistake is one ``error:`` line, never a traceback; SIGINT exits 130 and SIGTERM 143, after ``finally`` blocks ran.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """``weightbus follow``: run a ``VersionTracker`` for one policy and print each version change.
 
-A long-running consumer process: it learns the current version from the stream at once, prints one
-line per change (and per held regression or rejected event, and whenever the tracker goes deaf or
-comes back), serves the tracker's metrics with ``--metrics-port`` (on
-``--metrics-host``), and exits with code 3 when ``--regression raise`` sees a lower version.
-Exit codes: 0 done (``--duration``), 2 bad arguments, 3 regression in ``raise`` mode, 5 NATS unreachable.
+One line per change, held regression, rejected event and deaf or back transition. Exit codes: docs/cli.md.
 """
 
 from __future__ import annotations

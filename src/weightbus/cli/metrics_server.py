@@ -1,7 +1,6 @@
 """The Prometheus endpoint of a long-running command (``--metrics-port``, ``--metrics-host``).
 
-Invariant: the command's own ``CollectorRegistry`` is served, never the global one; an address that
-cannot be bound ends the command with one ``error:`` line and exit 2 before it connects to NATS.
+The command's own registry is served, never the global one; an address that cannot be bound exits 2 before NATS.
 """
 
 from __future__ import annotations

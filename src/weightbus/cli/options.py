@@ -1,13 +1,7 @@
 """The options ``weightbus`` commands share, each with one meaning and one environment variable.
 
-* ``--nats URL``: the NATS server(s); from ``WEIGHTBUS_NATS``, else ``NATS_URL`` (the ``nats`` CLI's),
-  else ``DEFAULT_NATS``.
-* ``--policy ID``: the policy the command is about, required wherever a command needs one (from
-  ``WEIGHTBUS_POLICY``); ``watch`` alone treats it as an optional filter.
-* ``--api-key KEY``: the engines' Bearer token, ``WEIGHTBUS_API_KEY`` for clients and engines alike.
-* ``--metrics-port``/``--metrics-host``, ``--router``, ``--engine-timeout``, ``--connect-timeout``, ``-v``.
-
-Each value is checked (``weightbus.cli.checks``) before the command connects to anything.
+``--nats`` (``WEIGHTBUS_NATS``, else ``NATS_URL``), ``--policy`` (``WEIGHTBUS_POLICY``), ``--api-key``
+(``WEIGHTBUS_API_KEY``) and the rest; each value is checked (``cli.checks``) before the command connects.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """``weightbus publish``: bump a policy's weight version once, by hand (claim, stamp, verify, publish).
 
-Safe by default:
-
-* It refuses to take over a counter whose owner is alive: the newest event the tracker rule accepts on
-  ``weightbus.<policy>.weights`` was published by another trainer less than ``--alive-window`` seconds
-  ago. ``--takeover`` claims anyway (the live trainer is fenced: its next publish fails).
-* It refuses to announce a version no engine carries: it needs ``--engine``/``--router``, or an
-  explicit ``--no-engines``.
-* Interrupting it (Ctrl-C, SIGTERM) never leaves engines paused: the engines this command paused are
-  resumed before it exits, whatever happened.
-
-Exit codes: 0 published (the version is printed on stdout), 2 bad arguments, 3 fenced or the owner is
-alive, 4 an engine failed or is out of sync, 5 NATS unreachable or publish failed, 6 the weights subject
-holds an invalid event, 130/143 interrupted.
+Safe by default: no takeover of a live owner without ``--takeover``, no version no engine carries, no engine left
+paused, whatever ends it. Exit codes: docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """``weightbus rollout`` and ``weightbus trainer``: the two processes of the RL loop, each launchable alone.
 
-Each command builds one config object (:class:`weightbus.rl.config.RolloutConfig` / ``TrainerConfig``): from
-``--config FILE`` (JSON) if given, then every flag given on the command line on top; a flag's default is the
-field's. ``--policy`` is required (or ``WEIGHTBUS_POLICY``, or ``policy`` in the file). Each prints a progress line
-per step on stderr (a bar for the trainer on a terminal); ``--quiet`` silences it.
-
-torch is imported by the trainer command only, after option parsing. Exit codes: 2 bad option, config or task,
-3 fenced (another trainer took the counter over), 4 an engine push failed or is out of sync, 5 NATS unreachable,
-77 a permission refusal on a subject the process cannot work without. Flags are checked before anything starts.
+One config from ``--config FILE``, then the flags on top, checked before anything starts. Exit codes: docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``weightbus server``: run an embedded nats-server with JetStream on 127.0.0.1 until Ctrl-C, SIGTERM or SIGHUP.
 
-Signal-safe: the handlers do nothing but let ``signal.set_wakeup_fd`` write the signal number to a
-self-pipe, which the main loop waits on with ``select`` (no lock, no ``threading.Event`` is touched from a
-handler). The URL is printed only after nats-server reports ready; the child dies with this process even
-on SIGKILL (see ``weightbus.embedded.server``). Exit codes, as every command's: 130 stopped by Ctrl-C,
-143 by SIGTERM, 129 by SIGHUP (128 + the signal; the server is stopped cleanly first), 1 the server failed,
-2 bad arguments.
+Signal handlers only wake a self-pipe (``signal.set_wakeup_fd``); the URL is printed once the server is ready, and
+the server is stopped cleanly before the command exits with 128 + the signal.
 """
 
 from __future__ import annotations

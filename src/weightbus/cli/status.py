@@ -1,15 +1,6 @@
 """``weightbus status``: a policy's current version, epoch, publisher and age, and engine read-backs.
 
-Read-only: it never claims the counter, so it never fences a running trainer. It shows what every
-tracker holds: the retained history of ``weightbus.<policy>.weights`` folded with the tracker rule
-(``weightbus.rules.history``), so a rogue lower version is shown flagged as rejected, never as
-the current version.
-
-Exit codes (for monitoring scripts; when several apply, the lowest wins): 0 ok, 2 bad arguments,
-3 an engine is out of sync with the bus or could not be read, 4 the policy never published a
-version, 5 NATS unreachable or without JetStream, 6 the newest stored event is invalid, 7 the
-newest stored event was rejected by the tracker rule (a lower version than the one held, or an
-event nothing on the chain explains, such as a claim far above it).
+Read-only (it never fences a trainer): what every tracker holds, a refused event flagged. Exit codes: docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""``weightbus stream create|check``: the admin side of the ``WEIGHTBUS`` stream.
+"""``weightbus stream create|check``: the admin side of the ``WEIGHTBUS`` stream (docs/operations.md).
 
-Clients only create the stream when it is missing and never change an existing one. ``create`` is the
-explicit admin action: it creates the stream, or upgrades an existing one to what weightbus relies on,
-with the replicas asked for and ``deny_delete``/``deny_purge`` on by default; settings weightbus does not
-rely on (limits, placement) are kept. ``check`` only reads. Exit codes: 0 fine, 1 the stream does not fit
-(check) or the server refused the change (create), 2 bad arguments, 5 NATS unreachable, 77 permission denied.
+``create`` creates or upgrades the stream (``deny_delete``, ``deny_purge`` on by default); ``check`` only reads.
 """
 
 from __future__ import annotations

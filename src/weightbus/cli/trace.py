@@ -1,14 +1,6 @@
 """``weightbus record`` and ``weightbus replay``: capture events to JSON Lines and republish them.
 
-``replay`` republishes only what a subscriber would accept: every record's subject must be a concrete
-``weightbus.<policy>.<family>`` subject (no wildcards, spaces or empty tokens) and its payload must pass
-the typed decode (no ``version: -5``, nothing over the size limit), checked for the whole trace before
-anything is published. Replaying into a policy whose weights subject already holds events would
-re-store old versions and fence its trainer, so it needs ``--force``; ``--as-policy NEW`` replays the
-trace under another policy id (subjects, events and message ids rewritten), e.g. for tests.
-
-Exit codes: 0 done, 1 runtime failure, 2 bad arguments (an unwritable ``--out``, an invalid trace),
-3 the target policy already has events (replay without ``--force``), 5 NATS unreachable.
+``replay`` validates the whole trace before it publishes anything (docs/trace-format.md).
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """``weightbus watch``: a live view of every policy on a NATS (versions, lag, drains, alerts), or its events as JSON.
 
-The live view subscribes to ``weightbus.>`` (or ``weightbus.<policy>.>``) from each subject's retained
-history, so it folds versions with the trackers' rule (``decide``, hold mode) and shows what every
-tracker holds, with a rejected lower version flagged; ``--json`` starts from the latest event of each
-subject. Then it follows live events; it works the same against a live system and against
-``weightbus replay`` of a recorded trace. The view model is the pure reducer in
-``weightbus.consumers.monitor``; this module only feeds it and draws it.
-
-An event counts as live (and its lag is shown) when it was published after the watch started; the
-stored events replayed at start are ages, not lags. ``--json`` prints each event's wire JSON with a
-``"subject"`` key, one object per line, flushed per line. While the live view is drawn on a terminal,
-log lines are printed through its console, above the display, so none is left over it.
+It feeds and draws the pure reducer ``consumers.monitor``: history first, then live events (lag for those only).
 """
 
 from __future__ import annotations

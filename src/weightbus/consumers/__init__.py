@@ -1,9 +1,7 @@
-"""The rollout side: the version follower (``tracker/``), the drain (``drain/``) and the admission gate
-(``admission/``), subpackages that do not import each other, plus the operator view of a policy's events
-(``monitor``).
+"""The rollout side: the version follower (``tracker/``), the drain (``drain/``), the admission gate (``admission/``).
 
-``judge_groups`` is the one-call entry point for host frameworks with their own buffer;
-``FullyAsyncBuffer`` is the drop-in for miles' fully-async data buffer.
+The three do not import each other; ``monitor`` is the operators' view. ``judge_groups`` is the entry point for hosts
+with their own buffer, ``FullyAsyncBuffer`` the drop-in for miles' fully-async data buffer.
 """
 
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget, Slot

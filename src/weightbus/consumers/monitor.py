@@ -1,22 +1,7 @@
 """The live monitor's view model: a pure reducer from received events to a per-policy view state.
 
-``reduce(state, subject, event, received_at=..., live=...)`` returns a new ``MonitorState`` and never
-mutates its input; it does no I/O and reads no clock (times come in as arguments), so the view can
-be tested and replayed from a trace. ``weightbus watch`` renders it.
-
-Invariants:
-
-* Versions go through the same rule as ``VersionTracker`` (``rules.chain.decide``, ``hold`` mode):
-  the monitor shows what every tracker holds, never a version the rule rejected. The newest event
-  the rule did not take (a lower version, or one that is not from the owner or that nothing
-  explains, such as a claim far above the chain) is kept in ``rejected`` and recorded as a
-  ``regression_seen`` or ``rejected_seen`` alert, next to the alerts trackers published.
-* Lag is measured only for events the caller marks ``live``; the stored events a subscription
-  replays at start are ages, not lags.
-* Recent drains and alerts are bounded (``max_recent`` per policy); totals are kept separately.
-* Waste and bias totals (tokens generated, trained and not trained by reason, tokens saved by early
-  aborts, groups by outcome and length or reward bucket) add up every drain report seen; the staleness
-  split is the last report's. ``waste_summary`` and ``kept_share`` turn them into what ``watch`` shows.
+``reduce`` never mutates its input, does no I/O and reads no clock; versions go through the trackers' rule (``hold``);
+lag is for ``live`` events only; recent items are bounded (``max_recent``). ``weightbus watch`` renders it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """The demo's child processes: how each is started (one config file per child), watched and stopped.
 
-Each child is a real process a user could launch alone: ``weightbus engine --config FILE``, ``weightbus rollout
---config FILE``, ``weightbus trainer --config FILE``, the recorder, and ``sglang_router.launch_router``. The
-configs are built here, once, from :class:`~weightbus.demo.config.DemoConfig`; a replacement (a failover's
-trainer, a restarted rollout) is the same config with its own identity.
-
-Invariant: a child is stopped by pid (SIGTERM, then SIGKILL after a grace period), never by name.
+A replacement is the same config with its own identity; a child is stopped by pid (SIGTERM, SIGKILL), never by name.
 """
 
 from __future__ import annotations

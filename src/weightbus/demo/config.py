@@ -1,9 +1,4 @@
-"""The demo's one config object, and the plan of faults it injects.
-
-By default every fault the demo knows is injected once, at steps spread over the run (a fifth, two fifths, ...
-of ``steps``), so a default run exercises every check; ``faults=False`` (``--no-faults``) runs clean, and a fault's
-explicit ``*_at`` step injects it in either case.
-"""
+"""The demo's one config object, and the plan of faults it injects (by default each once, at spread steps)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """The demo's faults, each a real process operation, and the rogue publish that ends every run.
 
-* ``failover``: SIGKILL the trainer; a new one (``trainer-<n+1>``) resumes from the checkpoint and the bus's counter.
-* ``kill-nats``: SIGKILL nats-server and restart it on its store (clients reconnect; nothing stored is lost).
-* ``restart-rollout``: SIGKILL the rollout and start a new one (its buffer is lost; the trainer asks again).
-* ``restart-engine``: SIGKILL engine 0 and start it again: it boots as ``"default"``, and the publisher must alert it
-  as out of sync.
-
-Each injected fault is recorded (kind, step, time, and the engine for a restart) for the report's checks.
+Each fault is a SIGKILL and a restart or replacement, recorded (kind, step, time, engine) for the report's checks.
 """
 
 from __future__ import annotations

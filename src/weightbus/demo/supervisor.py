@@ -1,8 +1,6 @@
 """The demo's supervisor loop: start the children, follow ``steps.jsonl``, inject the faults, check the run.
 
-Invariants: every process it starts is stopped on exit, on an error and on Ctrl-C (SIGTERM unwinds like Ctrl-C),
-and its temporary directory is removed; a child that dies unasked (but the trainer finishing) ends the run with
-``DemoError``, as does a run with no training step for two minutes.
+A child dying unasked (but the trainer finishing), or two minutes without a training step, ends the run (``DemoError``).
 """
 
 from __future__ import annotations

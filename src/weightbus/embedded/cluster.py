@@ -1,18 +1,6 @@
 """A local JetStream cluster of nats-servers on loopback, for tests, chaos runs and trying an R3 stream.
 
-Each node is an ``EmbeddedNats`` started from one cluster config (``ops/nats/cluster.conf`` or the same
-text built in here) whose per-node values come from environment variables: ``WEIGHTBUS_NODE``,
-``WEIGHTBUS_CLIENT_LISTEN``, ``WEIGHTBUS_CLUSTER_LISTEN``, ``WEIGHTBUS_HTTP_LISTEN``, ``WEIGHTBUS_STORE``
-and ``WEIGHTBUS_ROUTE_A/B/C``. Every node gets free client, cluster and monitoring ports and a store of
-its own under ``base_dir``.
-
-Invariants:
-
-* ``start()`` returns once every node logged ``Server is ready`` and every node's monitoring endpoint
-  ``/healthz`` answers 200, which nats-server only does once JetStream is up and the cluster has a meta
-  leader; never on a TCP probe.
-* Nodes are killed and restarted by pid (``kill``/``restart``); a restarted node keeps its store and
-  ports, so it rejoins as the same server.
+``start()`` returns once every node logged ready and answers ``/healthz``, never on a TCP probe.
 """
 
 from __future__ import annotations

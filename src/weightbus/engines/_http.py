@@ -1,7 +1,6 @@
 """HTTP helpers shared by the engine and router clients: URL normalisation and error-message extraction.
 
-Internal to ``weightbus.engines``; nothing here raises ``httpx`` errors (a malformed URL is a ``ValueError``)
-or reads the network.
+Internal; nothing here raises ``httpx`` errors (a malformed URL is a ``ValueError``) or reads the network.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Worker discovery through an sglang-router or smg gateway.
 
-Routers proxy ``/generate``, ``/model_info`` and ``/flush_cache`` but have **no** weight routes:
-``/update_weights_*``, ``/update_weight_version``, ``/pause_generation``, ``/continue_generation`` and the LoRA
-routes are not forwarded. A fleet update must therefore list the workers behind the router once and then talk to
-each worker directly with an :class:`~weightbus.engines.sglang.SGLangClient`. This module only lists them; it
-never caches, so call it again after the fleet changes.
+Routers forward no weight, version, pause or LoRA route: list the workers, then address each; nothing is cached.
 """
 
 from __future__ import annotations

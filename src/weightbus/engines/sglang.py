@@ -1,15 +1,8 @@
 """Async HTTP client for one SGLang 0.5.23 engine: weight pushes, version stamps, pause/continue, generate.
 
-Invariants:
-
-* Request bodies are the msgspec Structs of :mod:`weightbus.engines.wire`; each method sends a fixed set of
-  keys (pinned by tests), so a request on the wire is predictable and reviewable.
-* ``weight_version`` is a string on the wire. Integer policy versions go in as ``str(version)``.
-* Every failure surfaces as :class:`~weightbus.errors.EngineError` carrying the engine URL, the HTTP status
-  (``None`` when nothing answered) and the server's own message. This module is where httpx errors are
-  translated; callers never see an ``httpx`` exception.
-* A shared ``httpx.AsyncClient`` passed in is borrowed, never closed; one created here is owned and closed by
-  :meth:`SGLangClient.aclose`.
+Each method sends a fixed set of keys (``wire``, pinned by tests); every failure is an ``EngineError`` (URL, status,
+server message): httpx errors are translated here only. A client passed in is borrowed, never closed.
+See docs/engines.md#the-sglang-client.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """SGLang 0.5.23's HTTP shapes as msgspec Structs: the request bodies the client sends and the responses it reads.
 
-Request bodies (``...Req``) mirror ``sglang.srt.managers.io_struct`` field lists, but each carries
-only the keys :class:`~weightbus.engines.sglang.SGLangClient` sends, so a body on the wire is fixed and
-pinned by tests. Response structs are public, decode with unknown keys ignored (newer servers add keys),
-and require only what weightbus relies on, chiefly ``weight_version``.
+Requests carry only the keys the client sends; responses ignore unknown keys and require only what weightbus reads.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """The event loop weightbus's own processes run on: uvloop where it is installed, else asyncio's.
 
-Role: one place that picks the loop for every ``weightbus`` command (and so for the RL loop's and the demo's
-child processes) and for the benchmarks' workers, so that all of them run on the same loop. Much of a tracker's
-cost per event is the loop's: waking on the socket, the client's read task, the hand-over to the consumer. uvloop
-does that part in C.
-
-Invariants:
-
-* Library code never picks a loop: a host that embeds weightbus (a trainer, a rollout manager) keeps its own, and
-  every weightbus coroutine runs on either.
-* ``WEIGHTBUS_EVENT_LOOP`` decides: ``asyncio`` forces asyncio's loop; ``uvloop`` requires uvloop and fails with
-  :class:`EventLoopError` when it is not installed; unset or ``auto`` takes uvloop when it imports (a failed
-  import is logged at debug level, and asyncio's loop is used).
+Library code never picks a loop; ``WEIGHTBUS_EVENT_LOOP`` (``asyncio``, ``uvloop``, ``auto``) decides here.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Log formatting for weightbus processes: one JSON object per line on stderr, quiet by default.
 
-``setup_logging(verbose)`` installs the one root handler a command logs through (warnings by default,
-info with ``-v``, debug with ``-vv``; nats-py never below warning). ``route_logs(write)`` sends the same
-formatted lines somewhere else for a while: the ``watch`` view hands them to the console that draws its
-live display, so a log line is printed above the display instead of over it.
-
-Invariants: every record keeps its ``extra`` fields as JSON keys; a record routed by ``route_logs`` is
-formatted exactly as it would have been on stderr, and the previous handlers are back when it ends.
+``route_logs(write)`` sends the same lines elsewhere for a while (``watch``'s console), then restores the handlers.
 """
 
 from __future__ import annotations

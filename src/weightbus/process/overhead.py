@@ -1,23 +1,7 @@
 """Where a training step's time goes: weightbus's own work, the engines' HTTP time, and everything else.
 
-``OverheadMeter`` lets a host (the demo, a trainer, ``bench/update.py``) report the share of step time spent in
-weightbus. It records, on one monotonic clock (``time.perf_counter``):
-
-* steps: a whole training step (``with meter.step():``);
-* weightbus spans: calls into weightbus (``with meter.weightbus():`` around ``async with pub.update()``, a drain);
-* excluded spans inside them that are the host's own work (``with meter.excluded():`` around the trainer's push);
-* engine HTTP calls: every request of an ``httpx.AsyncClient`` built with ``event_hooks=meter.http_hooks()``
-  (give that client to the ``EngineFleet``), from the request hook until the response body is read.
-
-``report()`` totals everything, or one window (``meter.report(meter.steps[-1])``: the last step). ``BusyTimer``
-measures the other side of a process boundary: the seconds a coroutine's own code ran on the event loop, its
-suspensions excluded (a rollout's drain, without the time it waits for generated groups).
-
-Invariants: weightbus's own time is the time inside weightbus spans that is neither excluded nor covered by an
-engine HTTP call (bus round trips count as weightbus's own); own + engine HTTP == weightbus spans − excluded spans,
-each instant counted once, so concurrent requests to several engines count once. HTTP calls outside weightbus spans
-(generation traffic on the same client) are recorded but never charged to weightbus. Nothing here touches the bus or
-the engines; the meter only observes.
+Own + engine HTTP == weightbus spans − excluded spans, each instant counted once; it only observes.
+See docs/benchmarks.md#measuring-your-own-trainer.
 """
 
 from __future__ import annotations

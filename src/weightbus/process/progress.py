@@ -1,9 +1,6 @@
 """Progress of the RL loop's processes on stderr: one short line per step, or a bar where a person waits.
 
-``weightbus rollout`` and ``weightbus trainer`` print here by default (``--quiet`` silences them); the lines are
-plain ``key=value`` text so a log collector can split them, and the logs proper stay JSON. A bar is drawn only
-where stderr is a terminal and the number of steps is known (the trainer's ``--steps``); anywhere else (a file, a
-pipe, the demo's child logs) each step is one plain line without escape codes.
+Plain ``key=value`` lines (the logs stay JSON); a bar only on a terminal with a known number of steps.
 """
 
 from __future__ import annotations

@@ -1,39 +1,8 @@
 """``FencedCounter``: the one owner of a policy's weight-version counter, fenced over JetStream.
 
-Every event of the counter (claim, reservation, announcement) goes on ``weights(policy)`` as a
-conditional publish on the sequence of this instance's own previous event there, so the bus, not a
-read before it, decides who owns the counter. The counter knows nothing of engines; the update
-protocol (``producers.update``) drives it. Invariants:
-
-* **A number names at most one set of weights.** ``take(v)`` uses ``v`` up on the bus before any
-  engine may carry it: by the previous announcement (``WeightUpdated(v - 1, reserves_next=True)``,
-  the common case, which leaves the take one fence check, a read) or by a ``VersionReserved(v)`` of
-  its own (the first update after a claim, or after a failed update). A number taken is never
-  issued again, whatever happens to its update: the next take is ``v + 1``. A reservation that was
-  not confirmed touched no engine, so the next take retries it with the same number and message id
-  (stored once, whatever happened).
-  ``claim()`` resumes above the highest number ever issued that the retained history shows, above
-  the counter's high-water mark (``producers.highwater``: a subject of its own, so evicting the
-  weights history does not lose it), and above any number the caller knows of (the engines' labels,
-  the trainer's checkpoint), so a lost history never reissues one.
-* **Covered before carried.** A take stores (or finds) a mark covering its number beside the fence
-  check or the reservation; if the mark cannot be written the take fails like a failed
-  reservation, before any engine is touched. An announcement that reserves ahead writes the mark
-  for the next number beside itself.
-* **Never above the bound.** No number above ``MAX_VERSION`` (2**53 - 1) is ever taken: at the
-  ceiling, ``check_ceiling`` and ``take`` raise ``CounterExhaustedError`` (a new policy id is the way
-  on) and nothing is published.
-* **One owner, per instance.** ``claim()`` claims with epoch + 1 and this instance's random
-  ``incarnation``; two processes with the same ``trainer_id`` are two claimants, and the bus lets
-  exactly one own the counter. Once another publisher has claimed, this one's next conditional
-  publish is refused and it raises ``FencedError``; from then on every call raises it at once.
-* **Doubt is resolved, never guessed, and never taken for a fence.** A conditional publish that
-  conflicts is resolved by reading the subject's history (``resolve``): if its newest valid event
-  is this instance's own (a publish that landed although its caller was cancelled or timed out, or
-  garbage stored after it), the counter adopts that position and retries; if the history is gone
-  (purge, recreated stream), it re-claims with the counter it holds; only an event of another owner
-  is a fence (the owner by the trackers' rule: newer events that rule rejects, such as a forged
-  claim, fence nothing). Stray payloads are skipped and counted, never raised.
+Every event is a conditional publish on this instance's own previous event, so the bus decides who owns the counter;
+a number is used up before any engine may carry it and never issued again; only another owner's event is a fence.
+It knows nothing of engines. The update order: docs/design.md#the-update-protocol-step-by-step.
 """
 
 from __future__ import annotations
@@ -41,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from weightbus.bus import subjects
@@ -65,11 +35,47 @@ from weightbus.schemas import (
     now,
 )
 
-__all__ = ["FencedCounter"]
+__all__ = ["CounterState", "FencedCounter"]
 
 log = logging.getLogger("weightbus.producers")
 
 _RESOLVE_ATTEMPTS: Final = 3
+
+
+@dataclass(frozen=True, slots=True)
+class CounterState:
+    """A snapshot of what a ``FencedCounter`` knows (``FencedCounter.state``).
+
+    Attributes:
+        policy: the policy id.
+        subject: the weights subject the counter lives on.
+        trainer_id: the readable identity on the bus.
+        incarnation: this instance's unique id on the bus.
+        epoch: the epoch claimed (None before ``claim()``).
+        version: the current announced version (None for a policy that never announced one).
+        issued: the highest number this counter ever issued (reserved or announced); 0 for none.
+        next_version: the number the next ``take`` uses: the one our last announcement reserved, else a new one.
+        claimed: whether ``claim()`` succeeded.
+        fenced: the ``FencedError`` once another publisher took over (every later call raises it).
+        last_event: the last ``WeightUpdated`` this counter had acknowledged.
+        lineage: what the announcements since the engines booted say about the weights
+            (``producers.coverage``): folded from the history ``claim()`` read (unknown unless it
+            reaches the policy's first claim and the engines' labels agree with it), then kept by
+            ``take`` and the announcements.
+    """
+
+    policy: str
+    subject: str
+    trainer_id: str
+    incarnation: str
+    epoch: int | None
+    version: int | None
+    issued: int
+    next_version: int
+    claimed: bool
+    fenced: FencedError | None
+    last_event: WeightUpdated | None
+    lineage: Lineage
 
 
 class FencedCounter:
@@ -120,68 +126,26 @@ class FencedCounter:
     # -- read-only state ---------------------------------------------------------------------------
 
     @property
-    def policy(self) -> str:
-        """The policy id."""
-        return self._policy
+    def state(self) -> CounterState:
+        """What the counter knows now, as one frozen snapshot (read it again for later values)."""
+        return CounterState(
+            policy=self._policy,
+            subject=self._subject,
+            trainer_id=self._trainer_id,
+            incarnation=self._incarnation,
+            epoch=self._epoch,
+            version=self._version,
+            issued=self._issued,
+            next_version=self._next_version(),
+            claimed=self._epoch is not None,
+            fenced=self._fenced,
+            last_event=self._last_event,
+            lineage=self._lineage,
+        )
 
-    @property
-    def subject(self) -> str:
-        """The weights subject the counter lives on."""
-        return self._subject
-
-    @property
-    def trainer_id(self) -> str:
-        """The readable identity on the bus."""
-        return self._trainer_id
-
-    @property
-    def incarnation(self) -> str:
-        """This instance's unique id on the bus."""
-        return self._incarnation
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch claimed (None before ``claim()``)."""
-        return self._epoch
-
-    @property
-    def version(self) -> int | None:
-        """The current announced version (None for a policy that never announced one)."""
-        return self._version
-
-    @property
-    def issued(self) -> int:
-        """The highest number this counter ever issued (reserved or announced); 0 for none."""
-        return self._issued
-
-    @property
-    def next_version(self) -> int:
+    def _next_version(self) -> int:
         """The number the next ``take`` uses: the one our last announcement reserved, else a new one."""
         return self._issued if self._holds(self._issued) else self._issued + 1
-
-    @property
-    def claimed(self) -> bool:
-        """Whether ``claim()`` succeeded."""
-        return self._epoch is not None
-
-    @property
-    def fenced(self) -> FencedError | None:
-        """The ``FencedError`` once another publisher took over (every later call raises it)."""
-        return self._fenced
-
-    @property
-    def last_event(self) -> WeightUpdated | None:
-        """The last ``WeightUpdated`` this counter had acknowledged."""
-        return self._last_event
-
-    @property
-    def lineage(self) -> Lineage:
-        """What the announcements since the engines booted say about the weights (``producers.coverage``).
-
-        Folded from the history ``claim()`` read (unknown unless it reaches the policy's first claim
-        and the engines' labels agree with it), then kept by ``take`` and the announcements.
-        """
-        return self._lineage
 
     def _holds(self, version: int) -> bool:
         """Whether ``version`` is used up on the bus by our newest event and no take used it yet."""
@@ -259,7 +223,7 @@ class FencedCounter:
             self._standing = self._mark.standing = standing
             claim = await self._claim(high_epoch + 1, version, issued, previous, history.last_seq)
             if claim is not None:
-                if self.next_version > MAX_VERSION:
+                if self._next_version() > MAX_VERSION:
                     log.error(
                         "claimed an exhausted counter: every update will raise CounterExhaustedError",
                         extra={"policy": self._policy, "issued": issued},
@@ -436,7 +400,7 @@ class FencedCounter:
         Raises:
             CounterExhaustedError: ``MAX_VERSION`` was issued (a new policy id is the way on).
         """
-        if self.next_version > MAX_VERSION:
+        if self._next_version() > MAX_VERSION:
             log.error(
                 "the version counter is exhausted; publish under a new policy id",
                 extra={"policy": self._policy, "issued": self._issued},

@@ -1,26 +1,7 @@
 """Which engines hold the weight set a version names after a push: the pure rule behind every stamp.
 
-A number names one set of weights. An update may stamp ``v`` on an engine only if, after the push,
-that engine is known to hold the weight set ``v`` names. What is known comes from two places: the
-engine's label read before the push, and the lineage of the announcements since the engines booted.
-
-* A **full** push (``push="full"``) covers the whole model: every engine it reached holds ``v``.
-* A **delta** push (``push="delta"``) covers the difference from the previous announced version
-  ``p``: an engine that carried ``str(p)`` before the push holds ``v`` after it. A LoRA load is a
-  delta that replaces the adapter and leaves the base: it also covers an engine whose base is the
-  base of ``p``. That is known for an engine that still carries its boot label (``"default"``
-  after a restart) when every announcement since the engines booted was a LoRA push
-  (``Lineage.boot_base``), and for any engine when no push other than a LoRA load was ever taken
-  (``Lineage.untouched``: failed updates included, so quarantine labels are covered too). A delta
-  that is not a LoRA load covers a boot-labelled engine only before the first announcement
-  (``Lineage.boot_weights``: the difference is from the boot weights).
-* Anything else is **missing**: the engine gets the missing part pushed first (``pushed_full``) or
-  is quarantined and left out of the announcement; it is never stamped.
-
-``Lineage`` is folded from the weights subject's retained history (``fold_lineage``) and then kept
-by the publisher as it takes and announces numbers. It only learns by seeing the history from the
-policy's first claim: an evicted or purged history, or one the engines' labels contradict, is
-``Lineage.UNKNOWN``, and nothing but a full push or an engine at ``p`` is covered. Pure: no I/O.
+A full push covers every engine it reached, a delta those at the previous version (a LoRA load also those on its
+base); anything else is missing, never stamped. Why: docs/design.md#the-update-protocol-step-by-step.
 """
 
 from __future__ import annotations

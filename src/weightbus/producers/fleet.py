@@ -1,20 +1,7 @@
 """Engine fleets: the SGLang workers of one policy, paused, resumed, loaded, relabelled and stamped together.
 
-A fleet is the set of SGLang workers (not routers: routers do not forward weight, version, pause or
-LoRA routes) that serve one policy. Invariants:
-
-* A stamp first reads each engine's label. An engine already at ``str(v)`` (its push carried
-  ``weight_version``, as SGLang's weight loads allow) is not stamped again; the others get
-  ``update_weight_version(str(v), abort_all_requests=False)`` and are read back. Engines are
-  addressed concurrently. An engine counts as stamped only when its read-back equals ``str(v)``.
-* A stamp with ``expect`` (the update's own ``pending:<v>``, or ``str(v)`` for a push that labels)
-  stamps only the engines that read ``expect`` or ``str(v)``: an engine another update relabelled
-  during the push, or one the push did not reach, is never stamped.
-* A stamp may address part of the fleet (``engines``): the update stamps only the engines its push
-  covered (``producers.coverage``).
-* Fleet operations address every engine and report every failure: the first error is raised, the
-  others are attached as notes; nothing is retried here. What the bus hears of a stamp is
-  ``producers.stamping``'s.
+Workers, not routers. Only an engine reading ``expect`` is stamped, and it counts only when it reads back ``str(v)``;
+engines are addressed concurrently, every failure reported (the first raised, the others as notes), none retried.
 """
 
 from __future__ import annotations

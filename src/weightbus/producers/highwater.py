@@ -1,24 +1,8 @@
 """``HighWaterMark``: the counter's high-water mark on ``weightbus.<policy>.counter``, apart from the weights history.
 
-The weights subject keeps 256 events; 256 writes of anything (a rogue, a forged claim, a replayed
-trace) evict the real history, and a publisher that restarts without a fleet would then resume
-below numbers it already issued. The mark lives on a subject of its own that only the owner writes,
-once per reservation or announcement, so it survives any number of writes to the weights subject.
-Invariants:
-
-* **Covered before carried.** ``cover(v)`` returns only once a mark of at least ``v`` is stored; the
-  update protocol awaits it before any engine may carry ``v`` (a failed cover fails the take, as a
-  failed reservation does).
-* **The newest mark is the highest.** Each write is conditional on the subject's last sequence as
-  this writer last saw it; a write that loses the race reads the newest mark and is done when it
-  already covers ``v`` (a takeover's owner wrote a higher one), so a fenced zombie never lowers it.
-* **An unexplained mark covers nothing.** A stored mark above what the writer's chain explains
-  (``rules.marks``: more than one above the highest number the writer issued or is taking) was not
-  written by an owner; the writer does not take it for covering its number and stores its own mark
-  after it, so the forged one is superseded (void for every reader) at this owner's next take.
-* **Doubt is not a gap.** Message ids are deterministic per writer and number, so a retried write
-  is stored once; a newest payload that is not a valid mark is skipped, and the highest valid mark
-  retained is read instead.
+``cover(v)`` returns only once a mark of at least ``v`` is stored; writes are conditional, so a fenced zombie never
+lowers it; a mark the writer's chain does not explain covers nothing.
+Why: docs/design.md#the-counter-one-owner-fenced-by-the-bus.
 """
 
 from __future__ import annotations

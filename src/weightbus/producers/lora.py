@@ -1,14 +1,7 @@
 """Load a LoRA adapter on every engine of a fleet, re-pushing a name that is already loaded, all or nothing.
 
-SGLang refuses to load a name it already serves (``LoRA with name X already exists``), but a trainer
-re-pushes the same adapter name after every training step. ``push_lora_adapter`` loads the adapter on
-every engine at once; an engine that already holds the name gets it unloaded and loaded again (with
-``replace=True``). Invariants:
-
-* All or nothing: if any engine refuses or does not answer, the adapter is unloaded again from the
-  engines that loaded it in this call, and the first error is raised (the others as notes).
-* Loading never changes ``weight_version``: stamp the fleet afterwards (``VersionPublisher.update()``).
-* A replaced adapter is briefly absent on that engine; push inside a paused update so no request names it.
+A loaded name is unloaded and loaded again (SGLang refuses duplicates); on any refusal it is unloaded where this call
+loaded it. ``weight_version`` never changes; push inside a paused update (a replaced adapter is briefly absent).
 """
 
 from __future__ import annotations

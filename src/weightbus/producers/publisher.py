@@ -1,21 +1,7 @@
 """``VersionPublisher``: what a trainer holds to publish weight versions: ``start()``, ``update()``, ``publish_lora()``.
 
-It composes the policy's ``FencedCounter`` (module ``counter``: claim, take, reserve, announce and
-resolve, fenced on the weights subject) with the trainer's ``EngineFleet``, and runs every update
-through ``VersionUpdate`` (module ``update``: take, pause, push, stamp, verify, announce, resume, and
-quarantine on failure). Invariants:
-
-* **Nothing skips the protocol.** The publisher exposes ``start()``, ``update()``, ``publish_lora()``,
-  ``check_owner()`` (a read), the async context manager and read-only state; the counter's steps are
-  not reachable from it, so no caller can announce without the take, the stamp and the quarantine.
-* **A number names at most one set of weights.** ``start()`` resumes above the highest number ever
-  issued that the retained history shows, above the counter's high-water mark (a subject of its own
-  that no number of writes to the weights subject evicts), above the trainer's checkpoint version
-  (``floor``) and, with a fleet, above the highest numeric label any engine carries, so a lost
-  history (purge, recreated stream, evicted events) never reissues a number.
-* **One owner, per instance.** ``start()`` claims with a new epoch and a random ``incarnation``; once
-  another publisher has claimed, every update raises ``FencedError`` and touches neither the counter
-  nor the fleet's numbers.
+It composes a ``FencedCounter``, an ``EngineFleet`` and ``VersionUpdate``; the counter's steps are not reachable from
+it, so nothing announces without the take, the stamp and the quarantine. The update order: docs/design.md.
 """
 
 from __future__ import annotations
@@ -25,6 +11,7 @@ import logging
 import os
 import socket
 import uuid
+from dataclasses import dataclass
 from typing import Final
 
 from weightbus.bus.protocol import Bus
@@ -36,12 +23,44 @@ from weightbus.producers.fleet import EngineFleet
 from weightbus.producers.update import UpdateSlot, VersionUpdate
 from weightbus.schemas import MAX_VERSION, ClaimStanding, LoraAdapter, WeightUpdated, parse_version
 
-__all__ = ["VersionPublisher", "default_trainer_id"]
+__all__ = ["PublisherState", "VersionPublisher", "default_trainer_id"]
 
 log = logging.getLogger("weightbus.producers")
 
 _CLAIM_ATTEMPTS: Final = 5
 _UNLOAD_TIMEOUT: Final = 30.0  # seconds an unload after a failed LoRA update may take
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherState:
+    """A snapshot of a ``VersionPublisher``: its identity and what it knows (``VersionPublisher.state``).
+
+    Attributes:
+        policy: the policy id.
+        trainer_id: this publisher's readable identity on the bus.
+        incarnation: this instance's unique id on the bus (on every event it publishes).
+        epoch: the epoch this publisher claimed (None before ``start()``).
+        version: the current announced version (None for a policy that never announced one).
+        issued: the highest number this counter ever issued (reserved or announced); 0 for none.
+        next_version: the number the next ``update()`` will carry: the one our last announcement
+            reserved, else a new one.
+        started: whether ``start()`` claimed the counter.
+        fenced: the ``FencedError`` once another publisher took over (every later update raises it).
+        active: whether an ``update()`` of this publisher is in progress (updates are sequential).
+        last_event: the last ``WeightUpdated`` this publisher had acknowledged.
+    """
+
+    policy: str
+    trainer_id: str
+    incarnation: str
+    epoch: int | None
+    version: int | None
+    issued: int
+    next_version: int
+    started: bool
+    fenced: FencedError | None
+    active: bool
+    last_event: WeightUpdated | None
 
 
 def default_trainer_id() -> str:
@@ -112,59 +131,22 @@ class VersionPublisher:
     # -- identity and state (read-only) ------------------------------------------------------------
 
     @property
-    def policy(self) -> str:
-        """The policy id."""
-        return self._counter.policy
-
-    @property
-    def trainer_id(self) -> str:
-        """This publisher's readable identity on the bus."""
-        return self._counter.trainer_id
-
-    @property
-    def incarnation(self) -> str:
-        """This instance's unique id on the bus (on every event it publishes)."""
-        return self._counter.incarnation
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch this publisher claimed (None before ``start()``)."""
-        return self._counter.epoch
-
-    @property
-    def version(self) -> int | None:
-        """The current announced version (None for a policy that never announced one)."""
-        return self._counter.version
-
-    @property
-    def issued(self) -> int:
-        """The highest number this counter ever issued (reserved or announced); 0 for none."""
-        return self._counter.issued
-
-    @property
-    def next_version(self) -> int:
-        """The number the next ``update()`` will carry: the one our last announcement reserved, else a new one."""
-        return self._counter.next_version
-
-    @property
-    def started(self) -> bool:
-        """Whether ``start()`` claimed the counter."""
-        return self._counter.claimed
-
-    @property
-    def fenced(self) -> FencedError | None:
-        """The ``FencedError`` once another publisher took over (every later update raises it)."""
-        return self._counter.fenced
-
-    @property
-    def active(self) -> bool:
-        """Whether an ``update()`` of this publisher is in progress (updates are sequential)."""
-        return self._slot.active
-
-    @property
-    def last_event(self) -> WeightUpdated | None:
-        """The last ``WeightUpdated`` this publisher had acknowledged."""
-        return self._counter.last_event
+    def state(self) -> PublisherState:
+        """This publisher's identity and what it knows now, as one frozen snapshot (read it again for later values)."""
+        counter = self._counter.state
+        return PublisherState(
+            policy=counter.policy,
+            trainer_id=counter.trainer_id,
+            incarnation=counter.incarnation,
+            epoch=counter.epoch,
+            version=counter.version,
+            issued=counter.issued,
+            next_version=counter.next_version,
+            started=counter.claimed,
+            fenced=counter.fenced,
+            active=self._slot.active,
+            last_event=counter.last_event,
+        )
 
     # -- claiming ----------------------------------------------------------------------------------
 
@@ -189,7 +171,7 @@ class VersionPublisher:
                 ``claim_attempts`` times in a row.
             BusError: the history could not be read.
         """
-        if self.started:
+        if self._counter.state.claimed:
             return self
         engines = self._fleet.urls if self._fleet is not None else ()
         await self._counter.claim(
@@ -226,7 +208,7 @@ class VersionPublisher:
             BusError: the subject could not be read.
             RuntimeError: before ``start()``.
         """
-        if not self.started:
+        if not self._counter.state.claimed:
             raise RuntimeError("call VersionPublisher.start() before check_owner()")
         await self._counter.check_owner()
 
@@ -354,11 +336,11 @@ class VersionPublisher:
         except (EngineError, TimeoutError) as exc:
             log.error(
                 "could not unload the adapter of a failed LoRA update; unload it before retrying",
-                extra={"policy": self.policy, "adapter": name, "error": repr(exc)},
+                extra={"policy": self._counter.state.policy, "adapter": name, "error": repr(exc)},
             )
             failure.add_note(f"the adapter {name!r} could not be unloaded after the failure: {exc!r}")
         else:
             log.warning(
                 "unloaded the adapter of a failed LoRA update (nothing was announced)",
-                extra={"policy": self.policy, "adapter": name, "error": repr(failure)},
+                extra={"policy": self._counter.state.policy, "adapter": name, "error": repr(failure)},
             )

@@ -1,16 +1,7 @@
 """The stamp-and-verify step that precedes every publish, and what the bus hears of it.
 
-Invariants:
-
-* A label read before stamping that is neither the previously announced version, ``str(v)`` nor a
-  quarantine or pending label (``"default"`` after a restart) is published as an ``EngineOutOfSync``
-  alert (``reason="unexpected_label"``) before the engine is stamped: never silently re-stamped.
-* The engines an update's push did not cover are quarantined by the update and alerted here
-  (``alert_uncovered``, ``reason="not_covered"``).
-* With a bus, every engine that answered gets a ``WeightApplied`` on ``applied(policy)``, and every
-  engine that did not take the version gets an ``EngineOutOfSync`` alert on ``alerts(policy)``;
-  then ``EngineOutOfSyncError`` (or the engine's ``EngineError`` when it did not answer) is raised.
-  The caller therefore never announces a version its engines do not serve.
+An unexpected label is alerted before the engine is stamped; every engine gets a ``WeightApplied`` or an alert, then
+``EngineOutOfSyncError`` (or ``EngineError``) is raised, so no version is announced that an engine does not serve.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Read-only status of a policy's counter: the current version, epoch and publisher, and engine read-backs.
 
-Nothing here publishes or claims: reading the status never fences a running trainer. The retained
-history is folded with the trackers' own rule (``rules.chain.decide``, ``hold`` mode), so status
-shows the version every tracker holds, never a rogue's, and names the newest event it did not accept.
-Payloads that fail the decode are skipped and counted, never raised.
+It never publishes or claims (never fences a trainer) and folds the history with the trackers' rule.
 """
 
 from __future__ import annotations

@@ -1,17 +1,15 @@
 """``SyncVersionPublisher``: the version publisher for trainers that are not async.
 
-It runs a private event loop in a daemon thread and owns everything bound to that loop (the bus
-connection, the engine fleet, the ``VersionPublisher``); each call blocks until its coroutine is
-done there. Semantics are those of ``VersionPublisher``: ``with pub.update() as version:`` publishes
-on normal exit, and publishes nothing (and does not use up the version) on an exception.
+A daemon thread's private loop owns the bus, the fleet and the publisher; each call blocks until done there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -21,11 +19,34 @@ from weightbus.engines.sglang import PauseMode
 from weightbus.producers.coverage import Push
 from weightbus.producers.fleet import EngineFleet
 from weightbus.producers.publisher import VersionPublisher
+from weightbus.producers.update import VersionUpdate
 from weightbus.schemas import ClaimStanding, LoraAdapter
 
-__all__ = ["SyncVersionPublisher"]
+__all__ = ["SyncPublisherState", "SyncUpdate", "SyncVersionPublisher"]
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPublisherState:
+    """A snapshot of a ``SyncVersionPublisher`` (``SyncVersionPublisher.state``).
+
+    Attributes:
+        policy: the policy id.
+        trainer_id: this publisher's identity on the bus (None before ``start()``).
+        epoch: the claimed epoch (None before ``start()``).
+        version: the current published version (None before ``start()``, and for a policy that
+            never announced one).
+        connected: whether ``connect()`` (or ``start()``) connected the bus.
+        started: whether ``start()`` claimed the counter.
+    """
+
+    policy: str
+    trainer_id: str | None
+    epoch: int | None
+    version: int | None
+    connected: bool
+    started: bool
 
 
 class SyncVersionPublisher:
@@ -91,10 +112,14 @@ class SyncVersionPublisher:
         self._pub: VersionPublisher | None = None
 
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return self._submit(coro).result()
+
+    def _submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Run ``coro`` as a new task on the private loop."""
         if self._loop is None:
             coro.close()
             raise RuntimeError("the publisher is not started (call start() or use it as a context manager)")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     @property
     def publisher(self) -> VersionPublisher:
@@ -104,39 +129,22 @@ class SyncVersionPublisher:
         return self._pub
 
     @property
-    def policy(self) -> str:
-        """The policy id."""
-        return self._policy
-
-    @property
-    def trainer_id(self) -> str:
-        """This publisher's identity on the bus."""
-        return self.publisher.trainer_id
-
-    @property
-    def epoch(self) -> int | None:
-        """The claimed epoch."""
-        return self.publisher.epoch
-
-    @property
-    def version(self) -> int | None:
-        """The current published version."""
-        return self.publisher.version
+    def state(self) -> SyncPublisherState:
+        """Where the publisher stands and what it knows now, as one frozen snapshot (read it again for later values)."""
+        pub = self._pub.state if self._pub is not None else None
+        return SyncPublisherState(
+            policy=self._policy,
+            trainer_id=pub.trainer_id if pub is not None else None,
+            epoch=pub.epoch if pub is not None else None,
+            version=pub.version if pub is not None else None,
+            connected=self._bus is not None,
+            started=pub is not None,
+        )
 
     @property
     def fleet(self) -> EngineFleet | None:
         """The engine fleet (its methods are coroutines: call them through ``call``)."""
         return self._fleet
-
-    @property
-    def connected(self) -> bool:
-        """Whether ``connect()`` (or ``start()``) connected the bus."""
-        return self._bus is not None
-
-    @property
-    def started(self) -> bool:
-        """Whether ``start()`` claimed the counter."""
-        return self._pub is not None
 
     def connect(self) -> SyncVersionPublisher:
         """Start the private loop and connect the bus, without building the fleet or claiming.
@@ -217,19 +225,9 @@ class SyncVersionPublisher:
 
         return self._run(_call())
 
-    @contextlib.contextmanager
-    def update(
-        self, *, lora: LoraAdapter | None = None, push: Push | None = None, labels: bool = False
-    ) -> Iterator[int]:
-        """One weight update, yielding the version to stamp; see ``VersionPublisher.update``."""
-        upd = self.publisher.update(lora=lora, push=push, labels=labels)
-        version = self._run(upd.__aenter__())
-        try:
-            yield version
-        except BaseException as exc:
-            self._run(upd.__aexit__(type(exc), exc, exc.__traceback__))
-            raise
-        self._run(upd.__aexit__(None, None, None))
+    def update(self, *, lora: LoraAdapter | None = None, push: Push | None = None, labels: bool = False) -> SyncUpdate:
+        """One weight update (``with pub.update() as version:``); see ``VersionPublisher.update`` and ``SyncUpdate``."""
+        return SyncUpdate(self, lora=lora, push=push, labels=labels)
 
     def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False, base: str | None = None) -> int:
         """Load ``adapter`` on every engine, stamp, and publish; see ``VersionPublisher.publish_lora``."""
@@ -265,3 +263,105 @@ class SyncVersionPublisher:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class SyncUpdate:
+    """One ``VersionUpdate`` of a ``SyncVersionPublisher``, begun and ended in one task on its private loop.
+
+    ``begin()`` starts a task on the loop that begins the update and then waits there for the
+    outcome; ``commit()`` or ``abort(exc)`` hands it the outcome and blocks until that task has
+    ended the update. So both halves run in the same task, and task-bound state (a cancel scope,
+    a context variable, ``asyncio.timeout``) set while beginning is there while ending. ``with``
+    runs them: ``begin`` on entering, ``commit`` on a normal exit, ``abort`` on an exception (which
+    is then raised). Arguments are ``VersionPublisher.update``'s.
+
+    Attributes:
+        version: the version the push carries (set by ``begin()``).
+        update: the ``VersionUpdate`` on the loop (its ``missing``, ``stamps`` and ``event``; call its
+            coroutines such as ``before_push`` through ``SyncVersionPublisher.call``), set by ``begin()``.
+    """
+
+    def __init__(
+        self, owner: SyncVersionPublisher, *, lora: LoraAdapter | None, push: Push | None, labels: bool
+    ) -> None:
+        self._owner = owner
+        self._args = (lora, push, labels)
+        self.version: int | None = None
+        self.update: VersionUpdate | None = None
+        self._outcome: concurrent.futures.Future[BaseException | None] | None = None
+        self._task: concurrent.futures.Future[None] | None = None
+
+    def begin(self) -> int:
+        """Take the number and pause (``VersionUpdate.begin``) in a new task on the loop; return the version.
+
+        Raises:
+            RuntimeError: the publisher is not started, or this update was begun.
+            Whatever ``VersionUpdate.begin`` raises (then the update is over).
+        """
+        if self._task is not None:
+            raise RuntimeError("begin() belongs to a new update; this one was begun")
+        lora, push, labels = self._args
+        update = self._owner.publisher.update(lora=lora, push=push, labels=labels)
+        begun: concurrent.futures.Future[int] = concurrent.futures.Future()
+        outcome: concurrent.futures.Future[BaseException | None] = concurrent.futures.Future()
+        self._task = task = self._owner._submit(_drive(update, begun, outcome))
+        either: list[concurrent.futures.Future[Any]] = [begun, task]
+        concurrent.futures.wait(either, return_when=concurrent.futures.FIRST_COMPLETED)
+        if not begun.done():
+            task.result()  # the task ended before it began the update: raise why
+            raise RuntimeError("the update's task ended without beginning it")
+        self.version = begun.result()  # raises what begin() raised; the task has ended then
+        self.update, self._outcome = update, outcome
+        return self.version
+
+    def commit(self) -> None:
+        """Stamp, read back, announce, resume (``VersionUpdate.commit``), in the task that began the update."""
+        self._end(None)
+
+    def abort(self, exc: BaseException) -> None:
+        """Quarantine and resume after ``exc`` (``VersionUpdate.abort``), in the task that began the update.
+
+        ``exc`` is not raised here: the caller raises it.
+        """
+        self._end(exc)
+
+    def _end(self, exc: BaseException | None) -> None:
+        outcome, task = self._outcome, self._task
+        if outcome is None or task is None:
+            raise RuntimeError("commit() and abort() belong to a begun update")
+        if outcome.done():
+            raise RuntimeError("this update is over")
+        if self._owner._loop is None:
+            raise RuntimeError("the publisher was closed during the update")
+        outcome.set_result(exc)
+        task.result()
+
+    def __enter__(self) -> int:
+        return self.begin()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.commit()
+        else:
+            self.abort(exc)
+
+
+async def _drive(
+    update: VersionUpdate,
+    begun: concurrent.futures.Future[int],
+    outcome: concurrent.futures.Future[BaseException | None],
+) -> None:
+    """Begin ``update``, wait for the caller's outcome, and end it, all in this one task."""
+    try:
+        version = await update.begin()
+    except BaseException as exc:
+        begun.set_exception(exc)
+        raise
+    begun.set_result(version)
+    failure = await asyncio.wrap_future(outcome)
+    if failure is None:
+        await update.commit()
+    else:
+        await update.abort(failure)

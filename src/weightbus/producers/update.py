@@ -1,54 +1,7 @@
 """``VersionUpdate``: one weight update of a ``VersionPublisher`` as an async context manager.
 
-It drives a ``FencedCounter`` (the number) and an ``EngineFleet`` (the engines); it knows nothing
-of the publisher that made it, so the two modules do not import each other.
-
-The order, and why (docs/design.md has the long form):
-
-0. a counter that has issued ``MAX_VERSION`` raises ``CounterExhaustedError`` before anything
-   else: no number above it can be sent, and nothing is paused, reserved or pushed;
-1. **take** ``v`` on the bus, fenced, and **pause** the fleet at the same time. The number is
-   used up before any engine can carry it: the previous announcement reserved it
-   (``reserves_next``), so taking it is one read that checks no other owner wrote since; otherwise
-   (the first update after a claim or after a failed update) a ``VersionReserved(v)`` is stored,
-   a conditional publish. A pause changes neither weights nor labels, so it need not wait: if the
-   take fails (fenced, bus down), the fleet is resumed and nothing else is touched. A publisher
-   that knows it is fenced raises before touching the fleet, so a zombie pauses it at most once.
-   The take also writes the counter's high-water mark when it does not cover ``v`` yet, and fails
-   if it cannot: no engine may carry a number the mark does not cover;
-2. each engine's label is read: a label that is neither the last announced version, ``v`` nor a
-   quarantine or pending label (``"default"`` after a restart) is alerted (``EngineOutOfSync``,
-   ``unexpected_label``) before the push could hide it, and again before the stamp; never silently
-   re-stamped. The labels decide which engines the push will **cover** (``producers.coverage``):
-   a full push covers every engine; a delta only those known to hold what it is the difference
-   from. The others are ``missing``: the block may push them the missing part (``pushed_missing``);
-3. unless the push labels the engines itself (``labels=True``), every engine is relabelled
-   ``pending:<v>``: nothing served between the push and the stamp carries a number, whoever pushes;
-4. the trainer **pushes** inside the block (``before_push()`` repeats the fence check and the
-   pending relabel just before a push that does not start at once);
-5. **stamp**: the engines still missing are relabelled ``quarantine:<v>``, alerted (``not_covered``)
-   and left out; each covered engine's label is read, and only one that carries ``pending:<v>``
-   (or already ``v``) is stamped: another label means another update relabelled it during the
-   push. Only if some engine still needs ``v`` is ownership checked (one read) before
-   ``/update_weight_version``; then read back;
-6. **announce** ``WeightUpdated(v, reserves_next=True, engines=<the stamped ones>)``: the only bus
-   round trip after the engines carry ``v``. The announcement is conditional on our previous event,
-   so it is the fence check of the push;
-7. **resume**: only after the announcement is acknowledged, so no sample stamped ``v`` reaches a
-   drain before ``v`` is on the bus. The engines' ``WeightApplied`` read-backs (monitoring) and the
-   counter's mark for ``v + 1`` are written beside the resume, off the update's critical path.
-
-On any failure after the take (a pending relabel that did not take, an exception in the block, a
-push that covers no engine, a stamp that did not take, an announcement refused, lost or cancelled),
-the engines' weights may not match any number: every engine is relabelled ``quarantine:<v>``
-(never a version, so every sample from it is judged stale), a ``FleetQuarantined`` alert is
-published while the engines are still paused (its publish bounded by 5 s: a bus that is away must not
-hold the fleet paused), and only then are the engines resumed. A fenced
-publisher resumes them too: it cannot tell whether the owner is between its own pause and resume,
-and an early resume costs no integrity, because SGLang applies a weight load between forward passes
-and a request that spans a label change carries token spans whose oldest version is the one judged.
-A stalled fleet would cost every rollout. The owner's next successful update restores a number.
-Cleanup runs shielded from a second cancellation.
+It drives a ``FencedCounter`` and an ``EngineFleet`` and knows nothing of the publisher (no import cycle): take and
+pause, relabel, push, stamp, announce, resume; on a failure, quarantine first. The update order: docs/design.md.
 """
 
 from __future__ import annotations
@@ -95,7 +48,13 @@ class UpdateSlot:
 
 
 class VersionUpdate:
-    """The async context manager returned by ``VersionPublisher.update()``; see the module docstring.
+    """One update, returned by ``VersionPublisher.update()``; see the module docstring.
+
+    Driven by its phases: ``begin()`` (take, pause, mark pending) returns the version; then the caller
+    pushes and ends it with ``commit()`` (stamp, announce, resume) or, after a failure, ``abort(exc)``
+    (quarantine, resume). ``async with`` runs them: ``begin`` on entering, ``commit`` on a normal exit,
+    ``abort`` on an exception. Begin and end it in one task (task-bound state such as a cancel scope,
+    a context variable or ``asyncio.timeout`` must see both).
 
     Args:
         counter: the claimed counter the number is taken from and announced on.
@@ -162,6 +121,7 @@ class VersionUpdate:
         self.quarantined: FleetQuarantined | None = None
         self._paused = False
         self._pending = False
+        self._phase = "new"  # then "beginning", "begun" (or "failed"), then "over"
 
     def pushed_missing(self, *engines: str) -> None:
         """Say that the block pushed ``engines`` (from ``missing``) the part the declared push lacks for them.
@@ -191,7 +151,7 @@ class VersionUpdate:
             EngineError: an engine refused the pending label.
             RuntimeError: outside the block.
         """
-        if self.version is None or not self._slot.active:
+        if self.version is None or self._phase != "begun":
             raise RuntimeError("before_push() belongs inside the update's block")
         await self._counter.check_owner()
         if self._fleet is not None and not self.labels:
@@ -208,18 +168,34 @@ class VersionUpdate:
                 first.add_note(f"the pending relabel also failed on {other.url}: {other}")
             raise first
 
-    async def __aenter__(self) -> int:
+    async def begin(self) -> int:
+        """Take the number and pause the fleet, read the labels and mark the engines pending (steps 0 to 3).
+
+        Returns:
+            the version the push carries.
+
+        Raises:
+            RuntimeError: the publisher is not started, another update is in progress, or this one was begun.
+            FencedError: another publisher owns the counter (nothing was paused).
+            CounterExhaustedError: the counter issued ``MAX_VERSION`` (nothing was touched).
+            BusError, EngineError: the take or a relabel failed; the fleet was resumed (and quarantined
+                if some engine may carry the pending label).
+        """
+        if self._phase != "new":
+            raise RuntimeError(f"begin() belongs to a new update; this one is {self._phase}")
         counter, fleet, slot = self._counter, self._fleet, self._slot
-        if not counter.claimed:
+        known = counter.state
+        if not known.claimed:
             raise RuntimeError("call VersionPublisher.start() before update()")
         if slot.active:
             raise RuntimeError("another update of this publisher is in progress; updates are sequential")
-        if counter.fenced is not None:
-            raise counter.fenced  # known without a read: never pause the owner's fleet again
+        if known.fenced is not None:
+            raise known.fenced  # known without a read: never pause the owner's fleet again
         counter.check_ceiling()  # before the pause: an exhausted counter touches nothing
         slot.active = True
+        self._phase = "beginning"  # commit() and abort() refuse it until the take and the relabels are done
         try:
-            version = counter.next_version
+            version = known.next_version
             if fleet is not None and self._pause is not None:
                 # Set before the pause is sent: a cancellation may land it without telling us, and a
                 # resume of an engine that was not paused is harmless.
@@ -238,22 +214,22 @@ class VersionUpdate:
             if fleet is not None:
                 # Before the push: a push that carries weight_version would hide a restarted engine's "default".
                 labels = await fleet.read_versions()
-                await alert_unexpected_labels(
-                    self._bus, counter.policy, counter.trainer_id, version, counter.version, labels
-                )
+                known = counter.state  # after the take
+                await alert_unexpected_labels(self._bus, known.policy, known.trainer_id, version, known.version, labels)
                 self._before = {url: label for url, label in labels.items() if isinstance(label, str)}
                 covered = cover(
                     self._before,
                     push=self.push,
                     lora=self.lora is not None,
-                    previous=counter.version,
-                    lineage=counter.lineage,
+                    previous=known.version,
+                    lineage=known.lineage,
                 )
                 self.missing = covered.missing
                 if not self.labels:
                     await self._mark_pending(fleet, version)
         except BaseException as failure:
             slot.active = False
+            self._phase = "failed"  # begin() cleaned up after itself: there is nothing to end
             if self._pending:
                 # Some engine may carry the pending label, or a failed relabel left it in doubt: quarantine.
                 await self._cleanup("update_failed", failure)
@@ -268,36 +244,36 @@ class VersionUpdate:
                 except EngineError as exc:
                     failure.add_note(f"resuming the engines afterwards failed too: {exc}")
             raise
-        log.info("update started", extra={"policy": counter.policy, "version": version, "paused": self._paused})
+        self._phase = "begun"
+        log.info("update started", extra={"policy": known.policy, "version": version, "paused": self._paused})
         return version
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def commit(self) -> None:
+        """Stamp, read back, announce, resume (steps 5 to 7): the update's successful end.
+
+        Raises:
+            RuntimeError: the update was not begun, or it is over.
+            FencedError, PublishError, PushCoverageError, EngineError: the update failed; the engines
+                were quarantined and resumed, nothing was announced.
+        """
+        self._end("commit")
         counter, fleet = self._counter, self._fleet
         assert self.version is not None
         try:
-            if exc is not None:
-                log.warning(
-                    "update aborted; nothing announced, the version stays used up",
-                    extra={"policy": counter.policy, "version": self.version, "error": repr(exc)},
-                )
-                # A block that learnt it is fenced (before_push) pushed nothing more; say why it stopped.
-                await self._cleanup("fenced" if isinstance(exc, FencedError) else "update_failed", exc)
-                return
             try:
                 engines: tuple[str, ...] = ()
                 if fleet is not None:
                     await self._leave_out_missing(fleet, self.version)
                     covered = [url for url in fleet.urls if url not in self.missing]
+                    known = counter.state
                     self.stamps = await stamp_and_verify(
                         fleet,
                         self.version,
                         bus=self._bus,
-                        policy=counter.policy,
-                        trainer_id=counter.trainer_id,
+                        policy=known.policy,
+                        trainer_id=known.trainer_id,
                         lora=self.lora,
-                        previous=counter.version,
+                        previous=known.version,
                         report_applied=False,
                         before_stamp=counter.check_owner,
                         engines=covered,
@@ -322,6 +298,43 @@ class VersionUpdate:
         finally:
             self._slot.active = False
 
+    async def abort(self, exc: BaseException) -> None:
+        """End the update after ``exc`` (the push failed): quarantine and resume the engines, announce nothing.
+
+        The version stays used up. ``exc`` is not raised here: the caller raises it (notes about the
+        cleanup are added to it).
+
+        Raises:
+            RuntimeError: the update was not begun, or it is over.
+        """
+        self._end("abort")
+        counter = self._counter
+        try:
+            log.warning(
+                "update aborted; nothing announced, the version stays used up",
+                extra={"policy": counter.state.policy, "version": self.version, "error": repr(exc)},
+            )
+            # A block that learnt it is fenced (before_push) pushed nothing more; say why it stopped.
+            await self._cleanup("fenced" if isinstance(exc, FencedError) else "update_failed", exc)
+        finally:
+            self._slot.active = False
+
+    def _end(self, phase: str) -> None:
+        if self._phase != "begun":
+            raise RuntimeError(f"{phase}() belongs to a begun update; this one is {self._phase}")
+        self._phase = "over"
+
+    async def __aenter__(self) -> int:
+        return await self.begin()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            await self.commit()
+        else:
+            await self.abort(exc)
+
     async def _leave_out_missing(self, fleet: EngineFleet, version: int) -> None:
         """Quarantine and alert the engines the push did not cover; raise if it covered none."""
         if not self.missing:
@@ -335,14 +348,16 @@ class VersionUpdate:
         if failed:
             raise failed[0]  # an uncovered engine that keeps a number: the whole update is quarantined
         labels = {url: self._before[url] for url in self.missing}
-        await alert_uncovered(self._bus, counter.policy, counter.trainer_id, version, labels, label)
+        known = counter.state
+        await alert_uncovered(self._bus, known.policy, known.trainer_id, version, labels, label)
 
     async def _resume_and_report(self) -> None:
         """Resume the fleet; beside it, publish the engines' ``WeightApplied`` read-backs (monitoring only) and
         the counter's mark for the number the announcement reserved ahead."""
         counter, fleet = self._counter, self._fleet
         assert fleet is not None and self.version is not None
-        applied = publish_applied(self._bus, counter.policy, counter.trainer_id, self.version, self.lora, self.stamps)
+        known = counter.state
+        applied = publish_applied(self._bus, known.policy, known.trainer_id, self.version, self.lora, self.stamps)
         marked = counter.cover_announced()
         if not self._paused:
             resumed = None
@@ -359,7 +374,7 @@ class VersionUpdate:
                 raise reported
             log.error(
                 "the engines' WeightApplied read-backs were not published; the version was",
-                extra={"policy": counter.policy, "version": self.version, "error": repr(reported)},
+                extra={"policy": known.policy, "version": self.version, "error": repr(reported)},
             )
         if isinstance(resumed, BaseException):
             raise resumed
@@ -378,7 +393,8 @@ class VersionUpdate:
         assert self.version is not None
         if fleet is None:
             return
-        policy = counter.policy
+        known = counter.state
+        policy = known.policy
         label = quarantine_label(self.version)
         results = await fleet.relabel(label, timeout=_CLEANUP_TIMEOUT)
         failed = tuple(url for url, err in results.items() if err is not None)
@@ -393,7 +409,7 @@ class VersionUpdate:
             label=label,
             reason=reason,
             version=self.version,
-            trainer_id=counter.trainer_id,
+            trainer_id=known.trainer_id,
             published_at=now(),
             engines=tuple(url for url, err in results.items() if err is None),
             failed=failed,
@@ -406,7 +422,7 @@ class VersionUpdate:
             extra={"policy": policy, "version": self.version, "reason": reason, "label": label, "resumed": resumes},
         )
         try:
-            msg_id = f"{policy}:quarantine:{counter.incarnation}:{self.version}"
+            msg_id = f"{policy}:quarantine:{known.incarnation}:{self.version}"
             # Bounded: a bus that is away (often why the update failed) must not hold the fleet paused.
             async with asyncio.timeout(_CLEANUP_TIMEOUT):
                 await self._bus.publish(subjects.alerts(policy), alert, msg_id=msg_id)

@@ -1,8 +1,6 @@
 """What ``weightbus engine`` serves: one typed config object, from the command's flags or a JSON file.
 
-The flags map onto these fields (a flag given overrides the file's value); the demo supervisor writes one file per
-engine it starts. The API key is not a field: it comes from ``--api-key`` or ``WEIGHTBUS_ENGINE_API_KEY`` only, so it
-never lands in a file.
+The API key is not a field (``--api-key`` or ``WEIGHTBUS_API_KEY`` only), so it never lands in a file.
 """
 
 from __future__ import annotations

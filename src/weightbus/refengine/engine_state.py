@@ -1,15 +1,6 @@
 """The reference engine's mutable state and its token-by-token generation loop; no HTTP here.
 
-Invariants:
-
-* ``weight_version`` is read once per generated token, so a relabel between two tokens starts a new span;
-  a request reports ``weight_versions`` spans only when it saw more than one version.
-* While ``pause_mode`` is set, every in-flight request parks before its next token (``abort`` mode aborts
-  the ones already running when the pause arrives; later arrivals park like the others).
-* An abort records the version current at that moment, so an aborted output carries the version it was
-  aborted under even if a relabel follows immediately (as in ``/update_weight_version``).
-* Everything is touched from the serving event loop only; tests may read attributes, or flip the
-  fault-injection knobs, from another thread between requests.
+``weight_version`` is read once per token (a relabel starts a span); an abort records the version of that moment.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Pluggable language models for the CPU reference engine, and the deterministic pure-Python ``HashModel``.
 
-A model maps a token context to the next token (greedy, deterministic) and can replace its weights the three
-ways SGLang can: from disk, from serialized tensors, from a (simulated) distributed broadcast. A failed load
-raises ``ValueError`` and leaves the old weights in place, so the engine can answer 400 and keep its version.
-Every model shares one tiny character vocabulary (:data:`VOCAB`), so text prompts work without a tokenizer
-download. Nothing here imports torch; see ``weightbus.refengine.tiny_model`` for the torch model.
+A failed load raises ``ValueError`` and keeps the old weights; every model shares ``VOCAB``; no torch here.
 """
 
 from __future__ import annotations

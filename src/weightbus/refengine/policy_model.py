@@ -1,13 +1,6 @@
 """``WindowLM``: the tiny torch policy the reference engine serves and the RL trainer trains (same architecture).
 
-The next-token distribution is a function of the last :data:`CONTEXT` tokens only: their embeddings are
-concatenated (so position matters, unlike an average), passed through one tanh layer and a linear head over
-the shared character vocabulary. About 3,400 parameters; a forward pass is microseconds on one CPU core.
-
-Weights travel as safetensors files (the ``safetensors`` package), as SGLang's ``update_weights_from_disk``
-reads them: every parameter must be present with the right shape, else the load fails and the old weights
-stay. A LoRA adapter is a safetensors file of ``<layer>.lora_A`` / ``<layer>.lora_B`` for ``fc`` and ``head``;
-the engine applies it to requests that name it (``lora_path``). torch is imported lazily.
+Weights and LoRA adapters travel as safetensors files; a load missing a parameter or a shape keeps the old weights.
 """
 
 from __future__ import annotations

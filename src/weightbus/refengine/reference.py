@@ -1,24 +1,7 @@
 """The CPU reference engine: a Starlette app that answers like SGLang 0.5.23 on the weight and generate routes.
 
-It is strict where 0.5.23 is strict, so client bugs show up in tests rather than on a GPU fleet:
-
-* ``/pause_generation`` and ``/continue_generation`` need a JSON object body (400 without one).
-* ``/update_weight_version`` defaults ``abort_all_requests`` to **true** and really aborts in-flight ``/generate``
-  requests, which return 200 with ``finish_reason.type == "abort"`` and the version from before the relabel.
-* ``weight_version`` starts as ``"default"`` (or the configured label); ``update_weights_*`` apply their
-  ``weight_version`` only on success; LoRA load/unload never change it.
-* ``/flush_cache`` answers ``text/plain`` and fails with 400 while any request is running or waiting.
-* Generation is token by token on the event loop. A pause in ``retract`` or ``in_place`` mode parks in-flight
-  requests until ``/continue_generation``; ``abort`` mode aborts them. A request whose tokens were generated
-  under more than one version reports ``meta_info.weight_versions`` spans (output-token indices, end
-  exclusive) and ``weight_version`` equal to the last span's.
-* ``return_logprob`` adds ``meta_info.output_token_logprobs`` (``[logprob, token_id, null]`` per output token).
-  Models that can sample (:class:`~weightbus.refengine.policy_model.WindowLM`) honour ``temperature``
-  (sglang's default 1.0); the others decode greedily.
-* Unknown JSON keys are ignored. With ``api_key`` set, every route but ``/health`` needs ``Bearer <api_key>``.
-
-:class:`~weightbus.refengine.engine_state.EngineState` (re-exported here) holds the engine's mutable state, the
-fault-injection knobs and a record of every request (method, path, query, parsed body) for assertions.
+It is strict where 0.5.23 is strict, so client bugs show up in tests rather than on a GPU fleet.
+See docs/engines.md#the-reference-engine.
 """
 
 from __future__ import annotations

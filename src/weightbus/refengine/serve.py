@@ -1,9 +1,6 @@
 """Serve an ASGI app (normally the reference engine) over real HTTP with uvicorn.
 
-:class:`ServedEngine` runs the app on ``127.0.0.1`` on a free port in a background thread with its own event
-loop: entering the context returns once the port accepts connections, leaving it asks uvicorn to exit and joins
-the thread (in-flight requests get ``graceful_timeout`` seconds). The socket is bound before the thread starts,
-so ``url`` is known and no port race is possible. :func:`serve_forever` is the foreground variant for the CLI.
+The socket is bound before the server thread starts, so ``url`` is known and no port race is possible.
 """
 
 from __future__ import annotations

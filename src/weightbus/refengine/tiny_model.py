@@ -1,17 +1,6 @@
 """A tiny torch language model for the CPU reference engine, loaded from ``torch.save``d state dicts.
 
-The model is an embedding of the last few tokens, averaged, then a linear head over :data:`~.model.VOCAB`;
-decoding is greedy, so the same weights always give the same text. Weights arrive as SGLang's would:
-
-* ``update_weights_from_disk``: ``model_path`` is a file written by ``torch.save(state_dict)``
-  (see :func:`save_random_weights`); every key must be present with the right shape.
-* ``update_weights_from_tensor``: each payload is base64 of ``torch.save({name: tensor})`` (see
-  :func:`serialize_named_tensors`), a stand-in for SGLang's same-host ``MultiprocessingSerializer`` handles;
-  a subset of parameters may be sent.
-* ``update_weights_from_distributed`` needs an NCCL group, which a CPU engine does not have: it fails.
-
-A failed load leaves the previous weights in place. torch is imported lazily, inside this module only, so
-``import weightbus`` never pulls it in.
+Greedy decoding; a failed load keeps the old weights; torch is imported lazily, here only.
 """
 
 from __future__ import annotations

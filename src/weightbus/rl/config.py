@@ -1,12 +1,6 @@
 """What ``weightbus rollout`` and ``weightbus trainer`` run: one typed config object per process, readable from a file.
 
-Each process has one msgspec Struct, written once here: the command's flags map onto its fields (a flag given
-overrides the file's value), ``--config FILE`` reads the same Struct as JSON, and the demo supervisor writes one
-file per child instead of spelling its argv. Unknown fields are refused (a typo is an error, not a default), and
-constraints are checked at decode time with the field's path in the message.
-
-Credentials and TLS never go in these files: they come from the connection flags or the ``WEIGHTBUS_*``
-variables (``weightbus.bus.ConnectOptions``).
+Unknown fields are refused and constraints checked at decode; credentials and TLS never go in these files.
 """
 
 from __future__ import annotations

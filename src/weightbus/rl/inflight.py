@@ -1,20 +1,7 @@
 """Early abort: the rollout's groups still generating, and the engine aborts of those that must be stale.
 
-Each group in flight is a ``Flight``: one request id (``rid``) per sample, sent with its ``/generate``,
-and the oldest version each finished request reported. Whenever the tracker's version changes and
-whenever a request of the group finishes, the pure rule (``rules.abort.certain_stale``) asks whether
-the group must already be stale at the drain: if so, its unfinished requests are aborted at the
-engines through SGLang's ``/abort_request`` by ``rid``. Invariants:
-
-* only certainty aborts: a group none of whose requests has finished is never aborted (an unfinished
-  request's label is unknown until it answers, and may be newer than the tracker);
-* a flight is aborted at most once; the abort goes to every worker behind the router (routers do not
-  forward ``/abort_request``; a worker that does not hold the ``rid`` ignores it);
-* a failed abort is logged and changes nothing else: the requests finish normally and the group is
-  recycled as if the abort had landed (it had to be stale either way): an abort is an optimisation,
-  never a judgement;
-* what a group of aborted requests did generate still counts as generated (and not trained); the
-  tokens saved are at most ``max_new_tokens`` minus what each aborted request had generated.
+Only certainty aborts (``rules.abort``), at most once per flight; a failed abort changes nothing else: an
+optimisation, never a judgement. See docs/rollout.md#early-abort.
 """
 
 from __future__ import annotations
@@ -28,8 +15,9 @@ from typing import Any
 import httpx
 
 from weightbus.engines import SGLangClient, discover_workers
-from weightbus.errors import EngineError, WeightbusError
+from weightbus.errors import EngineError
 from weightbus.rules.abort import certain_stale, oldest_bound
+from weightbus.rules.source import CurrentSource, version_or_none
 from weightbus.schemas.rollouts import parse_version
 
 __all__ = ["EngineAborter", "Flight", "InFlightGroups", "oldest_label"]
@@ -73,14 +61,14 @@ class InFlightGroups:
 
     Args:
         max_staleness: the drain's bound (None: never abort).
-        current: reads the tracker's version now (None: never published).
+        current: the version source (a tracker or a callable), read at each check; one that cannot say aborts nothing.
         abort: sends the aborts of a list of rids; awaited in the background.
     """
 
     def __init__(
         self,
         max_staleness: int | None,
-        current: Callable[[], int | None],
+        current: CurrentSource,
         abort: Callable[[list[str]], Coroutine[Any, Any, None]],
     ) -> None:
         self.max_staleness = max_staleness
@@ -123,10 +111,7 @@ class InFlightGroups:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _read_current(self) -> int | None:
-        try:
-            return self._current()
-        except WeightbusError:
-            return None  # a tracker that is not ready knows nothing: never abort on it
+        return version_or_none(self._current)  # a tracker that is not ready knows nothing: never abort on it
 
     def _check(self, flight: Flight, current: int | None) -> bool:
         if flight.aborted or not certain_stale(oldest_bound(flight.oldest), current, self.max_staleness):

@@ -1,8 +1,6 @@
 """The trainer's torch policy: the engine's ``WindowLM`` architecture, trainable in full or through a LoRA adapter.
 
-Invariants: the trainer and the engines build the same initial weights from the same seed; what the trainer
-writes (:meth:`Policy.save_weights`, :meth:`Policy.save_adapter`) is exactly what the engine loads; logprobs
-are recomputed here for the same context windows the engine sampled from.
+Same seed, same initial weights as the engines; what it writes is exactly what the engine loads.
 """
 
 from __future__ import annotations

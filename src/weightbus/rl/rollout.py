@@ -1,33 +1,7 @@
 """The rollout process: keeps groups in flight through the SGLang router and serves drained batches to the trainer.
 
-Invariants:
-
-* Every sample is stamped from the ``meta_info`` of the ``/generate`` answer that produced it
-  (``Sample.record_meta_info``: ``weight_version`` and, for a request that straddled a push, the
-  ``weight_versions`` spans), never from what the rollout believes the version is.
-* The per-token logprobs the engine reported (``output_token_logprobs``) travel with the sample
-  (``metadata["logprobs"]``): the trainer's importance ratio is taken against them.
-* A drain for a trainer that has just published ``v`` waits until the tracker holds ``v`` (``min_version``),
-  so no group is admitted against an older version than the one it will be trained under.
-* A group starts generating only while the admission gate has a slot for it (``RolloutConfig.admission``,
-  ``bounded`` by default: it can still be trained within the bound); it counts from then until a drain keeps
-  it (then in the window it trains in) or routes it, when its slot is freed at once (``AcceptedGroups``,
-  settled by the drain engine): a drain that filters a whole window (a version jump at a failover) frees those
-  slots while it waits for fresh groups. With ``admission_shared`` the budget is one for every rollout process
-  of the policy.
-* A failed or aborted generation never enters the buffer as fresh data: aborted groups are filtered by the
-  buffer, a router error retries the group after a short back-off.
-* Early abort (``config.early_abort``): every ``/generate`` carries a ``rid``; a group that a new version (or a
-  finished request's label) makes certain to exceed the bound (``rules.abort``) has its unfinished requests
-  aborted at the engines, its prompt recycled and the tokens saved counted (``rl.inflight``).
-* Each group is stamped with when its generation started and ended and the tracker's version at the end, so
-  the drain splits its staleness into time in flight and time in queue.
-* Each batch reply carries weightbus's share of the answer: the wait for the tracker (``wait_s``) and the
-  drain's own run time (``drain_s``, :class:`weightbus.process.overhead.BusyTimer`: the waits for groups not counted).
-* The connection counts invalid payloads on the injected registry (``weightbus_invalid_events_total``), like every
-  process that follows a policy.
-* A refusal of the batch subject (the user's permissions) ends the rollout with ``PermissionDeniedError``: it cannot
-  serve anything without it.
+Every sample is stamped from the answer that produced it; a drain waits until the tracker holds the trainer's
+version; a group starts only with an admission slot; a refused batch subject ends it (``PermissionDeniedError``).
 """
 
 from __future__ import annotations
@@ -39,7 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
@@ -47,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus import BusMetrics, connect, subjects
 from weightbus.bus.options import ConnectOptions
+from weightbus.bus.rpc import Served
 from weightbus.consumers import (
     DrainReporter,
     FullyAsyncBuffer,
@@ -57,14 +32,17 @@ from weightbus.consumers import (
 )
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
-from weightbus.errors import SlowConsumerError, WeightbusError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import RolloutConfig
 from weightbus.rl.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
 from weightbus.rl.task import Task, load_task
+from weightbus.rules.source import version_or_none
 from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
+
+if TYPE_CHECKING:
+    from weightbus.bus.nats import NatsBus
 
 __all__ = ["RolloutConfig", "RolloutProgress", "generate_group", "run_rollout"]
 
@@ -164,7 +142,7 @@ class _Rollout:
         self,
         config: RolloutConfig,
         task: Task,
-        bus: Any,
+        bus: NatsBus,
         registry: CollectorRegistry,
         progress: Callable[[RolloutProgress], None] | None,
     ) -> None:
@@ -264,7 +242,7 @@ class _Rollout:
                 self.generated += sum(s.response_length for s in group.samples)
                 group.started_at = started
                 group.generated_at = time.time()
-                group.generated_version = _current_or_none(tracker)
+                group.generated_version = version_or_none(tracker)  # not ready: no split rather than a guess
                 if flight is not None and flight.aborted:
                     self._aborted_early(group)
                     continue
@@ -276,7 +254,7 @@ class _Rollout:
             return None
         if self.inflight is None:
             aborter = EngineAborter(self.config.router_url, http)
-            self.inflight = InFlightGroups(self.config.max_staleness, lambda: tracker.current, aborter)
+            self.inflight = InFlightGroups(self.config.max_staleness, tracker, aborter)
         return self.inflight
 
     def _aborted_early(self, group: Group) -> None:
@@ -290,27 +268,17 @@ class _Rollout:
 
     async def abort_on_changes(self, tracker: VersionTracker) -> None:
         """Each version change: abort the groups in flight that it makes certain to be stale."""
-        while True:
-            try:
-                async for change in tracker.changes():
-                    if self.inflight is not None and change.version is not None:
-                        self.inflight.check(change.version)
-                return  # the tracker stopped
-            except SlowConsumerError as exc:
-                # A missed change only delays an abort: the next change or finished request checks again.
-                log.warning("abort listener fell behind; resubscribing", extra={"error": str(exc)})
+        # The newest state only: a skipped version is subsumed by the newer one it is checked against.
+        async for change in tracker.latest_changes():
+            if self.inflight is not None and change.version is not None:
+                self.inflight.check(change.version)
 
     async def follow_lags(self, tracker: VersionTracker) -> None:
-        while True:
-            try:
-                async for change in tracker.changes():
-                    if change.version is not None and change.lag is not None:
-                        self.lags[change.version] = change.lag
-                        self.lags.pop(change.version - _LAGS_KEPT, None)
-                return  # the tracker stopped
-            except SlowConsumerError as exc:
-                # Lags are for the report only; losing some must never stop the rollout.
-                log.warning("lag listener fell behind; resubscribing", extra={"error": str(exc)})
+        # Lags are for the report only: a reader that falls behind keeps the newest, never stops the rollout.
+        async for change in tracker.latest_changes():
+            if change.version is not None and change.lag is not None:
+                self.lags[change.version] = change.lag
+                self.lags.pop(change.version - _LAGS_KEPT, None)
 
     async def handle(self, tracker: VersionTracker, request: BatchRequest) -> BatchReply:
         waited = time.perf_counter()
@@ -363,7 +331,7 @@ class _Rollout:
             drain_s=timer.seconds,
         )
 
-    async def serve(self, tracker: asyncio.Future[VersionTracker]) -> Any:
+    async def serve(self, tracker: asyncio.Future[VersionTracker]) -> Served:
         """Subscribe to the batch subject; requests wait for ``tracker``."""
 
         async def on_request(request: BatchRequest) -> BatchReply:
@@ -377,7 +345,7 @@ class _Rollout:
             await self.budget.start()
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
-        tasks.append(asyncio.create_task(self.admission.follow(tracker.changes)))
+        tasks.append(asyncio.create_task(self.admission.follow(tracker.latest_changes)))
         if self.config.early_abort:
             tasks.append(asyncio.create_task(self.abort_on_changes(tracker)))
         if self.config.follow_lora:
@@ -397,13 +365,6 @@ class _Rollout:
                 log.error("rollout tasks did not stop within the bound", extra={"tasks": len(pending)})
             if self.budget is not None:
                 await self.budget.close()
-
-
-def _current_or_none(tracker: VersionTracker) -> int | None:
-    try:
-        return tracker.current
-    except WeightbusError:
-        return None  # not ready: no split for this group rather than a guess
 
 
 async def run_rollout(

@@ -1,12 +1,6 @@
 """Verifiable tasks for the RL loop: a prompt generator, a tokenizer and a reward function, pluggable by import path.
 
-A task is any object with the :class:`Task` attributes. The built-in one, :class:`ReverseDigits`, asks the policy
-to reverse a short digit string (``"407."`` -> ``"704"``) and rewards the share of correct positions, so the
-reward is dense and its rise is visible within a few dozen steps on a CPU. Another task plugs in with
-``--task package.module:factory`` (:func:`load_task`): the factory is called with no argument and returns the task.
-
-Every task tokenizes with the engine's character vocabulary (:mod:`weightbus.refengine.model`), so the same ids
-mean the same text on the engine, the rollout and the trainer. Nothing here imports torch.
+Every task tokenizes with the engine's character vocabulary, so ids mean the same text everywhere; no torch here.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """The trainer process: GRPO-style steps on drained batches, then a weight push stamped and published by weightbus.
 
-Each step: ask the rollout for a batch judged against the version just published (``min_version``), take a
-clipped policy-gradient step with group-relative advantages and an importance ratio against the logprobs
-the engines recorded (batches are off-policy by up to the staleness bound), checkpoint, then push:
-``async with publisher.update() as version`` writes a safetensors file and loads it on every engine with
-``/update_weights_from_disk`` carrying ``weight_version=str(version)`` (load and label in one call), after which
-weightbus stamps, verifies and publishes. In LoRA mode the adapter is what trains; each version is loaded with
-``/load_lora_adapter`` under its own name (``<lora_prefix>-v<version>``, announced in ``WeightUpdated.lora``, which
-rollouts pass as ``lora_path``), stamped from the same counter.
-
-Invariants:
-
-* The version counter is the bus's: a replacement trainer resumes it (``VersionPublisher.start``) and the
-  model and optimizer from the checkpoint, and first pushes what it holds, so engines and trainer agree.
-* Every step appends one JSON line to ``steps.jsonl`` (the supervisor's record of what was trained on):
-  the version trained under, each group's oldest and newest sample version and any non-version label.
-  The line is written before the checkpoint, so a step is never trained, kept and unrecorded; after a
-  failover a step number may appear twice (trained by the old trainer, redone by the new one).
-* Each line says where the step's time went (:class:`weightbus.process.overhead.OverheadMeter`; the fleet's HTTP client
-  carries its hooks): ``update_s`` is ``update()`` without the trainer's push (``push_s``), ``engine_http_s`` the
-  part of it with an engine request in flight, and ``weightbus_s`` weightbus's own time on the step's path: the
-  rest of ``update()`` (reservation, ownership check, ``WeightApplied``/``WeightUpdated`` publishes, Python) plus,
-  from the rollout's reply, its wait for the tracker to hold the new version and the drain's own run time.
+The counter is the bus's (a replacement resumes it); a step's ``steps.jsonl`` line precedes its checkpoint.
 """
 
 from __future__ import annotations
@@ -33,20 +12,23 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
 
 from weightbus.bus import BusMetrics, connect
 from weightbus.bus.options import ConnectOptions
-from weightbus.errors import BusError, EngineError, NoRolloutError, PermissionDeniedError
+from weightbus.errors import EngineError, NoRolloutError, WeightbusError
 from weightbus.process.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.rl.batches import BatchReply, BatchRequest, request_batch
 from weightbus.rl.config import TrainerConfig
 from weightbus.schemas import LoraAdapter
 from weightbus.schemas.rollouts import Group
+
+if TYPE_CHECKING:
+    from weightbus.bus.nats import NatsBus
 
 __all__ = ["TrainerConfig", "TrainerProgress", "grpo_loss", "run_trainer"]
 
@@ -153,18 +135,17 @@ class _Trainer:
         """Push until it lands (an engine restarting, NATS restarting); returns the version announced.
 
         A failed update announces nothing but uses its reserved number up (its engines are quarantined until the
-        next update lands), so a retry pushes the next number.
+        next update lands), so a retry pushes the next number. Only a retryable error is retried, for at most
+        ``_PUSH_PATIENCE`` seconds; a final one (fenced, denied, an exhausted counter, ...) is raised at once.
         """
         deadline = time.monotonic() + _PUSH_PATIENCE
         while True:
             try:
                 return await self._push_once(pub, fleet)
-            except PermissionDeniedError:
-                raise  # the user's rights will not change on a retry
-            except (EngineError, BusError) as exc:  # a PublishError is a BusError; a FencedError is neither
-                if time.monotonic() > deadline:
+            except WeightbusError as exc:
+                if not exc.retryable or time.monotonic() > deadline:
                     raise
-                log.warning("push failed; retrying", extra={"error": str(exc), "version": pub.next_version})
+                log.warning("push failed; retrying", extra={"error": str(exc), "version": pub.state.next_version})
                 await asyncio.sleep(_PUSH_RETRY_DELAY)
 
     async def _push_once(self, pub: VersionPublisher, fleet: EngineFleet) -> int:
@@ -172,8 +153,8 @@ class _Trainer:
         lora = None
         if config.lora_rank is not None:
             # One adapter name per version: loading never has to unload the name rollouts are using.
-            path = self.weights_dir / f"adapter-v{pub.next_version}.safetensors"
-            lora = LoraAdapter(name=f"{config.lora_prefix}-v{pub.next_version}", path=str(path))
+            path = self.weights_dir / f"adapter-v{pub.state.next_version}.safetensors"
+            lora = LoraAdapter(name=f"{config.lora_prefix}-v{pub.state.next_version}", path=str(path))
         with meter.weightbus():
             # A full push carries weight_version to every engine (load and label in one call): no pending relabel.
             async with pub.update(lora=lora, labels=lora is None) as version:
@@ -232,6 +213,7 @@ async def run_trainer(
 
     Raises:
         FencedError: another trainer took the counter over.
+        CounterExhaustedError: the policy's counter reached ``MAX_VERSION`` (raised at once: use a new policy id).
         EngineError, EngineOutOfSyncError: a push did not land on every engine.
         PermissionDeniedError: this user may not ask for batches (or publish the policy's versions).
     """
@@ -280,13 +262,13 @@ async def run_trainer(
 
 
 async def _train_step(
-    trainer: _Trainer, bus: Any, pub: VersionPublisher, fleet: EngineFleet, trained_under: int
+    trainer: _Trainer, bus: NatsBus, pub: VersionPublisher, fleet: EngineFleet, trained_under: int
 ) -> dict[str, Any]:
     """One step: a batch judged against ``trained_under``, the loss, the push; returns its ``steps.jsonl`` line."""
     config = trainer.config
     with trainer.meter.step():
         started = time.perf_counter()
-        reply = await _batch(bus, config, trained_under, pub.trainer_id)
+        reply = await _batch(bus, config, trained_under, pub.state.trainer_id)
         got_batch = time.perf_counter()
         loss, reward = grpo_loss(trainer.policy, reply.groups, config.clip)
         trainer.optimizer.zero_grad()
@@ -296,7 +278,7 @@ async def _train_step(
         version = await trainer.push(pub, fleet)
     return {
         "step": trainer.step,
-        "trainer_id": pub.trainer_id,
+        "trainer_id": pub.state.trainer_id,
         "trained_under": trained_under,
         "version": version,
         "reward": reward,
@@ -316,7 +298,7 @@ async def _train_step(
     }
 
 
-async def _batch(bus: Any, config: TrainerConfig, min_version: int, trainer_id: str) -> BatchReply:
+async def _batch(bus: NatsBus, config: TrainerConfig, min_version: int, trainer_id: str) -> BatchReply:
     request = BatchRequest(size=config.batch, min_version=min_version, trainer_id=trainer_id, patience_s=_BATCH_TIMEOUT)
     while True:
         try:

@@ -1,12 +1,4 @@
-"""The demo's report files: ``report.json`` and ``report.png`` of one run, the staleness and admission trade-offs'
-of several.
-
-The figures are drawn with matplotlib (imported here only, on the Agg backend): reward per step against the
-staleness trained on, on integer ticks with the bound drawn, faults marked; for the staleness trade-off, reward
-against wall time per bound next to the share of generated tokens never trained on; for the admission trade-off,
-reward against wall time per bound and mode, the share of tokens not trained on and the generated tokens per
-second, each mode next to the filter alone (``off``) at the same bound.
-"""
+"""The demo's report files: ``report.json`` and ``report.png`` of one run, and the trade-off figures of several."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
 """The rules both sides share, as pure functions: no I/O, no clock, no bus.
 
-* ``chain``: the version-chain rule (``decide``): which weights events a follower accepts, the
-  trainer's resume rule too.
-* ``staleness``: the staleness rule (``judge``) and its one per-sample scan.
-* ``abort``: the early-abort rule (``certain_stale``): a group still generating that must be stale.
-* ``history``: the fold of a stored weights history with the chain rule.
-* ``marks``: how far the counter's high-water mark may raise the counter (``MarkJudge``).
-* ``standing``: the re-claim rule (``outranks``): a fenced publisher claims again only when the
-  host's failover order put it above the owner.
-
-Producers and consumers import these; these import only ``weightbus.schemas`` and ``weightbus.errors``.
+They import only ``weightbus.schemas`` and ``weightbus.errors``.
 """
 
 from weightbus.rules.abort import certain_stale, oldest_bound

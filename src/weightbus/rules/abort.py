@@ -1,18 +1,7 @@
 """The early-abort rule: is a group still generating already certain to be judged stale?
 
-A drain judges a group against a version that only goes forward (the tracker's latest, raised to
-any newer label seen), and the group's staleness is ``current - oldest`` where ``oldest`` is the
-minimum over every label the group will carry. So once some label of the group is known (a finished
-request's ``weight_version``, or an older token span), that label bounds ``oldest`` from above, the
-version the tracker holds now bounds the drain's ``current`` from below, and the group is certain
-to be stale when the gap already exceeds the bound. Invariants:
-
-* only certainty aborts: no known label (nothing finished yet), no current version (never
-  published: the filter is off) or no bound (``max_staleness is None``) never abort;
-* the rule is monotonic: a newer ``current``, an older label or a tighter bound can only turn a
-  "keep generating" into an abort, never the reverse;
-* ``certain_stale`` agrees with ``staleness.judge``: whenever it says True, ``judge`` calls a
-  group holding that label stale at any current at least as new (a property test pins this).
+Only certainty aborts (no known label, no current version or no bound never does); the rule is monotonic, and
+whenever it says True, ``staleness.judge`` calls the group stale (property-tested).
 """
 
 from __future__ import annotations

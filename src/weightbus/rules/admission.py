@@ -1,55 +1,8 @@
 """The admission rule: whether one more group may start generating, as pure functions.
 
-The drain judges a group after it is generated (``rules.staleness``); this rule paces generation so that
-a group starts only while it can still be trained within the bound. It lives next to the staleness rule
-and uses its definitions:
-
-* staleness is ``current - oldest``, and a group generated while the tracker holds ``v`` has
-  ``oldest >= v`` (the engines carry ``v`` or newer: stamping follows the push);
-* the trainer consumes ``batch`` groups per version step: the batch judged at ``c`` is drained once the
-  tracker holds ``c``, and the next one once it holds a newer number.
-
-**Derivation.** A group admitted while the tracker holds ``c`` is fresh in every batch judged at ``c``,
-``c + 1``, ..., ``c + max_staleness``: ``(max_staleness + 1)`` batches, ``(max_staleness + 1) * batch``
-training slots (the *allowance*). Ahead of it for those slots are the groups already **accepted** into
-that window (finished and waiting in the buffer, or already drained into the batch judged at ``c`` or
-later) and the groups still **running** (admitted, not finished). So it may start only while::
-
-    capacity = (max_staleness + 1) * batch - (accepted + running) > 0
-
-This is AReaL's ``(eta + v + 1) * B - (accepted + running)`` with both terms rebased on the window that
-starts at the tracker's version: AReaL counts every group ever accepted against ``v * B``, which holds
-only while versions are contiguous from 0 and a local counter matches them. weightbus's numbers skip
-(a failed update uses its number up; a claim resumes above the high-water mark), so here ``accepted``
-counts only the groups drained at ``c`` or later (``accepted_in_window``): the capacity is tied to the
-version the tracker holds, never to a counter, and nothing needs re-basing after a recovery.
-
-Invariants (property-tested):
-
-* admitting only while ``capacity > 0`` keeps ``accepted + running <= allowance`` at every instant: a
-  finish moves a group from running to accepted (or frees it), a drain moves accepted groups from the
-  buffer to a batch inside the window, and a version advance only drops batches out of the window;
-* ``current is None`` (the policy never published) admits one batch's worth (the allowance of a bound of
-  0): nothing says which version those groups will carry, so they can be counted on only for the first
-  batch, and more would be generated against weights nobody announced (erring toward stale);
-* a version that goes backwards (a regression the tracker accepted) keeps every batch drained at the
-  newer numbers in the window: the count only errs toward fewer admissions;
-* ``max_staleness is None`` (measure, never filter) and the ``off`` mode never refuse; ``cap`` refuses
-  once ``running`` reaches the cap, whatever the version.
-
-Several processes sharing one allowance (``consumers.admission.shared``) split it by ``fair_shares``: max-min
-fair over what each asks for, so a busy holder that refills its slots as fast as it frees them cannot starve
-one that arrived later. The shares sum to at most the allowance, none exceeds its demand, and one that gets
-less than it asked for gets at least as much as any other (within one slot; with fewer slots than holders,
-the slot rotates with ``turn``, which the holders take from the time, whatever the mode).
-
-**Ledger validation** (``check_ledger``): a reader of the shared ledger accepts a new one only as a transition
-from the last it accepted. The writer may change its own holding; another holding may only be carried over
-unchanged, added, or dropped once its lease (and the linger of its in-flight groups) has run out on the
-reader's clock; the slots sum to at most the ledger's total and the policy's ceiling; holder ids are
-``<name>:<12 hex digits>``. Every expiry is clipped to the reader's own clock: a holding lasts at most
-``lease_s + skew_s`` after the reader first saw it, whatever it claims. What this cannot stop without
-signatures: a writer naming itself as any holder (see docs/operations.md).
+A group may start while ``(max_staleness + 1) * batch - (accepted + running) > 0``, ``accepted`` counting only groups
+drained at the tracker's version or later: the window follows the version held, never a counter. ``fair_shares``
+splits a shared allowance max-min fairly; ``check_ledger`` accepts a shared ledger only as a valid transition.
 """
 
 from __future__ import annotations

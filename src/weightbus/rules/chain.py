@@ -1,31 +1,7 @@
 """The version follower's rule, as a pure function: state + incoming weights event → new state + action.
 
-``decide`` validates the chain of events on a policy's weights subject (no I/O, no clock;
-``VersionTracker``, ``status`` and the monitor all use it). Invariants:
-
-* **The owner.** The owner is the publisher instance (epoch, incarnation, trainer id) of the latest
-  accepted ``PublisherClaimed``; before any claim was seen, the first event's publisher. A claim is
-  accepted when its epoch is above the owner's, or when its claimant found no history at all
-  (``previous_trainer_id`` None: a new policy, or a lost history); any other claim is
-  ``stale_claim``. A ``VersionReserved`` or a ``WeightUpdated`` from anyone but the owner is
-  ``not_owner``. Rejected events change nothing.
-* **No version from nowhere.** The owner's ``WeightUpdated`` may move the version up by one, or to
-  a number it reserved (``VersionReserved``, a claim's ``reserved``, or the ``version + 1`` that an
-  accepted ``WeightUpdated`` with ``reserves_next`` took for the next update); a reservation may be at
-  most one above everything seen. Anything else is ``unexplained_jump``.
-* **No claim from nowhere.** A claim takes over the ownership, never the numbers: its ``version``
-  and its ``reserved`` may each be at most one above the highest number the chain has seen (held
-  or reserved; the one is the claimant's own reservation, such as a resume above an engine label
-  that a lost reservation had issued; the counter's high-water mark, passed as ``issued`` once
-  ``rules.marks`` credited it, counts as seen). A claim above that is ``unexplained_claim``, rejected like
-  any other, and the owner keeps the counter: one forged claim can neither pin every follower at a
-  number nobody published nor fence the owner. Only a state without an owner (the first event a
-  follower sees) or a ``rebase`` (events were missed) takes a claim's numbers as they are. A claim
-  below the held version is a ``counter_reset``: the ownership passes, the held version stays.
-* **Never down silently.** A ``WeightUpdated`` below the held version is a regression, handled by
-  the mode: ``hold`` keeps the held state, ``follow`` takes the incoming version, ``raise`` keeps
-  the held state and tells the caller to raise. The same version again changes nothing.
-* ``updated_at`` is the ``published_at`` of the last accepted ``WeightUpdated`` that set the version.
+``decide`` is the one rule trackers, ``status``, ``watch`` and the publisher's resume apply; the owner is the latest
+accepted claimant; rejected events change nothing. The rule and why: docs/design.md#chain-validation.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """The pure fold of a policy's weights history with the chain rule: what every tracker holds now.
 
-Operator tools (``weightbus status``, ``weightbus publish``'s liveness check) and the publisher's
-resume fold the stored events of ``weightbus.<policy>.weights`` with ``chain.decide`` in ``hold``
-mode, exactly as a ``VersionTracker`` that starts now would, so they never show or resume from a
-version the trackers rejected. Reading the events is the caller's (``producers.status``).
-
-Invariants:
-
-* Pure: no I/O, no clock; the input is any sequence of stored events (``seq`` and ``event``, oldest
-  first), such as the bus's ``Envelope``.
-* A latest stored payload that failed the typed decode is passed in as ``invalid`` (trackers skip it)
-  and the fold covers the valid events before it.
-* The counter's marks, when given, are judged in stream order with the weights events
-  (``rules.marks``): a claim may resume one above a credited mark stored before it, and an
-  unexplained mark is listed in ``unexplained_marks`` and never credited.
-* ``rejected`` lists every event the rule refused (a lower version, or an event that is not from
-  the owner or that nothing explains), oldest first; ``latest_rejected`` says whether the newest
-  stored event is one of them.
+``status``, ``publish``'s liveness check and the publisher's resume fold the stored events with ``chain.decide`` in
+``hold`` mode and judge marks in stream order (``rules.marks``), exactly as a tracker starting now would.
+See docs/design.md#chain-validation.
 """
 
 from __future__ import annotations

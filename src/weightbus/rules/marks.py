@@ -1,25 +1,7 @@
 """How far the counter's high-water mark may raise the counter: the one rule the trainer, trackers and status share.
 
-A mark (``CounterHighWater`` on ``weightbus.<policy>.counter``) says "every number up to ``version``
-was issued"; the trainer resumes above it and trackers let a claim resume one above it. Any trainer
-credential of the policy can store one, so a mark is judged against the weights chain, in stream
-order, before it counts (pure: no I/O, no clock). Invariants:
-
-* **Explained, or ignored.** A mark stored after an event the chain accepted may say at most one
-  above the highest number the chain had seen when it was stored (held, reserved, or an accepted
-  owner's claim's ``reserved``; the one is the owner's own take, whose mark is written beside its
-  reservation). A mark above that, or whose ``announced`` is above its ``version``, is an
-  *unexplained mark*: reported, never credited, so it neither wedges the counter at ``MAX_VERSION``
-  nor splits trackers that read it from trackers that did not.
-* **The mark's guarantee stays.** A mark stored before every event the chain accepted (the history
-  that could refute it was evicted or purged) is credited as it is: it is then the only record of
-  the numbers issued, and a trainer restarted with no history, fleet or checkpoint resumes above it.
-* **Superseded is void.** A real writer never stores a mark below the newest one (each write is
-  conditional and stops when the newest covers its number), except an owner overwriting an
-  unexplained one; so a mark with a lower mark stored after it is void (unexplained), whatever the
-  chain retained around it later.
-* The credited mark is the highest explained one; its ``announced`` is what a held version is
-  compared with (a counter reset).
+A mark counts only as far as the weights chain explains it where it was stored (at most one above the highest number
+seen then); one stored before every retained event is taken as it is. Why: docs/operations.md#counter-mark-validation.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """The staleness rule, as pure functions over a group's pre-parsed version labels.
 
-* A group's oldest version is the minimum over the numeric labels of every sample, every turn,
-  every nested trajectory and every token span, so a request that straddled a push counts its
-  oldest tokens. Staleness is ``current - oldest``.
-* A label that is not a version is never silently fresh: under ``unknown="stale"`` (the default) a
-  group with such a label, or with no label at all, is judged ``unknown_version``; under
-  ``unknown="ignore"`` (miles-compatible) non-numeric labels are ignored.
-* ``current is None`` (the policy never published) turns the filter off: staleness is unknown,
-  never 0, and the group is kept unmeasured.
-* A sample newer than ``current`` means the tracker is behind: the judgement uses the newest version
-  seen as current, so staleness is never negative and never admits a group by coming out negative.
-* ``max_staleness is None`` turns filtering off but staleness is still measured.
-* ``regressed``: the host's own version went backwards with nothing on the bus (miles' failover
-  restarts its counter at 1), so a label above ``current`` is from the old numbering, not evidence of
-  a newer version: the group is judged ``stale`` (staleness unknown), never fresh, and ``current``
-  is not raised (raising it to the old numbering's top would judge every new group stale for ever).
+Staleness is ``current - oldest`` over every sample, turn, trajectory and token span; a label that is not a version
+is never silently fresh; ``current is None`` turns the filter off. The rest: docs/design.md#the-staleness-rule.
 """
 
 from __future__ import annotations

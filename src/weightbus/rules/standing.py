@@ -1,19 +1,7 @@
 """The re-claim rule: may a publisher that was fenced claim the counter again? Pure: no I/O, no clock.
 
-A host that runs several trainer replicas and picks one to update the engines (miles' ``--indep-dp``
-cells) may legitimately pick a replica again after another one took the counter from it. Only the
-host knows whom it picked, so the claim carries where the host's own failover order put the
-claimant (``ClaimStanding``) and the rule compares that with the owner's claim. Invariants:
-
-* **Only the host's order decides, never who writes last.** A fenced publisher may claim again only
-  when the owner's claim has a standing of the same scope (the same host job) and the claimant's
-  ``(term, rank)`` is strictly higher. A zombie's standing is frozen where the host left it, which is
-  never above the replica the host picked after it, so it stays fenced.
-* **Doubt keeps the fence.** No standing on either side, another scope (another job, a trainer that
-  is not the host's), or neither the owner's claim nor its counter mark retained: no re-claim. The
-  mark carries the standing too, so the 256 events the weights subject keeps do not bound a run;
-  a mark counts only as the mark rule credits it (``rules.marks``), so a forged mark's standing
-  says nothing.
+Only the host's failover order decides (``ClaimStanding``): the owner's standing in the same scope and a strictly
+higher ``(term, rank)``; no standing, another scope, or no retained claim or mark keeps the fence.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The wire contract: msgspec event types, one tagged union per subject family, and the one decode.
 
-Families and their subjects: ``weights`` (``WeightUpdated``, ``PublisherClaimed``,
-``VersionReserved``), ``counter`` (``CounterHighWater``), ``applied`` (``WeightApplied``),
-``alerts`` (``VersionRegressed``, ``VersionRejected``, ``EngineOutOfSync``, ``FleetQuarantined``),
-``drains`` (``DrainReport``), ``admission`` (``AdmissionLedger``).
-Rollout data: ``Sample``, ``Group``, ``TokenSpan`` (module ``rollouts``).
+Families: ``weights``, ``counter``, ``applied``, ``alerts``, ``drains``, ``admission``; rollout data is ``rollouts``.
 """
 
 from weightbus.schemas.admission import AdmissionLedger, AdmissionMessage, Holding

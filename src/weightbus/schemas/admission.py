@@ -1,12 +1,7 @@
 """The shared admission budget of a policy, rollout side ↔ rollout side (``weightbus.<policy>.admission``).
 
-Each ``AdmissionLedger`` is the whole budget: who holds how many of the policy's generation slots, and until
-when. Writers publish it conditionally on the subject's last sequence (the bus's fence), so the newest
-stored ledger is the budget and two writers never both build on the same one. A holder that stops renewing
-(kill -9) loses its slots once ``expires_at`` has passed; the ledger is never a counter to re-base: a
-restart reads the newest one.
-
-Evolution: new fields get defaults and go at the end; unknown fields are ignored on decode.
+Each ``AdmissionLedger`` is the whole budget, written conditionally on the subject's last sequence: the newest stored
+one is the budget. Evolution: new fields get defaults and go at the end; unknown fields are ignored on decode.
 """
 
 from __future__ import annotations

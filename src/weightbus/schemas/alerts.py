@@ -1,10 +1,4 @@
-"""Alerts, any component → operators (``weightbus.<policy>.alerts``).
-
-An alert is published when weightbus refuses to take something silently: a version that went
-backwards, a weights event a tracker would not accept (not from the owner, a jump or a claim nothing
-explains, a counter reset), an engine that does not serve the version it was stamped with (or came back from a
-restart), or engines relabelled with a quarantine label because their weights may not match a number.
-"""
+"""Alerts, any component → operators (``weightbus.<policy>.alerts``): what weightbus refuses to take silently."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """The one typed decode: bytes on a subject → an event of that subject's family, or ``InvalidEventError``.
 
-The family is the last token of the subject (``weightbus.<policy>.<family>``). Encoders and decoders
-are built once at import. Nothing but ``InvalidEventError`` ever leaves ``decode``: not JSON, wrong
-types, a negative version, an unknown tag, an oversized payload, or a subject outside the scheme.
-
-``encode`` checks what it sends against the same types: an event that every consumer's decode
-would drop (a version above ``MAX_VERSION``, a negative count, an oversized payload; msgspec's
-constructors check no constraint) raises ``UnsendableEventError`` naming the field, and never
-reaches the wire. Both buses encode through it, so weightbus never produces an invalid event.
+``encode`` checks an event against the same types (msgspec's constructors check none) and raises
+``UnsendableEventError`` naming the field; both buses encode through it, so no event a consumer drops is ever sent.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Field types shared by every event family: versions, epochs, policy ids, timestamps.
 
-Constraints live on the types so that a bad event fails decoding with a JSON path (``$.version``)
-instead of a hand-written validator. Constructors do not type-check (msgspec); only decoding does.
+Constraints live on the types, so a bad event fails decoding with a JSON path (``$.version``); constructors check none.
 """
 
 from __future__ import annotations

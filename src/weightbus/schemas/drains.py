@@ -1,9 +1,6 @@
 """Drain reports, rollout side → monitors (``weightbus.<policy>.drains``).
 
-One ``DrainReport`` per drain of the fully-async buffer (or per call of the staleness helper):
-counts by action and reason and the staleness statistics of the window, in versions; the tokens
-generated, trained and not trained; the staleness split into time in flight and in queue; and the
-groups by outcome and response-length or reward bucket (the filter's selection bias).
+One ``DrainReport`` per drain: counts by action and reason, staleness statistics, tokens wasted, selection bias.
 """
 
 from __future__ import annotations

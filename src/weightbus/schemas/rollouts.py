@@ -1,23 +1,8 @@
 """Rollout data, engines → rollout manager → trainer: ``Sample``, ``TokenSpan`` and ``Group``.
 
-A ``Sample`` carries the weight-version labels its engine calls returned (``meta_info.weight_version``,
-one per generate call or turn) and, when a request straddled a push, the token spans of
-``meta_info.weight_versions``. Labels are parsed once, when the sample is built, decoded or a turn is
-recorded, into a cached summary (oldest and newest numeric version, whether a non-version label was
-seen, whether the sample is aborted), so that judging staleness at drain time never parses strings.
-The summary is runtime state in the instance ``__dict__`` and is never encoded; assigning
-``weight_versions``, ``weight_version_spans`` or ``status`` refreshes it, and so do the ``record_*``
-methods. Code that edits the label lists in place must call ``refresh_versions()``.
-
-A version label is numeric iff it is a non-empty ASCII decimal string (``"12"``); ``"default"``,
-``""``, ``"-1"`` and ``"v1"`` are not versions.
-
-A ``Group`` is the unit that ages, is kept, recycled or dropped: the flat prompt group in ``samples``
-and, for multi-agent rollouts, the generated trajectories in ``trajectories`` (msgspec cannot decode a
-union of two list types, hence two fields). Recycling resets the flat prompt group and clears the
-trajectories.
-
-Evolution: new fields get defaults and go at the end; unknown fields are ignored on decode.
+A ``Sample``'s labels are parsed once into a cached summary (never encoded), refreshed when the label fields or
+``status`` are assigned; an in-place edit must call ``refresh_versions()``. A label is a version iff it is a non-empty
+ASCII decimal string. Evolution: new fields get defaults and go at the end; unknown fields are ignored on decode.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """Weight events, trainer → rollout workers and monitors (``weightbus.<policy>.weights``, ``.applied``, ``.counter``).
 
-``WeightUpdated`` announces that every engine of a policy now serves ``version``; it is published
-after the engines were stamped and read back, and before they resume generating. Two more events
-share the weights subject, so that every one of them is ordered and fenced by the same conditional
-publish: ``PublisherClaimed`` (a publisher took over the counter; the previous owner's next
-conditional publish is refused) and ``VersionReserved`` (the owner took ``version`` for an update
-before any engine carries it; a reserved number is never issued again, even if the update fails).
-A ``WeightUpdated`` with ``reserves_next`` also reserves ``version + 1`` for its publisher's next
-update, so that an update that follows a successful one needs no reservation event of its own:
-followers receive one event per update.
-``WeightApplied`` is the per-engine read-back of one stamp.
-``CounterHighWater`` (on ``weightbus.<policy>.counter``, a subject of its own) is the counter's
-high-water mark: the highest number the owner ever took, written before any engine can carry it.
-It survives any number of writes to the weights subject, so a publisher resumes above it and a
-tracker that holds a version below what it says was announced reports a counter reset.
-
-Every publisher instance has an ``incarnation`` (random, unique per ``start()``): two processes
-with the same ``trainer_id`` are still two owners to the fence and to trackers.
-
-Evolution: new fields get defaults and go at the end; unknown fields are ignored on decode.
+The weights subject's three events share one conditional publish, which orders and fences them
+(docs/design.md#the-counter-one-owner-fenced-by-the-bus). Evolution: new fields get defaults and go at the end;
+unknown fields are ignored on decode.
 """
 
 from __future__ import annotations

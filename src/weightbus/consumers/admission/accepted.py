@@ -1,18 +1,7 @@
 """``AcceptedGroups``: which buffered groups hold an accepted slot, settled as the drain routes or keeps them.
 
-A host's buffer holds groups that were admitted; a drain keeps some and routes the others (stale, unknown,
-aborted, filtered) as not to be trained. The slot of each must follow its group: freed the moment the group is
-routed, counted in the window of the version it trains at when a judgement keeps it. ``DrainWindow`` calls
-``unused`` and ``kept`` (its ``slots``), so every host (``weightbus rollout``, miles' buffer) settles slots by the
-same mechanism, and a drain that filters a whole window frees those slots *while* it waits for fresh groups
-instead of after (where the gate, still counting them, would admit nothing and the drain would wait for ever).
-
-Invariants:
-
-* a slot is drained exactly once (``Slot.drained`` refuses a second time); a group seen again after it was
-  settled (handed back, judged again) settles nothing;
-* a group that holds no slot here (aborted early, never admitted, accepted by another gate's host) is ignored;
-* groups are keyed by identity and held until settled, so an identity is never reused while it counts.
+A routed group frees its slot at once, a kept one counts where it trains; a slot is drained exactly once; groups
+are keyed by identity and held until settled; a group without a slot here is ignored.
 """
 
 from __future__ import annotations

@@ -1,40 +1,18 @@
 """``Admission``: the gate a rollout passes before it starts generating a group.
 
-A host asks for a slot before each group (``async with admission.slot() as slot:``, or ``async for slot in
-admission.slots()``), and says what became of the group: ``slot.accept()`` when it enters the buffer (it
-still counts, as accepted, until a drain takes it), ``slot.release(outcome)`` when it finished unused,
-was aborted or will be regenerated (``recycled``: the retry asks for a new slot). Leaving the ``async
-with`` without either releases the slot (``aborted`` on an exception, ``finished`` otherwise). A host whose
-buffer is weightbus' drain engine accepts through ``AcceptedGroups``, and the drain settles each group's slot
-as it keeps or filters it (``Slot.drained``); a host that drains by itself reports its counts with ``drained``.
-
-Invariants:
-
-* the capacity is ``rules.admission.mode_capacity`` over the counts held here (computed inline for speed,
-  equal to the rule at every step: property-tested) and the version read from the source at each check
-  (a tracker's ``.current``, an int or None, or a callable): no local counter of versions, so a tracker
-  that jumps, resumes or regresses moves the window with it; a tracker that cannot say
-  (``TrackerNotReadyError``: starting, deaf) admits nothing in ``bounded`` mode;
-* ``running + accepted`` never exceeds what the rule allows when the slot was granted: a slot is granted
-  only while the capacity is positive, and is counted at once (the check and the count are one step of
-  the event loop, so concurrent waiters never both take the last slot);
-* with a ``SharedBudget`` (``bounded`` or ``cap``: the policy's processes share the allowance or the cap)
-  the local capacity is also bounded by the slots the budget holds for this
-  process (``held - used``), and a lapsed lease holds none: a process cut off from the bus admits nothing;
-* a slot is released exactly once; releasing or accepting it again raises ``AdmissionError``, so a host
-  bug cannot free a slot twice and over-admit;
-* the check is cheap (``bench/admission.py``): no allocation but the ``Slot``, no await when a slot is free.
+The capacity is ``rules.admission.mode_capacity`` over the counts held here and the version read at each check (a
+tracker not ready admits nothing in ``bounded``); a slot is granted only while it is positive, counted at once, and
+released exactly once. See docs/rollout.md#admission-generate-only-what-can-still-be-trained.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-from weightbus.errors import AdmissionError, SlowConsumerError, TrackerNotReadyError
+from weightbus.errors import AdmissionError, TrackerNotReadyError
 from weightbus.rules.admission import (
     ADMISSION_MODES,
     UNLIMITED,
@@ -43,13 +21,12 @@ from weightbus.rules.admission import (
     allowance,
     mode_capacity,
 )
+from weightbus.rules.source import CurrentSource, version_reader
 
 if TYPE_CHECKING:
     from weightbus.consumers.admission.shared import SharedBudget
 
 __all__ = ["Admission", "Outcome", "Slot"]
-
-log = logging.getLogger("weightbus.consumers")
 
 Outcome = Literal["finished", "aborted", "recycled"]
 _OUTCOMES: Final = ("accepted", "finished", "aborted", "recycled")
@@ -175,7 +152,7 @@ class Admission:
         self,
         mode: AdmissionMode = "bounded",
         *,
-        current: Any = None,
+        current: CurrentSource = None,
         max_staleness: int | None = 1,
         batch: int,
         cap: int | None = None,
@@ -189,7 +166,7 @@ class Admission:
         self._max_staleness = max_staleness
         self._batch = batch
         self._cap = cap
-        self._read = _reader(current)
+        self._read = version_reader(current)
         self._running = 0
         self._ready = 0
         self._taken: dict[int | None, int] = {}
@@ -354,17 +331,15 @@ class Admission:
         self._notify()
 
     async def follow(self, changes: Callable[[], AsyncIterator[object]]) -> None:
-        """Wake waiting ``acquire`` calls at every item of ``changes()`` (a tracker's ``changes``): a new version
-        moves the window, and the engines should not idle until the next poll. Resubscribes when the iterator
-        falls behind (``SlowConsumerError``: a missed change only waits for the poll); returns when it ends.
+        """Wake waiting ``acquire`` calls at every item of ``changes()``: a new version moves the window, and the
+        engines should not idle until the next poll. Returns when the iterator ends.
+
+        Args:
+            changes: a tracker's ``latest_changes``, the iterator that never falls behind (a skipped change
+                moves the window no less: the gate reads the version itself at each check).
         """
-        while True:
-            try:
-                async for _ in changes():
-                    self._notify()
-                return
-            except SlowConsumerError as exc:
-                log.warning("admission's version listener fell behind; resubscribing", extra={"error": str(exc)})
+        async for _ in changes():
+            self._notify()
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -410,22 +385,3 @@ class Admission:
 
 
 _UNSET: Final = object()
-
-
-def _reader(source: Any) -> Callable[[], int | None]:
-    if source is None or isinstance(source, int):
-        if isinstance(source, bool) or (source is not None and source < 0):
-            raise ValueError(f"a current version must be an int >= 0 or None, got {source!r}")
-        return lambda: source
-    # Looked up on the type (or the instance dict): reading a tracker's property here could raise.
-    if hasattr(type(source), "current") or "current" in getattr(source, "__dict__", ()):
-        return lambda: _checked(source.current)
-    if callable(source):
-        return lambda: _checked(source())
-    raise TypeError(f"a version source is an int, None, a callable or an object with .current, got {source!r}")
-
-
-def _checked(value: object) -> int | None:
-    if value is None or (type(value) is int and value >= 0):
-        return value
-    raise TypeError(f"a current version must be an int >= 0 or None, got {value!r}")

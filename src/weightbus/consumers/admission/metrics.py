@@ -1,17 +1,6 @@
 """Prometheus metrics of the shared admission budget, on an injected ``CollectorRegistry`` (never the global one).
 
-Families (prefix ``weightbus_admission_``, label ``policy``, and ``reason`` for rejections; no holder ids):
-
-* ``weightbus_admission_ledgers_rejected_total{policy, reason}``: ledgers refused by
-  ``rules.admission.check_ledger`` (reasons: ``rules.admission.LEDGER_REJECTIONS``); each was kept out of
-  this process's view and its next write was built on the last valid ledger;
-* ``weightbus_admission_leases_clipped_total{policy}``: holdings that claimed a lease beyond the configured one;
-* ``weightbus_admission_holding_tampered_total{policy}``: ledgers that erased or altered this holder's holding
-  without being its write;
-* ``weightbus_admission_over_admission_total{policy}``: accepted ledgers whose holdings had more in use than
-  the total (a holder's groups outlived its lease);
-* ``weightbus_admission_starved_seconds{policy}``: how long this holder has wanted a slot and held none
-  (0 when it holds one or wants none), read at scrape time.
+Families ``weightbus_admission_*`` (docs/operations.md#metrics); labels ``policy`` and ``reason``, never a holder id.
 """
 
 from __future__ import annotations

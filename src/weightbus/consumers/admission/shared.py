@@ -1,49 +1,8 @@
 """``SharedBudget``: one admission budget for every rollout process of a policy, kept on the bus.
 
-The budget lives on ``weightbus.<policy>.admission`` as ``AdmissionLedger`` records (``schemas.admission``):
-each is the whole budget, written as a conditional publish on the subject's last sequence, so the bus's
-fence (not a lock server, not a read before the write) orders the writers. Invariants:
-
-* **Never over-granted.** A writer builds its ledger on the newest one it accepted and publishes it with
-  ``expected_last_seq``; if another write landed first the publish is refused (nothing stored), the
-  writer catches up on what landed and recomputes. Every stored ledger grants at most ``total`` slots in
-  all, counting every holding whose lease (plus its linger) has not run out, each as ``rules.admission.counted``
-  (its slots, or what it had in use when that was more).
-* **Validated.** Every ledger read is judged as a transition from the last one accepted here
-  (``rules.admission.check_ledger``): the writer changes only its own holding, another holding is carried,
-  added, or dropped only once it has lapsed on this reader's clock, the slots fit the total and the policy's
-  ceiling, holder ids are well formed. A ledger that fails is rejected (counted by reason, logged): this
-  process keeps the last valid one, and its next write is fenced on the subject's real last sequence but built
-  on that valid ledger, so the honest holders carry on. Every expiry is clipped to ``lease_s + skew_s`` after
-  this reader first saw it (counted). A ledger that erases or alters this holder's own holding is tampering:
-  counted, logged as an error, and this holder admits on the smaller of the two and rewrites its holding.
-* **Fair, whatever the mode.** Each holding records what its holder asked for (``wants``). A holder keeps at
-  most its max-min fair share of the allowance (``rules.admission.fair_shares`` over every live holder's
-  ``wants``): at once for its own admissions, and in the ledger as soon as the surplus is unused. With fewer
-  slots than holders the remainder rotates with a turn taken from the clock (every ``lease_s / 3``), so the
-  ``cap`` mode (no version) rotates as the ``bounded`` one does.
-* **Leases, and what outlives them.** A holding expires ``lease_s`` after it was written (``expires_at``, the
-  writer's clock). Its holder renews it every ``lease_s / 3``; the holder itself admits on it only until
-  ``lease_s - skew_s`` after it *sent* the write (its own monotonic clock). Other writers keep counting it
-  ``skew_s + linger_s`` after ``expires_at``: the groups it started may still be generating. Once back, the
-  holder writes what it still has in use, and the others count that until it falls. So the running groups
-  exceed the allowance only when a group of a holder that lost the bus (paused, partitioned, or the bus down)
-  outlives ``lease_s + skew_s + linger_s`` after its last renewal, and then by at most that holder's slots
-  (docs/operations.md, "Admission guarantees", has the measured figures). A process killed with ``kill -9``
-  gets its slots back to the others within ``lease_s + skew_s + linger_s`` of its last renewal, plus the time
-  until another holder next writes (at once when it waits for slots, else its next renewal).
-* **One round trip per write, writes per group below one.** The newest ledger is followed by a
-  subscription, so a write is one conditional publish. A process asks for ``grant`` slots at a time and
-  keeps them while it uses them, returning the surplus at a renewal (``bench/admission.py``).
-* **Nothing to re-base.** The state is the newest valid ledger; a start replays the retained history through
-  the validation. A ledger lost with the stream (a purge, a new stream) is rebuilt by the next write from the
-  last valid one known here (or, in a fresh process, from its own holding).
-* A stray or malformed payload on the subject is skipped and counted by the bus; it moves the fence, not the
-  ledger.
-
-All holders of one policy must share one bound, batch, lease and linger (they share one allowance); the ledger
-records the writer's ``total``. Without signatures a credential that may publish the subject can still name
-itself as any holder and take free slots; docs/operations.md says what validation does and does not stop.
+The budget is the newest valid ``AdmissionLedger``, each written as a conditional publish (the bus's fence orders
+the writers) and validated on read (``check_ledger``); holdings are leases, each at most its max-min fair share.
+All holders share one bound, batch, lease and linger. Guarantees and limits: docs/operations.md#admission-guarantees.
 """
 
 from __future__ import annotations

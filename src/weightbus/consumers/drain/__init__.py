@@ -1,9 +1,6 @@
 """The drain: generated groups buffered, judged with ``weightbus.rules.staleness`` when taken, routed.
 
-``FullyAsyncBuffer`` is the fully-async buffer, ``judge_groups`` the one-call judgement for hosts with
-their own buffer; both, and miles' buffer (``weightbus.integrations.miles``), go through one drain
-engine, ``DrainWindow``, and report through ``DrainMetrics`` and ``DrainReporter``. Nothing here follows
-the bus's weights subject: the version comes from a source passed in (a tracker, an int, a callable).
+Every host goes through one engine, ``DrainWindow``; nothing here follows the bus (the version source is passed in).
 """
 
 from weightbus.consumers.drain.buffer import CurrentSource, Drain, FullyAsyncBuffer, buffer_capacity, resolve_current

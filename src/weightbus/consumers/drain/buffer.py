@@ -1,35 +1,8 @@
 """The fully-async buffer: a bounded FIFO of generated groups, judged for staleness when drained.
 
-Invariants (miles fully-async, §9 items 3 to 11, with weightbus' stricter rule):
-
-* ``put`` filters aborted groups (and a host's dynamic-filter rejects) before they enter; a full
-  buffer blocks the producer and nothing is ever evicted;
-* ``drain(n, current)`` reads ``current`` once, takes groups from the head, judges each at take
-  time (a group fresh when put can be stale when taken), and returns exactly ``n`` kept groups
-  sorted by their first sample's index; it blocks while the buffer is empty;
-* groups not kept go to ``on_stale``: ``drop`` discards them, ``recycle`` resets the flat prompt
-  group and hands it out through ``take_recycled()`` (or an ``on_recycle`` callable); dynamic-filter
-  rejects are always dropped; the admission slot of each (``slots``) is freed as it is routed, while
-  the drain may still wait for fresh groups, and a kept group's counts where it trains;
-* the statistics of a drain cover everything since the previous drain, put-side events included,
-  and reset with every drain (miles ``get_metrics``); Prometheus is updated once per drain (the
-  buffer-size gauge is read at scrape time), never per put;
-* the version source is read once per drain; a tracker that is not ready (starting, deaf, or a
-  subject with no valid event) is waited for, up to ``ready_timeout``, then the drain raises
-  ``TrackerNotReadyError``: a drain never judges against "no version" by accident. Only a tracker
-  whose policy never announced a version turns the filter off, and the drain says so
-  (``version_state="never_published"``);
-* a label newer than the drain's current, in any group it holds, takes or took at put (an aborted
-  group filtered at put included), raises the drain's current: versions only go forward (the
-  drain engine's evidence, ``DrainWindow``);
-* a drain that is cancelled or fails (a group of the wrong size) puts every group it had kept back
-  at the head, in order: nothing drained is lost;
-* the ``DrainReport`` goes out in the background (``DrainReporter.submit``): a drain never waits on
-  the bus;
-* after ``fail(exc)`` every drain and put raises ``exc`` at once, even with groups queued.
-
-The buffer is a host of the drain engine (``DrainWindow``): it owns the FIFO, the waiting and the
-recycling; the engine owns the judging, the evidence, the window's counts, metrics and reports.
+``put`` filters aborted groups and blocks when full; ``drain(n)`` returns exactly ``n`` kept groups, waiting at most
+``ready_timeout`` for a tracker that is not ready; a cancelled or failed drain puts its kept groups back at the head,
+in order; after ``fail(exc)`` every call raises it. The judging, counts and reports are ``DrainWindow``'s.
 """
 
 from __future__ import annotations
@@ -39,10 +12,11 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING
 
 from weightbus.consumers.drain.stage import Action, DrainStats, StalenessStage
 from weightbus.errors import TrackerNotReadyError
+from weightbus.rules.source import CurrentSource, read_version
 from weightbus.schemas.rollouts import Group
 
 if TYPE_CHECKING:
@@ -52,38 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["CurrentSource", "Drain", "FullyAsyncBuffer", "buffer_capacity", "read_current", "resolve_current"]
 
 
-#: ``int | None``, a zero-argument callable returning one, or an object with a ``.current`` attribute
-#: (a ``VersionTracker``).
-CurrentSource = Any
-
-_MISSING: Final = object()
-
-
-def resolve_current(source: CurrentSource) -> int | None:
-    """Read a version once from ``source``.
-
-    Args:
-        source: an ``int`` or None, an object with a ``.current`` attribute (a tracker), or a
-            zero-argument callable returning ``int | None``.
-
-    Raises:
-        TypeError: the source yields something other than a non-bool ``int`` or None.
-        ValueError: the version is negative.
-    """
-    value = source
-    if value is not None and not isinstance(value, int):
-        attr = getattr(value, "current", _MISSING)  # a tracker's property: read it exactly once
-        if attr is not _MISSING:
-            value = attr
-        elif callable(value):
-            value = value()
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"a current version must be an int or None, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"a current version must be >= 0, got {value}")
-    return value
+#: Kept under its old name: ``rules.source.read_version`` reads a ``CurrentSource`` once.
+resolve_current = read_version
 
 
 async def read_current(source: CurrentSource, ready_timeout: float) -> tuple[int | None, str]:
@@ -95,11 +39,11 @@ async def read_current(source: CurrentSource, ready_timeout: float) -> tuple[int
 
     Raises:
         TrackerNotReadyError: the tracker was not ready within ``ready_timeout`` seconds.
-        TypeError, ValueError: as ``resolve_current``.
+        TypeError, ValueError: as ``rules.source.read_version``.
     """
     wait_ready = getattr(source, "wait_ready", None)
     if wait_ready is None or isinstance(source, int):
-        return resolve_current(source), "given"
+        return read_version(source), "given"
     if not getattr(source, "ready", False):
         try:
             await wait_ready(ready_timeout)
@@ -107,7 +51,7 @@ async def read_current(source: CurrentSource, ready_timeout: float) -> tuple[int
             status = getattr(getattr(source, "status", None), "value", "not ready")
             policy = getattr(source, "policy", "?")
             raise TrackerNotReadyError(policy, status, f"a drain waited {ready_timeout:g}s for it") from None
-    value = resolve_current(source)
+    value = read_version(source)
     return value, "never_published" if value is None else "current"
 
 

@@ -1,15 +1,6 @@
 """The staleness stage's results: each group's ``Decision`` and each judgement's ``Judgement`` and ``DrainStats``.
 
-Frozen values built by the drain engine (``DrainWindow``, ``window.py``) and read by the buffer,
-the drain reports and host frameworks; they hold no rule of their own.
-
-Invariants:
-
-* every ``Decision`` carries a ``Reason``; its ``verdict`` is None only when the rule was not run
-  (an aborted group);
-* ``DrainStats.metrics`` uses miles' exact ``rollout/fully_async/*`` names and leaves out a value
-  that is unknown (staleness, buffer staleness, current version) instead of reporting 0;
-* ``Judgement.metrics`` is its ``stats.metrics``.
+Frozen values holding no rule; every ``Decision`` has a ``Reason``; ``DrainStats.metrics`` omits unknowns, never 0.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
-"""The window's waste and bias accounts: tokens generated, trained and not trained, where the staleness
-came from, and which groups the filter keeps, by response length and by reward.
+"""The window's waste and bias accounts: tokens generated, trained and not trained, and which groups the filter keeps.
 
-``DrainWindow`` feeds a ``WasteLedger`` the groups it sees: each admitted group's response tokens as
-generated, and each group's fate once (kept, or not kept with its reason), before a recycled group
-is reset. Invariants:
-
-* a group's tokens are counted as generated once, at admit, and as trained or not trained once, when
-  its fate is known: over a run, ``generated == trained + sum(not_trained) + what is still buffered``;
-* a group's known staleness (``current - oldest``) is split into versions in flight (the host's
-  ``generated_version`` minus the oldest label, clamped to ``[0, staleness]``) and versions in queue
-  (the rest), so the two always add up to the staleness; without ``generated_version`` there is no
-  split. Seconds in flight are ``generated_at - started_at``, seconds in queue run from
-  ``generated_at`` to the judgement: both only when the host stamped the group;
-* the bias buckets are fixed, few and named (``LENGTH_BUCKETS``, ``REWARD_BUCKETS``): labels stay
-  low-cardinality. A group's bucket is that of its mean response length and its mean reward
-  (``none`` without any reward); an aborted group counts the tokens it had generated when aborted;
-* early aborts (the host stopped a group the rule said must be stale) are counted with the tokens
-  the abort saved, at most what its unfinished requests could still have generated.
+A group's tokens count as generated once and as trained or not trained once (``generated == trained + not_trained
++ buffered``); its staleness splits into in flight and in queue, which add up to it; bias buckets are few and fixed.
 """
 
 from __future__ import annotations

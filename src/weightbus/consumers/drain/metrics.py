@@ -1,31 +1,7 @@
 """Prometheus metrics of the staleness stage, on an injected ``CollectorRegistry`` (never the global one).
 
-Families (prefix ``weightbus_``, label ``policy``; no version numbers or group ids as labels):
-
-* ``weightbus_group_staleness`` histogram of judged groups' staleness, in versions;
-* ``weightbus_groups_total{policy, action, reason}`` groups by action (kept/recycled/dropped) and reason;
-* ``weightbus_buffer_groups``, ``weightbus_buffer_avg_staleness``, ``weightbus_buffer_max_staleness`` gauges;
-* ``weightbus_tracker_behind_total`` groups that held a version newer than the tracker's;
-* ``weightbus_drain_current_version`` the version the last drain judged against;
-* ``weightbus_host_version_regressions_total`` times a host's own version went backwards with no version
-  on the bus (miles' failover restarting at 1): the drains after it are judged ``regressed``;
-* ``weightbus_drain_report_failures_total`` drain reports that could not be published.
-* ``weightbus_drain_reports_dropped_total`` drain reports dropped because the reporter's bounded
-  queue was full (the bus was away for longer than the queue covers).
-* ``weightbus_tokens_generated_total``, ``weightbus_tokens_trained_total`` and
-  ``weightbus_tokens_not_trained_total{action, reason}``: response tokens admitted, kept, and not kept;
-* ``weightbus_early_aborts_total`` groups aborted while generating because they had to be stale, and
-  ``weightbus_tokens_saved_total`` at most how many tokens that saved;
-* ``weightbus_group_wait_versions{phase}`` and ``weightbus_group_wait_seconds{phase}`` histograms: each
-  judged group's staleness split into ``in_flight`` (generating) and ``in_queue`` (buffered);
-* ``weightbus_groups_by_length_total{outcome, length}`` and ``weightbus_groups_by_reward_total{outcome,
-  reward}``: kept against recycled, dropped and aborted groups by mean response-length and reward bucket
-  (``ledger.LENGTH_BUCKETS``, ``ledger.REWARD_BUCKETS``: a few fixed names).
-
-Everything is updated once per drain from its tallies (``DrainWindow.finish``), never per group or
-per put; the buffer-size gauge is read at scrape time from the buffer (``track_buffer``): prometheus-client's
-``Histogram.observe`` costs about 2 µs, which alone would halve the stage's throughput. The staleness
-histogram is therefore a small custom collector fed with per-drain counts.
+Families ``weightbus_*`` (docs/operations.md#metrics), updated once per drain: one ``Histogram.observe`` costs about
+2 µs, so the staleness histogram is a custom collector. Never a version or a group id as a label.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Drain reports: a drain's statistics as a ``DrainReport`` on ``weightbus.<policy>.drains``.
 
-Invariants: a report's ``msg_id`` is deterministic (``<policy>:drain:<consumer>:<seq>``), so a
-retried publish stores one event; ``seq`` counts a reporter's drains from ``start_seq + 1``; a
-publish that fails or times out is logged, and never fails the drain it describes.
-``submit`` never waits on the bus: reports go out in the background, in order, through a bounded
-queue (``max_queued``); a report that finds the queue full is dropped and counted
-(``weightbus_drain_reports_dropped_total``), so a drain costs the same with NATS up or down.
-
-A background publish that fails is in doubt, not failed: the client may still hold it and store it
-when the connection is back. It is published again (same ``msg_id``: a stored one comes back as a
-duplicate) after the next publish that succeeds; only a report given up for good counts in
-``failures`` and ``weightbus_drain_report_failures_total``: one still in doubt at ``flush`` or
-``aclose``, or pushed out of the ``max_queued`` reports kept in doubt.
+Ids are deterministic (a retry stores one event); ``submit`` never waits on the bus (a bounded queue, overflow
+counted); a failed publish is in doubt and sent again after the next success; only one given up for good has failed.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """The staleness stage: keep, recycle or drop each drained group, and the window's statistics.
 
-Invariants:
-
-* every decision carries a reason (``fresh``/``unmeasured`` for keeps, ``stale``, ``unknown_version``,
-  ``aborted``, ``filtered`` otherwise); groups not kept all take the ``on_stale`` action, except
-  dynamic-filter rejects, which are always dropped;
-* ``current`` is read once per judgement; a group newer than it raises the judgement's current to
-  the newest version seen (``tracker_behind``) and the groups already kept are judged again, so no
-  group is admitted because its staleness came out negative;
-* statistics cover every group judged with a known staleness, filtered ones included (miles
-  semantics); a recycled group is reset after it was measured;
-* Prometheus is touched once per judgement, never per group.
-
-``judge_groups`` is the one-call helper for host frameworks (miles, slime): no bus, no buffer. Every
-host, this one included, goes through the drain engine ``DrainWindow`` (``window``), which applies
-the rule through ``DrainTally`` (``tally``); the result types (``Action``, ``Decision``,
-``DrainStats``, ``Judgement``) live in ``decisions`` and are re-exported here.
+Every decision has a reason; groups not kept take ``on_stale`` (filter rejects are dropped). ``judge_groups`` is the
+one-call helper for host frameworks (no bus, no buffer); the result types are re-exported from ``decisions``.
 """
 
 from __future__ import annotations

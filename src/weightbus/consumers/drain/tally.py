@@ -1,20 +1,7 @@
 """``DrainTally``: the running bookkeeping of one judgement (one drain, or one ``judge_groups`` call).
 
-``DrainWindow`` (``window.py``, the drain engine every host goes through) feeds it the groups a host
-takes, in order; the tally applies the one staleness rule (``staleness.judge``) to each and remembers
-what was kept, the staleness values and the counts by reason; the window routes what was not kept
-and folds the tally into its statistics. Invariants:
-
-* every group goes through ``staleness.judge``, except in the inlined fast paths of ``add`` and
-  ``add_many`` for flat, numeric, not-aborted groups no newer than the snapshot, which one property
-  test pins to the rule;
-* any label newer than ``current``, an aborted group's included (and ``evidence`` from groups that
-  never reached the drain), raises ``current``; groups already kept are judged again against it
-  and the ones now too stale move to ``evicted`` for the caller to route;
-* staleness values are taken against the final ``current`` (``staleness_values``);
-* the inlined paths also note, per group they judge, its response tokens, sample count, reward sum and
-  oldest version (``sums``, by ``id(group)``) for the window's waste accounts, so that accounting does not walk the
-  samples a second time; a group not noted there is summed by the accounts themselves.
+Every group goes through ``staleness.judge`` but in the inlined fast paths (pinned to it by a property test); a newer
+label raises ``current`` and re-judges the kept groups (``evicted``); staleness is taken at the final ``current``.
 """
 
 from __future__ import annotations

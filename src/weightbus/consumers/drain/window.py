@@ -1,36 +1,9 @@
 """The drain engine: one window of judgements, the same for every host (our buffer, ``judge_groups``, miles).
 
-A host hands the window the groups it is given (``admit``, ``filtered``) and the groups it takes
-(``begin``, ``take``, ``close``); the window judges each taken group with the drain-wide evidence
-(``DrainTally``, the one place the staleness rule is applied), routes the groups not kept, hands back
-what a failed or cancelled judgement had kept (``abandon``), and ``finish`` closes the window: one
-``DrainStats``, one Prometheus update, one ``DrainReport``.
-
-A window is what miles calls a metrics window: everything since the previous ``finish``. A
-``FullyAsyncBuffer`` drain or a ``judge_groups`` call is one judgement in one window; miles' buffer
-makes one judgement per ``get`` and finishes the window in ``get_metrics``.
-
-Invariants:
-
-* evidence only goes forward: a judgement's current is raised to the newest label of any group the
-  host holds (noted by ``admit``), of any group judged or refused since the window opened, and of any
-  group ever refused at ``admit`` (no judgement will see those); the groups still held carry their
-  labels into the next window. A version that is None (never published) stays None: the filter is
-  off and says so;
-* a group not kept is routed exactly once, to ``on_unused``, and counted as recycled or dropped by
-  the stage's ``on_stale``; dynamic-filter rejects are always dropped and never routed;
-* the host's admission slots (``slots``: ``consumers.admission.AcceptedGroups``) are settled here, per
-  group: a routed or filtered group frees its slot as it is routed, before the judgement returns (a
-  judgement that filters a whole window must not hold the slots the fresh groups it waits for need),
-  and a judgement's kept groups count at its current when it closes;
-* a group that ``close`` returns is the host's for good (miles has already trained on it): nothing
-  seen later takes it back; within one judgement a kept group that a newer label makes stale is
-  routed (``DrainTally.evicted``);
-* ``abandon`` returns every group the judgement kept, in order, for the host to put back at its
-  head; what the judgement filtered stays counted in the window: nothing drained is lost;
-* every group's tokens and fate go to the window's ``WasteLedger`` (``ledger.py``) once: generated at
-  ``admit``, trained at ``close``, not trained when routed (before the host resets it);
-* Prometheus is updated in ``finish`` only: once per window, never per group or per put.
+A window is miles' metrics window, closed by ``finish`` (one ``DrainStats``, Prometheus update and ``DrainReport``).
+Evidence only goes forward; a group not kept is routed once and frees its slot as it is routed; ``close``'s groups are
+the host's for good; ``abandon`` hands back the kept ones in order; each group goes to the ``WasteLedger`` once.
+See docs/design.md#the-drain.
 """
 
 from __future__ import annotations

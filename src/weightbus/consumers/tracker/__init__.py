@@ -1,7 +1,6 @@
 """The version follower: a ``VersionTracker`` holds a policy's current version from the bus.
 
-It applies ``weightbus.rules.chain.decide`` to every weights event, alerts what the rule refuses, and
-exports its state as Prometheus metrics. Nothing here knows about groups or drains.
+It applies ``rules.chain.decide`` to every weights event, alerts what it refuses and exports metrics; no groups here.
 """
 
 from weightbus.consumers.tracker.changes import VersionChange

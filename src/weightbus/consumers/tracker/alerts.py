@@ -1,17 +1,6 @@
 """The alerts a ``VersionTracker`` publishes: once per offending event, never again on a restart.
 
-Invariants:
-
-* every regression is counted (``weightbus_version_regressions_total``) and every rejection by
-  reason (``weightbus_events_rejected_total``), each time it is handled; it is logged at ERROR when it
-  is new, and an incident replayed from history that was alerted already is not logged again: a
-  restarted tracker summarises those at INFO, in one line per replay (``summarise_replayed``);
-* the alert's message id is derived from the offending event (its stream sequence and its own
-  message id), not from the observer, so the trackers of a whole fleet store one alert per event;
-* an event replayed from history (a tracker that starts after it was stored) is alerted only if the
-  alerts subject does not retain an alert for it already (read once, lazily): a restarted tracker
-  does not re-report an old event as new;
-* a failed alert publish is logged and never stops the tracker.
+An alert's id derives from the offending event; a replayed event is alerted only if none is retained for it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """``VersionChange`` and ``ChangeFeed``, the fan-out behind ``VersionTracker.changes()``.
 
-A tracker owns one ``ChangeFeed``; it pushes each change into it, and each open ``changes()``
-iterator (``ChangeFeed.follow``) consumes a queue of its own.
-
-Invariants:
-
-* Each iterator's queue is bounded by ``limit``. A change that finds it full is not queued: the
-  queue is marked overflowed, and its iterator raises ``SlowConsumerError`` when it next finds
-  the queue empty. The end of the feed and its error are always queued, so a slow iterator still
-  learns how the tracker ended.
-* Items come out in push order, and the first terminal item ends the iterator: ``close`` ends it
-  quietly, ``fail`` makes it raise the error (the tracker's ``VersionRegressionError``).
-* An iterator that starts late gets the change that set the current version first (``last``),
-  then the feed's end or error if it has ended.
-* ``include_regressions`` is per iterator: it only receives ``held`` and ``rejected`` changes
-  (version unchanged) when it asked for them.
-* ``push`` allocates nothing but the queue entries of the iterators that take the change.
+Each iterator has its own bounded queue: an overflow raises ``SlowConsumerError`` once it is drained, while the end
+and the error are always queued; a late iterator first gets the current change; ``push`` allocates only entries.
 """
 
 from __future__ import annotations
@@ -101,6 +87,43 @@ class _Queue:
         return item
 
 
+class _Latest:
+    """The one-slot queue of a coalescing iterator: a change replaces the one not yet read, so it never overflows.
+
+    A terminal item (the end, an error) is kept beside the slot: the newest change is read before it.
+    """
+
+    __slots__ = ("newest", "signal", "terminal")
+
+    include_regressions = False
+
+    def __init__(self) -> None:
+        self.newest: VersionChange | None = None
+        self.terminal: object | None = None
+        self.signal = asyncio.Event()
+
+    def push(self, item: object) -> None:
+        if isinstance(item, VersionChange):
+            self.newest = item
+        elif self.terminal is None:
+            self.terminal = item
+        self.signal.set()
+
+    async def next(self, subject: str) -> VersionChange | None:
+        while True:
+            newest = self.newest
+            if newest is not None:
+                self.newest = None
+                return newest
+            terminal = self.terminal
+            if terminal is _END:
+                return None
+            if isinstance(terminal, BaseException):
+                raise terminal
+            self.signal.clear()
+            await self.signal.wait()
+
+
 class ChangeFeed:
     """The changes of one tracker, fanned out to every open iterator; see the module docstring.
 
@@ -112,7 +135,7 @@ class ChangeFeed:
     def __init__(self, subject: str, limit: int) -> None:
         self._subject = subject
         self._limit = limit
-        self._queues: list[_Queue] = []
+        self._queues: list[_Queue | _Latest] = []
         self._terminal: object | None = None
         self.last: VersionChange | None = None
         """The newest change that moved the version (a late iterator starts with it)."""
@@ -139,14 +162,26 @@ class ChangeFeed:
         for queue in self._queues:
             queue.push(_END)
 
-    async def follow(self, include_regressions: bool = False) -> AsyncIterator[VersionChange]:
+    def follow(self, include_regressions: bool = False) -> AsyncIterator[VersionChange]:
         """Iterate over the changes: ``last`` first (if any), then each one pushed, until the feed ends.
 
         Raises:
             VersionRegressionError: the error the feed was failed with.
             SlowConsumerError: this iterator fell more than ``limit`` changes behind.
         """
-        queue = _Queue(include_regressions, self._limit)
+        return self._follow(_Queue(include_regressions, self._limit))
+
+    def latest(self) -> AsyncIterator[VersionChange]:
+        """Iterate over the newest state: ``last`` first (if any), then the newest change not yet read, until the
+        feed ends. A reader that falls behind skips to the newest change: it never raises ``SlowConsumerError``,
+        and the last change it reads before the end is the feed's ``last``.
+
+        Raises:
+            VersionRegressionError: the error the feed was failed with (after the newest change).
+        """
+        return self._follow(_Latest())
+
+    async def _follow(self, queue: _Queue | _Latest) -> AsyncIterator[VersionChange]:
         if self.last is not None:
             queue.push(self.last)
         if self._terminal is not None:

@@ -1,24 +1,7 @@
 """``ReplayCursor``: where a tracker's subscription stands in the weights subject's stream.
 
-A tracker replays the subject's retained history at every (re)subscription and then follows it
-live. The cursor holds everything that position means, in one object: the replay's end (the
-subject's last sequence when subscribing, the ``boundary``), the highest sequence delivered on this
-subscription (``position``), the last event handled across subscriptions (``last_handled``), and
-whether the follower missed events (``rebase``).
-
-Invariants:
-
-* **Each event is handled once.** An event at or below ``last_handled`` (history delivered again
-  after a resubscribe) is not handled again, unless the stream was reset (its last sequence went
-  below ``last_handled``: purged, deleted and recreated), which makes ``subscribe`` forget it.
-* **Replayed or live, by sequence.** An event at or below the boundary was stored before this
-  subscription started: it is replayed (no lag is measured, a regression among them is not raised).
-  Without sequences (a bus that does not number events), an event published before the
-  subscription started is replayed.
-* **A gap is a rebase.** When the first event of a subscription is beyond ``last_handled``, the
-  retained history no longer holds the events in between (evicted while the follower was away): the
-  chain may restart from what is retained (``rebase``) until the owner's next accepted update.
-* The per-event methods (``arrived``, ``take``, ``advance``) allocate nothing.
+Each event is handled once (unless the stream was reset); one at or below the ``boundary`` is replayed, not live; a
+gap after ``last_handled`` is a ``rebase``. The per-event methods allocate nothing.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The tracker's watchdog: a subscription that went quiet is checked against the subject, beside the loop.
 
-A JetStream subscription can stall (the server stopped delivering while the subject moved on) or
-outlive its stream (purged, deleted and recreated: the sequence went back) without an error. The
-watchdog runs as a task beside the follow loop, so the per-event path arms no timer. Invariants:
-
-* Only silence is checked: after ``interval`` seconds without a delivery (``ReplayCursor.last_item_at``),
-  one ``last_seq`` read compares the subject with the cursor's ``position``.
-* A stream whose last sequence is below the position was reset: the subscription is failed at once.
-  A subject that moved past the position is failed when it is still ahead at the next check (one
-  interval of grace for a delivery in flight).
-* Failing the subscription (``Subscription.fail``) ends the follow loop's iteration with the error,
-  so the tracker logs it, counts it, turns deaf and resubscribes; a failed ``last_seq`` read (the
-  stream is gone) fails it the same way.
-* A check that finds the subscription where the subject is calls ``on_caught_up`` (a deaf tracker
-  whose subscription is back is current again).
+Only silence is checked (one ``last_seq`` read per quiet ``interval``): a reset stream fails the subscription at
+once, a subject still ahead at the next check then; a check that finds it caught up calls ``on_caught_up``.
 """
 
 from __future__ import annotations

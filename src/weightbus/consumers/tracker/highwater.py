@@ -1,24 +1,7 @@
 """The tracker's check against the counter's high-water mark: marks judged by the shared rule, resets reported.
 
-The owner writes ``CounterHighWater`` on ``weightbus.<policy>.counter`` with each take; its
-``announced`` is a version that was announced and acknowledged. The weights subject keeps 256
-events, so enough writes there (a rogue's, a replayed trace) evict the real history and a tracker
-that starts afterwards would adopt whatever is left, silently; and any trainer credential of the
-policy can store a mark, so a mark counts only as far as the chain explains it. Invariants:
-
-* the counter subject's retained marks are read once per subscription, before the weights subject's
-  boundary is read, so every event that explains one is in what the tracker replays; each is judged
-  where it was stored, by the rule the trainer's resume and ``status`` use (``rules.marks``);
-* an unexplained mark (above what the chain had seen when it was stored, or superseded by a lower
-  one) is never credited: counted (``weightbus_events_rejected_total{reason="unexplained_mark"}``),
-  logged at ERROR and alerted as ``VersionRejected(reason="unexplained_mark",
-  event_type="CounterHighWater")``, once per mark: the alert's id derives from the mark's sequence,
-  and one retained for it is not published again;
-* once the tracker is ready, holding a version below the credited mark's ``announced`` (or no
-  version at all) is reported as a counter reset: counted (``reason="counter_reset"``), logged and
-  alerted once per held version (the id derives from the mark and the held version);
-* marks that cannot be read are logged and the tracker follows with what it judged before: never
-  deaf for them.
+Marks are read once per subscription, before the boundary; an unexplained one is alerted once, never credited; a
+held version below the credited ``announced`` is a counter reset; marks that cannot be read never make it deaf.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Prometheus metrics of the version follower, on an injected ``CollectorRegistry`` (never the global one).
 
-Families (prefix ``weightbus_``, label ``policy`` only; never a version, epoch or publisher as a label):
-
-* ``weightbus_current_version`` gauge: the version the tracker holds (unset until one is known);
-* ``weightbus_epoch`` gauge: the publisher epoch of the held version (or of the latest claim);
-* ``weightbus_last_update_timestamp_seconds`` gauge: ``published_at`` of the last accepted update,
-  so that ``time() - weightbus_last_update_timestamp_seconds`` is the time since the last update;
-* ``weightbus_propagation_lag_seconds`` histogram: publish-to-observe delay of live updates;
-* ``weightbus_version_regressions_total`` counter: lower versions seen, whatever the handling;
-* ``weightbus_tracker_resubscribes_total`` counter: subscriptions re-established after a failure;
-* ``weightbus_events_rejected_total{reason}`` counter: weights events the tracker refused
-  (``not_owner``, ``stale_claim``, ``unexplained_jump``, ``unexplained_claim``, ``counter_reset``),
-  every reason exported at 0 from the start (so the first one shows as an ``increase``);
-* ``weightbus_tracker_ready`` gauge: 1 while the tracker knows the policy's state; exported by trackers
-  only, never by ``watch``, so an alert on 0 means a deaf (or never replayed) tracker.
-
-One ``TrackerMetrics`` serves every policy of a process: registering the families twice on one
-registry raises, so trackers share it and bind a policy with ``for_policy``.
+Families ``weightbus_*`` (docs/operations.md#metrics), label ``policy`` only; one ``TrackerMetrics`` per process.
 """
 
 from __future__ import annotations

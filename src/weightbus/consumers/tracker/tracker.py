@@ -1,43 +1,8 @@
 """``VersionTracker``: a rollout-side follower of one policy's current weight version, held in memory.
 
-The tracker subscribes to ``weightbus.<policy>.weights`` replaying the subject's retained history
-(``Deliver.ALL``), so a tracker that starts or restarts learns the current version from the stream at
-once, and validates the whole chain of claims, reservations and updates with the pure rule
-``rules.chain.decide``. Its parts: ``cursor`` (where the subscription stands: replayed or live,
-handled or not), ``health`` (the watchdog beside the loop), ``changes`` (the iterators' fan-out),
-``alerts`` and ``metrics``.
-
-Invariants:
-
-* **Explicit states** (``TrackerStatus``): ``starting`` until the history is replayed up to the
-  subject's last sequence (read when subscribing, whatever that last payload is), then
-  ``current`` (a version is known) or ``never_published`` (the subject holds no version: staleness
-  is unknown and a drain turns the filter off, miles' behaviour); ``no_valid_version`` when the
-  subject holds only payloads that fail the decode; ``deaf`` while the subscription is lost. Only
-  ``current`` and ``never_published`` are ready: ``current`` raises ``TrackerNotReadyError`` in any
-  other state, so nothing is ever judged against "no version" by accident. Entering the tracker
-  (``async with``) waits until it is ready, bounded by ``ready_timeout``.
-* **Never deaf in silence.** A subscription that fails, stalls (the subject moved on and nothing
-  arrived) or whose stream was reset (purged, deleted and recreated: its sequence went back) is
-  logged at ERROR, counted (``weightbus_tracker_resubscribes_total``), flips the readiness gauge
-  (``weightbus_tracker_ready``) to 0, and is recreated after a backoff; the history is replayed
-  again and events already handled are skipped by stream sequence unless the stream was reset.
-* **Nothing taken silently.** A regression or a rejected event (``decide``) is logged, counted and
-  alerted once per offending event: the alert's message id derives from the event's stream
-  sequence and id, and an event replayed from history is alerted only if no alert for it is
-  retained. ``raise`` mode raises ``VersionRegressionError`` for a live regression only; a replayed
-  one is held, so a restarted consumer does not crash-loop on history. Once ready, a version held
-  below the counter's high-water mark (read once per subscription; module ``highwater``) is
-  reported as a counter reset: the weights history was evicted or overwritten. A mark counts only as
-  far as the chain explains it (``rules.marks``); an unexplained one is reported and ignored.
-* Propagation lag (``published_at`` → receipt) is observed for live updates only; a negative value
-  from clock skew is recorded as 0.
-* The per-event path does no logging work for disabled levels, arms no timer (the health check is
-  a watchdog beside the loop), sets no gauge (they are read at scrape time) and allocates no wake-up
-  when nobody waits; ``on_change`` is called
-  synchronously with each change for hosts that want a callback instead of an iterator.
-* A library object leaves the process alone: the collector's start-up heap is frozen once ready
-  only when the host asks for it (``freeze_heap``; the CLI's long-running processes do).
+It replays the weights subject's retained history, then follows it live through ``rules.chain``; ``current`` raises
+``TrackerNotReadyError`` unless ready; never deaf in silence, nothing taken silently.
+States and why: docs/design.md#the-tracker.
 """
 
 from __future__ import annotations
@@ -442,6 +407,16 @@ class VersionTracker:
             SlowConsumerError: this iterator fell more than ``max_pending_changes`` behind.
         """
         return self._feed.follow(include_regressions)
+
+    def latest_changes(self) -> AsyncIterator[VersionChange]:
+        """Iterate over the newest state: the change that set the current version first (if known), then the newest
+        change not yet read. It keeps one change, never a queue: a slow reader skips to the newest one and never
+        gets ``SlowConsumerError`` (for a reader that wants the state, not every step: wake-ups, aborts, lags).
+
+        Raises:
+            VersionRegressionError: ``raise`` mode saw a regression.
+        """
+        return self._feed.latest()
 
     # -- the follow loop -------------------------------------------------------------------------
 

@@ -1,32 +1,7 @@
 """Admission for miles' fully-async worker: a group starts generating only while it can still be trained.
 
-Loaded with a third flag beside the buffer's, ``--custom-generate-function-path
-weightbus.integrations.miles.generate``. miles (main@31f1ca9, ``inference_rollout_common.generate_and_rm``)
-calls the generate function once per sample, under its ``generate_fn_semaphore``, before the sample's
-first engine call; the fully-async worker goes through it like every driver. This function waits there
-for the group's slot in the staleness budget, then calls the real generate function (miles'
-``single_turn.generate``, or the user's own: ``WEIGHTBUS_GENERATE_FUNCTION``):
-
-* **One slot per prompt group**, keyed by the samples' ``group_index`` (miles' data source gives every
-  sample of a group the same one): the first sample to arrive takes it, its siblings share it.
-* **The gate is weightbus' ``Admission``** (``consumers.admission``), the one ``weightbus rollout``
-  uses: ``bounded`` (default) by ``rules.admission`` over the version the buffer judges against (the
-  tracker's, or the highest miles passed when the tracker cannot say: a lower bound, so it admits less,
-  never more), ``cap`` at most ``WEIGHTBUS_ADMISSION_CAP`` groups generating, ``off``. With
-  ``WEIGHTBUS_ADMISSION_SHARED=1`` the budget is one for every rollout process of the policy
-  (``SharedBudget`` on ``weightbus.<policy>.admission``).
-* **The buffer closes each slot**: ``put`` accepts it when the group enters the buffer, releases it when
-  the group is aborted or dropped there (or the ``put`` is cancelled); the drain engine settles it as each
-  ``get`` keeps or filters the group (``AcceptedGroups``, the mechanism ``weightbus rollout``'s buffer
-  uses). A generation that raises releases its group's slot (``aborted``). The slot's grant is the group's
-  start, its ``put`` the end: the drain splits its staleness into time in flight and in queue, as for
-  ``weightbus rollout``'s groups.
-* **No deadlock on miles' semaphore**: a sample waiting for its slot holds one of miles'
-  ``generate_fn_semaphore`` permits, so the first call refuses (``ValueError``) a configuration whose
-  permits are fewer than the samples the worker may keep in flight.
-
-Early abort is not offered here: miles' ``/generate`` payload carries no ``rid`` (see
-``docs/integrations/miles.md``). Importing this module never imports miles.
+The generate function waits for its group's slot (one per ``group_index``) in weightbus' ``Admission``, then calls
+the real one; the buffer closes each slot; too few ``generate_fn_semaphore`` permits are refused (they would deadlock).
 """
 
 from __future__ import annotations

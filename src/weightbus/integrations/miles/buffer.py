@@ -1,48 +1,7 @@
-"""The rollout half of the miles integration: a drop-in fully-async data buffer, loaded with one flag:
-``--custom-async-data-buffer-path weightbus.integrations.miles.WeightbusDataBuffer``.
+"""The rollout half of the miles integration: a drop-in fully-async data buffer (``WeightbusDataBuffer``).
 
-miles (``miles/rollout/fully_async_data_buffer.py``) constructs the class with a
-``DataBufferConstructorInput(args, unused_handler_fn)`` and calls ``await put(DataBufferInput)`` per finished
-group, ``await get(current_version=..., **context)`` per group to train on, and ``get_metrics()`` once per
-training step. This class keeps miles' contract and replaces its staleness control with weightbus':
-
-* **The version comes from the bus.** A ``VersionTracker`` follows ``weightbus.<policy>.weights`` (policy
-  from ``args.weightbus_policy`` or ``WEIGHTBUS_POLICY``; NATS from ``args.weightbus_nats`` or
-  ``WEIGHTBUS_NATS``), so a restarted trainer or a failover never moves it backwards. The versions miles
-  passes to ``get`` (or, in older miles, puts on ``DataBufferInput.weight_version``) are only a lower
-  bound: the group is judged against the highest of them and the tracker's.
-* **A tracker that is not ready** (starting, deaf during a NATS outage, or a subject with only invalid
-  events) is waited for, at most ``ready_timeout`` seconds once per ``get_metrics`` window, before
-  anything is taken; if it is still not ready the group is judged against the highest version miles
-  has passed, logged and reported as ``version_state="given"``; if miles passed none, ``get`` raises
-  ``TrackerNotReadyError`` with every group still buffered.
-* **The strict rule** (``weightbus.rules.staleness.judge``) judges the oldest label of every sample,
-  turn and nested trajectory (miles' ``Sample.weight_versions``); a label that is not a version
-  (``"default"``) or a group without any label is never silently fresh (``unknown_version``), unless
-  ``WEIGHTBUS_UNKNOWN=ignore`` (miles' behaviour). Staleness above ``args.max_weight_staleness`` is stale.
-* **Unused groups go to miles' handler** (``--async-unused-samples-handler``): aborted groups at ``put``
-  (any sample with ``status`` ``aborted``), stale and unknown-version groups at ``get``, and groups the
-  ``--dynamic-sampling-filter-path`` rejects are dropped, as miles does.
-* **Metrics** keep miles' names (``rollout/fully_async/queue_size``, ``aborted_groups_filtered``,
-  ``stale_groups_filtered``, ``avg_staleness``, ``max_staleness``, ``buffer_avg_staleness``,
-  ``buffer_max_staleness``, ``rollout/dynamic_filter/drop_<reason>``, none for a reason-less drop) plus
-  ``weightbus/*``; each ``get_metrics()`` window is published as a ``DrainReport`` on
-  ``weightbus.<policy>.drains``.
-* The capacity is miles' ``floor(async_data_buffer_capacity_factor * rollout_batch_size)`` groups; a full
-  buffer blocks ``put``.
-* **Admission** (with ``--custom-generate-function-path weightbus.integrations.miles.generate``, module
-  ``admission``): ``put`` accepts the slot a group took before it started generating, or releases it when
-  the group is aborted or dropped; each ``get`` frees what it filtered and counts what it kept, against
-  the same version it judges with.
-
-The judging, the evidence (a label newer than the current version in any group buffered, taken or
-refused since the window opened raises the current version of every later ``get``), the window's
-counts, the metrics and the reports are weightbus' drain engine (``DrainWindow``), the same one
-``FullyAsyncBuffer`` and ``judge_groups`` use; this class only translates miles' objects and calls.
-
-Importing this module never imports miles; the dynamic filter (only when its path is set) is loaded
-through miles' own helpers. The bus connects on the first ``put``/``get`` (miles constructs the buffer
-outside the event loop).
+miles' contract, weightbus' staleness control: the version from a ``VersionTracker`` (miles' is only a lower bound),
+the strict rule, miles' metric names, the drain engine. docs/integrations/miles.md#the-rollout-half.
 """
 
 from __future__ import annotations
@@ -68,6 +27,7 @@ from weightbus.integrations.miles.admission import MilesAdmission, check_semapho
 from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings
 from weightbus.integrations.miles.config import setting as _setting
 from weightbus.integrations.miles.groups import group_key, miles_group_versions, to_weightbus_group
+from weightbus.rules.source import read_version
 from weightbus.rules.staleness import UNKNOWN_POLICIES
 from weightbus.schemas.rollouts import Group
 
@@ -254,7 +214,7 @@ class WeightbusDataBuffer:
                         check_semaphore(self._args)
                         await made.start()
                         assert self._tracker is not None
-                        self._wake = asyncio.create_task(made.gate.follow(self._tracker.changes))
+                        self._wake = asyncio.create_task(made.gate.follow(self._tracker.latest_changes))
                     self._admission = made if made.gate.mode != "off" else None
         return self._admission  # type: ignore[return-value]
 
@@ -411,7 +371,7 @@ class WeightbusDataBuffer:
         if tracker is None:
             raise TrackerNotReadyError(self.policy, "starting")
         try:
-            tracked = tracker.current
+            tracked = read_version(tracker)
         except TrackerNotReadyError:
             if self._passed is None:
                 raise

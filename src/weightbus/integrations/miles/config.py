@@ -1,9 +1,6 @@
 """The settings both halves of the miles integration read: one name per setting, from ``args`` or the environment.
 
-Each setting is read from miles' ``args`` first (an attribute ``weightbus_<name>``, which a launcher can
-add to the argument namespace), then from the environment variable ``WEIGHTBUS_<NAME>``; the trainer
-half (``install``) and the rollout half (``WeightbusDataBuffer``) read the same names, so one
-environment configures both. Pure: no I/O beyond reading ``os.environ``.
+``args.weightbus_<name>``, else ``WEIGHTBUS_<NAME>``, for both halves alike. Pure: no I/O beyond ``os.environ``.
 """
 
 from __future__ import annotations

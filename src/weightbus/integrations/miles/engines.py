@@ -1,21 +1,8 @@
 """miles' rollout engines as a weightbus ``EngineFleet``: each engine addressed through its Ray actor handle.
 
-miles drives SGLang through one Ray actor per engine (``engine.<method>.remote(...)``, wrapping the
-HTTP API). The fleet goes through the same handles rather than the engines' HTTP URLs: they are what
-the updater already holds, they reach the engine from wherever miles' own calls do (multi-node
-engines are driven through node 0, whose handle answers; the others' ``get_weight_version`` answers
-None and they are left out), and they need no second list of addresses or credentials. Invariants:
-
-* **The label calls are miles' own**: ``get_weight_version`` (``/model_info``),
-  ``update_weight_version`` (which always sends ``abort_all_requests: false``), ``pause_generation``
-  and ``continue_generation``; nothing else is called here.
-* **Every failure is an ``EngineError``** naming the engine, with the Ray error as its message; a
-  call that does not answer within ``timeout`` seconds is one too (its thread is left to finish).
-* **An engine's name** is ``ray://<actor id>`` when the handle has one (stable across
-  reconnects of the same actor, new for a restarted one), else ``miles-engine-<index>``.
-
-The handles' ``.remote()`` and ``ray.get`` are blocking calls; each runs in a worker thread so the
-publisher's event loop never blocks. ``ray`` is never imported here: the caller passes ``ray.get``.
+Only miles' own label calls; every failure or timeout is an ``EngineError`` naming the engine; blocking calls run in
+worker threads; ``ray`` is never imported (the caller passes ``ray.get``).
+See docs/integrations/miles.md#how-it-installs-and-when-it-refuses.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """miles' groups as weightbus sees them: the conversion the staleness rule and the waste accounts read.
 
-A miles group is ``list[Sample | list[Sample]]`` (a nested list is one multi-turn or multi-agent
-trajectory). Only what weightbus reads is carried over, by attribute name, so any miles ``Sample``
-(or a stand-in with the same fields) converts; nothing here imports miles.
+Only the attributes weightbus reads are copied, by name, so any miles ``Sample`` (or stand-in) converts; no miles.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """``install(args)``: check the miles it finds, then patch every weight updater to run under weightbus.
 
-Loaded with ``--custom-megatron-init-path weightbus.integrations.miles.install`` (miles calls it once per
-Megatron training actor, before the actor builds its weight updater); FSDP actors, which have no such hook,
-get the same from ``install_fsdp()`` (one line in a ``sitecustomize`` or launcher: it patches miles' FSDP
-updater when that module is imported). What a patched update does is ``MilesTrainer.update`` (module
-``trainer``). Invariants:
-
-* **All or nothing, never silent.** Every class, method, signature and module global the patches rely on
-  (written against miles main at ``MILES_COMMIT``) is checked first; anything missing or different raises
-  ``InstallError`` naming what was expected, and nothing is patched.
-* **A bus that does not answer** at init (rank 0 connects here) is a ``BusConnectError`` within
-  ``WEIGHTBUS_CONNECT_TIMEOUT``, raised before anything is patched.
-* ``uninstall()`` restores every patched method (tests, notebooks).
-
-miles, torch and ray are never imported here: ``torch.distributed``, ``get_gloo_group`` and ``ray`` are
-taken from the globals of the miles modules being patched.
+All or nothing: anything the patches rely on that is missing or different raises ``InstallError`` (a silent bus
+``BusConnectError``) before anything is patched; ``uninstall()`` restores every method.
 """
 
 from __future__ import annotations

@@ -1,0 +1,199 @@
+"""``Cell``: rank 0's publisher for one miles weight updater, and its fleet over the engines miles connected.
+
+One publisher per claim of the policy's counter. Every path checks ownership (``check_owner``) before
+it touches anything shared; a cell that was fenced claims again only if miles picked it again (its
+standing outranks the owner's, ``Runtime.standing``), else the ``FencedError`` stands and it never
+touches the owner's engines. Taking a number (``enter``) and the ownership read are retried while the
+bus does not answer, for at most ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds; nothing is paused or pushed meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from weightbus.errors import (
+    BusError,
+    FencedError,
+)
+from weightbus.integrations.miles.config import MilesSettings
+from weightbus.integrations.miles.engines import MilesEngineFleet
+from weightbus.integrations.miles.plan import Plan
+from weightbus.integrations.miles.proxies import real_handle
+from weightbus.integrations.miles.runtime import Runtime
+from weightbus.producers.publisher import default_trainer_id
+from weightbus.producers.sync import SyncUpdate, SyncVersionPublisher
+
+__all__ = ["Cell", "FleetSlot"]
+
+log = logging.getLogger("weightbus.integrations.miles")
+
+_T = TypeVar("_T")
+
+
+class FleetSlot:
+    """A cell's fleet, built on the publisher's loop from the handles miles connected."""
+
+    def __init__(self) -> None:
+        self.fleet: MilesEngineFleet | None = None
+        self.handles: list[Any] = []
+        self.ray_get: Callable[[Any], Any] | None = None
+
+    async def build(self) -> MilesEngineFleet:
+        assert self.ray_get is not None
+        self.fleet = await MilesEngineFleet.build(self.handles, self.ray_get)
+        return self.fleet
+
+
+class Cell:
+    """Rank 0's publisher for one weight updater, and its fleet over miles' engines.
+
+    One publisher per claim: a cell that was fenced and that miles picked again (its standing, see
+    ``Runtime.standing``, outranks the owner's claim) claims again with a new publisher; one that
+    miles did not pick stays fenced.
+    """
+
+    def __init__(self, settings: MilesSettings, args: Any) -> None:
+        self.settings = settings
+        self.args = args
+        self._slot = FleetSlot()
+        self.publisher = self._publisher(self._slot)
+
+    def _publisher(self, slot: FleetSlot) -> SyncVersionPublisher:
+        s = self.settings
+        return SyncVersionPublisher(
+            s.policy,
+            nats_url=s.nats,
+            trainer_id=s.trainer_id or f"miles:{default_trainer_id()}",
+            pause=getattr(self.args, "pause_generation_mode", None) or "retract",
+            connect_timeout=s.connect_timeout,
+            floor=s.floor,
+            options=s.options,
+            fleet_factory=slot.build,
+        )
+
+    def _point(self, slot: FleetSlot, updater: Any, runtime: Runtime) -> None:
+        handles = getattr(updater, "rollout_engines", None)
+        if handles is None:
+            raise RuntimeError(
+                f"{type(updater).__name__}.rollout_engines is not set: miles connects its engines "
+                "(connect_rollout_engines) before update_weights"
+            )
+        more = getattr(updater, "distributed_rollout_engines", None) or ()
+        # Inside miles' update (the disk delta enters at its pause) the updater holds our proxies.
+        slot.handles = [real_handle(h) for h in (*handles, *more)]
+        slot.ray_get = runtime.ray_get
+
+    def ready(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
+        """The publisher, started (claimed) and pointed at the engines miles connected now."""
+        slot = self._slot
+        self._point(slot, updater, runtime)
+        pub = self.publisher
+        if not pub.state.started:
+            pub.start(standing=runtime.standing())
+        elif slot.fleet is not None:
+            fleet, given, ray_get = slot.fleet, slot.handles, runtime.ray_get
+            pub.call(lambda _: fleet.retarget(given, ray_get))
+        return pub
+
+    def check_owner(self, updater: Any, runtime: Runtime) -> None:
+        """Own the counter or raise ``FencedError`` (``owned``: fenced, or claimed again); retried while the bus is out.
+
+        The one check every path makes before it touches anything shared (the disk delta's before miles
+        writes a file and before the first pull, ``enter``'s before the pause), so a cell miles picked
+        again after another took the counter claims again wherever it first looks, and a zombie stays
+        fenced wherever it first looks.
+
+        Raises:
+            FencedError: fenced, and miles did not pick this cell after the owner.
+        """
+        self._retrying(lambda: self.owned(updater, runtime), "reading the bus", "nothing was written or pushed")
+
+    def _retrying(self, attempt: Callable[[], _T], doing: str, untouched: str) -> _T:
+        timeout = self.settings.update_timeout
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while True:
+            try:
+                return attempt()
+            except BusError as exc:  # the bus only: an engine's failure fails miles' update, as without weightbus
+                if not exc.retryable:
+                    exc.add_note(f"weightbus does not retry {doing} after a {type(exc).__name__}; {untouched}")
+                    raise
+                if time.monotonic() + delay > deadline:
+                    exc.add_note(
+                        f"weightbus gave up {doing} after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); {untouched}"
+                    )
+                    raise
+                log.warning(
+                    f"the bus did not answer while {doing}; retrying (nothing is written or pushed meanwhile)",
+                    extra={"policy": self.settings.policy, "error": str(exc), "retry_in": delay},
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def owned(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
+        """``ready``, and the counter's owner: claimed again if miles picked this cell after the owner.
+
+        One read of the weights subject first (before anything pauses the owner's engines). A fenced
+        cell claims again only through ``start(outrank=True)``: the bus's history, read by the claim
+        it is conditional on, must show an owner whose standing this cell's outranks (the same Ray
+        job, a later quorum or a later alive rank of the same one). Otherwise the ``FencedError``
+        stands: a zombie never touches the owner's engines.
+
+        Raises:
+            FencedError: fenced, and miles did not pick this cell after the owner.
+        """
+        pub = self.ready(updater, runtime)
+        try:
+            pub.call(lambda p: p.check_owner())
+        except FencedError as fenced:
+            return self._claim_again(updater, runtime, fenced)
+        return pub
+
+    def _claim_again(self, updater: Any, runtime: Runtime, fenced: FencedError) -> SyncVersionPublisher:
+        standing = runtime.standing()
+        if standing is None:
+            fenced.add_note("miles' standing of this cell (quorum id, alive rank) is unknown: it stays fenced")
+            raise fenced
+        try:  # reads only: a cell miles did not pick learns it without touching an engine
+            self.publisher.call(lambda p: p.check_outranks(standing))
+        except FencedError as refused:
+            refused.add_note(f"this cell stays fenced since {fenced}")
+            raise refused from None
+        slot = FleetSlot()
+        self._point(slot, updater, runtime)
+        fresh = self._publisher(slot)
+        try:
+            fresh.start(standing=standing, outrank=True)  # a failed start closes ``fresh``
+        except FencedError as refused:
+            refused.add_note(f"this cell stays fenced since {fenced}")
+            raise refused from None
+        old, self.publisher, self._slot = self.publisher, fresh, slot
+        old.close()
+        log.warning(
+            "miles picked this cell again after another took the counter: claimed it again",
+            extra={
+                "policy": self.settings.policy,
+                "quorum": standing.term,
+                "alive_rank": standing.rank,
+                "epoch": fresh.state.epoch,
+                "fenced_by": fenced.owner,
+            },
+        )
+        return fresh
+
+    def enter(self, updater: Any, runtime: Runtime, plan: Plan) -> SyncUpdate:
+        """Take the number, pause, read the labels, mark them pending: retried while the bus does not answer."""
+
+        def attempt() -> SyncUpdate:
+            # A cell that lost the counter raises here, before it pauses the owner's engines, unless
+            # miles picked it again after the owner (then it claims again); the take checks again.
+            pub = self.owned(updater, runtime)
+            update = pub.update(lora=plan.lora, push=plan.push, labels=plan.labels)
+            update.begin()  # its end (commit or abort) runs in the same task on the publisher's loop
+            return update
+
+        return self._retrying(attempt, "taking a version", "nothing was pushed")
