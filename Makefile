@@ -21,7 +21,7 @@ else:
 endef
 export TORCH_CHECK
 
-.PHONY: venv test demo bench lint lint-imports rules-test clean
+.PHONY: venv test demo bench lint lint-imports typecheck rules-test clean
 
 venv: $(STAMP)
 
@@ -40,13 +40,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m sglang_router.launch_router --help > /dev/null
 	touch $(STAMP)
 
-# The import contracts first (a broken house rule fails fast), then the alert rules' own tests where promtool is
-# installed (Debian's prometheus package), then the suite.
-test: venv lint-imports rules-test
+# The import contracts and the package's types first (a broken house rule fails fast), then the alert rules' own
+# tests where promtool is installed (Debian's prometheus package), then the suite.
+test: venv lint-imports typecheck rules-test
 	$(BIN)/python -m pytest -q
 
 lint-imports: venv
 	$(BIN)/lint-imports --no-cache --no-logo
+
+# The shipped package only ([tool.mypy] in pyproject.toml): py.typed promises its annotations to users.
+typecheck: venv
+	$(BIN)/mypy
 
 rules-test:
 	@if command -v promtool > /dev/null; then \
@@ -71,9 +75,9 @@ bench: venv $(BENCH_STAMP)
 	$(BIN)/python bench/admission.py && \
 	echo "make bench: all benchmarks took $$(( $$(date +%s) - start )) s"
 
-lint: venv lint-imports
+lint: venv lint-imports typecheck
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
 
 clean:
-	rm -rf $(VENV) .pytest_cache .import_linter_cache
+	rm -rf $(VENV) .pytest_cache .import_linter_cache .mypy_cache

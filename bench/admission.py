@@ -188,7 +188,8 @@ async def _shared_runs(seconds: float, step_ms: float) -> dict[str, Any]:
     memory = MemoryBus(history=100_000)
     out: dict[str, Any] = {"memory": await bench_shared([memory, memory, memory], seconds, step_ms)}
     try:
-        from weightbus.embedded.server import EmbeddedNats, NatsServerNotFound
+        from weightbus.embedded.server import EmbeddedNats
+        from weightbus.errors import NatsServerNotFound
     except ImportError:  # pragma: no cover - the package is part of weightbus
         return out
     try:

@@ -80,19 +80,11 @@ def test_the_docstring_tree_draws_every_error_with_its_parent_and_builtin_base()
     assert set(errors.__all__) == defined | {"is_retryable"}
 
 
-def test_old_import_paths_still_work() -> None:
-    from weightbus.cli.publish import OwnerAliveError
-    from weightbus.demo import DemoError
-    from weightbus.embedded.server import NatsServerNotFound, NatsServerStartError
-    from weightbus.process.eventloop import EventLoopError
-    from weightbus.rl.batches import NoRolloutError
-    from weightbus.rl.config import ConfigError
-    from weightbus.rl.task import TaskLoadError
+def test_the_moved_errors_keep_their_builtin_bases() -> None:
+    # Their 0.1 import paths (weightbus.demo.DemoError, ...) are gone: tests/test_public_api.py checks that no
+    # module but weightbus.errors lists an error.
+    from weightbus.errors import DemoError, NatsServerNotFound, NoRolloutError, TaskLoadError
 
-    assert OwnerAliveError is errors.OwnerAliveError and DemoError is errors.DemoError
-    assert NatsServerNotFound is errors.NatsServerNotFound and NatsServerStartError is errors.NatsServerStartError
-    assert EventLoopError is errors.EventLoopError and TaskLoadError is errors.TaskLoadError
-    assert NoRolloutError is errors.NoRolloutError and ConfigError is errors.ConfigError
     # The builtin bases callers may catch today are kept.
     assert issubclass(NatsServerNotFound, FileNotFoundError) and issubclass(DemoError, RuntimeError)
     assert issubclass(TaskLoadError, ValueError) and issubclass(NoRolloutError, ConnectionError)

@@ -17,8 +17,8 @@ import pytest
 from tests._builders import updated, wait_until
 from weightbus.bus import Deliver, connect, subjects
 from weightbus.embedded.cluster import EmbeddedCluster
-from weightbus.embedded.server import EmbeddedNats, NatsServerStartError, find_nats_server, free_port
-from weightbus.errors import BusConnectError, InvalidPolicyError
+from weightbus.embedded.server import EmbeddedNats, find_nats_server, free_port
+from weightbus.errors import BusConnectError, InvalidPolicyError, NatsServerStartError
 
 
 def _alive(pid: int) -> bool:

@@ -14,8 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from weightbus.cli import app
+from weightbus.errors import EventLoopError
 from weightbus.process import eventloop
-from weightbus.process.eventloop import EVENT_LOOP_ENV, EventLoopError, loop_factory, loop_name
+from weightbus.process.eventloop import EVENT_LOOP_ENV, loop_factory, loop_name
 
 uvloop = pytest.importorskip("uvloop")
 

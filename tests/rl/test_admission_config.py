@@ -6,7 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from weightbus.cli import app
-from weightbus.rl.config import ConfigError, RolloutConfig, make_config
+from weightbus.errors import ConfigError
+from weightbus.rl.config import RolloutConfig, make_config
 
 
 def test_bounded_is_the_default_and_the_fields_decode() -> None:

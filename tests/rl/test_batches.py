@@ -9,7 +9,8 @@ import pytest
 
 from tests._builders import wait_until
 from weightbus.bus import connect
-from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, chunk_payload, request_batch, serve_batches
+from weightbus.errors import NoRolloutError
+from weightbus.rl.batches import BatchReply, BatchRequest, chunk_payload, request_batch, serve_batches
 from weightbus.schemas.rollouts import Group, Sample
 
 pytestmark = pytest.mark.nats

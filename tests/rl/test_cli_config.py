@@ -15,9 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from weightbus.cli import app
+from weightbus.errors import ConfigError
 from weightbus.process.progress import ProgressPrinter, format_progress
 from weightbus.refengine.config import EngineConfig
-from weightbus.rl.config import ConfigError, RolloutConfig, TrainerConfig, dump_config, load_config, make_config
+from weightbus.rl.config import RolloutConfig, TrainerConfig, dump_config, load_config, make_config
 
 
 def test_flags_given_override_the_file_and_the_rest_comes_from_it(tmp_path: Path) -> None:

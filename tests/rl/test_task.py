@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from weightbus.rl.task import DEFAULT_TASK, ReverseDigits, Task, TaskLoadError, load_task
+from weightbus.errors import TaskLoadError
+from weightbus.rl.task import DEFAULT_TASK, ReverseDigits, Task, load_task
 
 
 def test_reverse_digits_rewards_position_by_position() -> None:

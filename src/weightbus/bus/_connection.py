@@ -12,7 +12,7 @@ import logging
 import socket
 import ssl
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import nats.errors
@@ -156,7 +156,8 @@ async def open_link(url: str, *, name: str, connect_timeout: float, opts: Connec
             reconnected_cb=calls.reconnected,
             closed_cb=calls.closed,
             connect_timeout=max(1, int(connect_timeout)),
-            reconnect_time_wait=RECONNECT_TIME_WAIT,
+            # nats-py annotates it int, but only compares with it and sleeps on it: half a second works.
+            reconnect_time_wait=RECONNECT_TIME_WAIT,  # type: ignore[arg-type]
             max_reconnect_attempts=-1,
             allow_reconnect=True,
             **kwargs,
@@ -176,8 +177,9 @@ async def open_link(url: str, *, name: str, connect_timeout: float, opts: Connec
 async def _outcome(attempt: asyncio.Future[None], calls: _Callbacks, timeout: float) -> BaseException | None:
     """Wait for the connect ``attempt``, at most ``timeout`` seconds; None on success, else what made it fail."""
     stop = asyncio.ensure_future(calls.fatal.wait())
+    waiters: set[asyncio.Future[Any]] = {attempt, stop}
     try:
-        await asyncio.wait({attempt, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.cancel()
     if attempt.done() and not attempt.cancelled():

@@ -35,7 +35,7 @@ class SubscriptionHost(Protocol):
     client: Any
     js: Any
     stream: str
-    metrics: BusMetrics | None
+    metrics: BusMetrics
     subscriptions: list[NatsSubscription]
 
     async def guard(self, match: Callable[[str, str], bool], op: Awaitable[Any]) -> Any: ...

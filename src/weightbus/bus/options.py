@@ -402,7 +402,8 @@ class ConnectOptions:
         kwargs: dict[str, Any] = {}
         if self.creds is not None or self.nkey_seed is not None:
             try:
-                import nkeys  # noqa: F401
+                # nkeys ships no type hints; it is imported only to tell whether it is installed.
+                import nkeys  # type: ignore[import-untyped]  # noqa: F401
             except ImportError:
                 raise BusConfigError(
                     "creds files and NKEY seeds need the nkeys package: pip install 'weightbus[auth]'"

@@ -176,7 +176,8 @@ async def _request(bus: NatsBus, subject: str, payload: bytes, timeout: float) -
     sub = await nc.subscribe(inbox, cb=on_chunk)
     try:
         await nc.publish(subject, payload, reply=inbox)
-        await asyncio.wait_for(done.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await done.wait()
     finally:
         await sub.unsubscribe()
     if unanswered:

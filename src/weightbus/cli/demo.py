@@ -15,7 +15,7 @@ from weightbus.cli.exits import signal_exit_code
 if TYPE_CHECKING:
     from weightbus.rl.report import DemoResult
 
-__all__ = ["register"]
+__all__ = ["demo_command", "register"]
 
 #: What the demo's processes import: the reference engine's server, torch, safetensors and the router.
 _EXTRAS = ("starlette", "uvicorn", "torch", "safetensors", "sglang_router")
@@ -109,7 +109,8 @@ def demo_command(
             "pip install 'weightbus[engine,rl]'",
             2,
         )
-    from weightbus.demo import DemoConfig, DemoError, run_demo
+    from weightbus.demo import DemoConfig, run_demo
+    from weightbus.errors import DemoError
 
     if compare_bounds is not None:
         _compare_admission(compare_bounds, steps=steps, on_stale=on_stale, seed=seed, out=out, repeats=repeats)
@@ -191,7 +192,8 @@ def _bounds(text: str, flag: str) -> list[int]:
 
 
 def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path, admission: str) -> None:
-    from weightbus.demo import DemoConfig, DemoError, run_demo
+    from weightbus.demo import DemoConfig, run_demo
+    from weightbus.errors import DemoError
     from weightbus.rl.writers import write_tradeoff
 
     results = {}
@@ -218,9 +220,9 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
     numbers = write_tradeoff(results, out)
     typer.echo("")
     typer.echo("max_staleness  reward(last quarter)  training s  tokens not trained on")
-    for bound, entry in numbers.items():
+    for label, entry in numbers.items():
         typer.echo(
-            f"{bound:>13}  {entry['reward_last']:>20.3f}  {entry['wall_s']:>10.1f}  "
+            f"{label:>13}  {entry['reward_last']:>20.3f}  {entry['wall_s']:>10.1f}  "
             f"{(entry['tokens_wasted_share'] or 0) * 100:>20.0f}%"
         )
     typer.echo(f"report: {out / 'staleness-tradeoff.png'}, {out / 'staleness-tradeoff.json'}")
@@ -231,7 +233,8 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
 def _compare_admission(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path, repeats: int) -> None:
     """Each repeat runs every bound and mode once, so the modes compared at a bound ran minutes apart at most;
     ``off`` is the filter alone (no admission, no early abort), as before admission."""
-    from weightbus.demo import DemoConfig, DemoError, run_demo
+    from weightbus.demo import DemoConfig, run_demo
+    from weightbus.errors import DemoError
     from weightbus.rl.writers import ADMISSION_MODES, write_admission_tradeoff
 
     results: dict[tuple[str, int], list[DemoResult]] = {}

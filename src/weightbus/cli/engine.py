@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 import typer
 
 from weightbus.cli._common import EXIT_USAGE, check_port, fail, run_async
+from weightbus.errors import ConfigError
 from weightbus.refengine.config import EngineConfig
-from weightbus.rl.config import ConfigError, load_config, make_config
+from weightbus.rl.config import load_config, make_config
 
 if TYPE_CHECKING:
     from weightbus.refengine.model import EngineModel
 
-__all__ = ["register"]
+__all__ = ["engine_command", "register"]
 
 
 def _d(name: str) -> str:
@@ -105,7 +106,7 @@ def engine_command(
 
 
 def _model(config: EngineConfig) -> EngineModel | None:
-    engine_model: Any = None
+    engine_model: EngineModel | None = None
     try:
         if config.model == "torch":
             from weightbus.refengine.tiny_model import TinyTorchModel

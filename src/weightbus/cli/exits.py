@@ -16,7 +16,7 @@ import typer
 from typer._click import exceptions as click_errors  # typer 0.29 vendors click; these are not re-exported
 from typer.core import TyperGroup
 
-from weightbus.process.eventloop import EventLoopError
+from weightbus.errors import EventLoopError
 from weightbus.process.eventloop import run as run_on_loop
 
 __all__ = [

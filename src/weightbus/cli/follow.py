@@ -32,7 +32,7 @@ from weightbus.errors import BusError, InvalidPolicyError, PermissionDeniedError
 from weightbus.process.logs import setup_logging
 from weightbus.rules.chain import RegressionMode
 
-__all__ = ["EXIT_REGRESSION", "format_change", "register"]
+__all__ = ["EXIT_REGRESSION", "follow_command", "format_change", "register"]
 
 EXIT_REGRESSION: Final = 3
 EXIT_NATS: Final = 5

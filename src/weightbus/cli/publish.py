@@ -49,8 +49,8 @@ __all__ = [
     "EXIT_FENCED",
     "EXIT_INVALID",
     "EXIT_NATS",
-    "OwnerAliveError",
     "default_cli_trainer_id",
+    "publish_command",
     "register",
 ]
 

@@ -25,17 +25,10 @@ from weightbus.cli._common import (
     start_metrics,
     with_connection,
 )
-from weightbus.errors import InvalidPolicyError
-from weightbus.rl.config import (
-    MIN_SHARED_LEASE_S,
-    ConfigError,
-    RolloutConfig,
-    TrainerConfig,
-    load_config,
-    make_config,
-)
+from weightbus.errors import ConfigError, InvalidPolicyError
+from weightbus.rl.config import MIN_SHARED_LEASE_S, RolloutConfig, TrainerConfig, load_config, make_config
 
-__all__ = ["EXIT_DENIED", "EXIT_ENGINE", "EXIT_FENCED", "EXIT_NATS", "register"]
+__all__ = ["EXIT_DENIED", "EXIT_ENGINE", "EXIT_FENCED", "EXIT_NATS", "register", "rollout_command", "trainer_command"]
 
 #: Another trainer took the counter over.
 EXIT_FENCED: Final = 3
@@ -218,10 +211,10 @@ def rollout_command(
     )
     from prometheus_client import CollectorRegistry
 
-    from weightbus.errors import BusConnectError, PermissionDeniedError
+    from weightbus.errors import BusConnectError, PermissionDeniedError, TaskLoadError
     from weightbus.process.progress import ProgressPrinter
     from weightbus.rl.rollout import RolloutProgress, run_rollout
-    from weightbus.rl.task import TaskLoadError, load_task
+    from weightbus.rl.task import load_task
 
     try:
         loaded = load_task(config.task)

@@ -9,7 +9,7 @@ import typer
 
 from weightbus.schemas import json_schemas
 
-__all__ = ["register"]
+__all__ = ["register", "schema_command"]
 
 
 def schema_command(

@@ -18,9 +18,10 @@ import typer
 
 from weightbus.cli.checks import check_port, check_writable_dir
 from weightbus.cli.exits import fail, signal_exit_code
-from weightbus.embedded.server import EmbeddedNats, NatsServerNotFound, NatsServerStartError
+from weightbus.embedded.server import EmbeddedNats
+from weightbus.errors import NatsServerNotFound, NatsServerStartError
 
-__all__ = ["register"]
+__all__ = ["register", "server_command"]
 
 _STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -41,6 +41,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_REJECTED",
     "register",
+    "status_command",
 ]
 
 EXIT_OK: Final = 0

@@ -16,7 +16,7 @@ from weightbus.cli.options import DEFAULT_NATS, ConnectTimeoutOption, NatsOption
 from weightbus.errors import BusConnectError, BusError, PermissionDeniedError, StreamNotFoundError
 from weightbus.process.logs import setup_logging
 
-__all__ = ["EXIT_BUS", "EXIT_MISMATCH", "register"]
+__all__ = ["EXIT_BUS", "EXIT_MISMATCH", "check_command", "create_command", "register"]
 
 EXIT_MISMATCH: Final = 1
 EXIT_BUS: Final = 5

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Annotated, Final
+from typing import IO, Annotated, Final
 
 import msgspec
 import typer
@@ -28,7 +28,7 @@ from weightbus.errors import BusError, InvalidEventError, InvalidPolicyError, Pe
 from weightbus.process.logs import setup_logging
 from weightbus.schemas import decode, encode
 
-__all__ = ["EXIT_LIVE_POLICY", "prepare_replay", "recording_line", "register"]
+__all__ = ["EXIT_LIVE_POLICY", "prepare_replay", "record_command", "recording_line", "register", "replay_command"]
 
 EXIT_LIVE_POLICY: Final = 3
 EXIT_NATS: Final = 5
@@ -70,26 +70,26 @@ def record_command(
     if not pattern or any(c.isspace() for c in pattern) or "" in pattern.split("."):
         raise fail(f"--subjects {subjects_!r} is not a subject pattern (e.g. 'weightbus.>')", EXIT_USAGE)
 
-    async def _run() -> int:
+    async def _run(sink: IO[bytes]) -> int:
         from prometheus_client import CollectorRegistry
 
         from weightbus.bus.metrics import BusMetrics
         from weightbus.bus.nats import connect
 
-        with contextlib.ExitStack() as files:
-            # Opened before connecting: a path that cannot be written fails before anything else happens.
-            sink = sys.stdout.buffer if str(out) == "-" else files.enter_context(open(out, "ab"))
-            registry = CollectorRegistry()
-            start_metrics(metrics_port, registry, metrics_host)
-            bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
-            try:
-                typer.echo(recording_line(pattern, deliver, out), err=True)
-                return await record_events(bus, sink, pattern=pattern, deliver=deliver, count=count, duration=duration)
-            finally:
-                await bus.close()
+        registry = CollectorRegistry()
+        start_metrics(metrics_port, registry, metrics_host)
+        bus = await connect(nats, name="weightbus-record", metrics=BusMetrics(registry), options=connection)
+        try:
+            typer.echo(recording_line(pattern, deliver, out), err=True)
+            return await record_events(bus, sink, pattern=pattern, deliver=deliver, count=count, duration=duration)
+        finally:
+            await bus.close()
 
     try:
-        n = run_async(_run())
+        with contextlib.ExitStack() as files:
+            # Opened before connecting (and outside the loop): a path that cannot be written fails first.
+            sink = sys.stdout.buffer if str(out) == "-" else files.enter_context(open(out, "ab"))
+            n = run_async(_run(sink))
     except OSError as exc:
         raise fail(f"cannot write {out}: {exc.strerror or exc}", EXIT_USAGE) from None
     except PermissionDeniedError as exc:
@@ -226,10 +226,10 @@ def replay_command(
             if not force:
                 for target in targets:
                     try:
-                        stored = await bus.last(subjects.weights(target))
+                        stored = await bus.last(subjects.weights(target)) is not None
                     except InvalidEventError:
                         stored = True
-                    if stored is not None:
+                    if stored:
                         raise _LivePolicyError(
                             f"policy {target!r} already has events on {subjects.weights(target)}; replaying would "
                             "re-store old versions and fence its trainer: pass --force, or --as-policy NEW"

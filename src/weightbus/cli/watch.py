@@ -44,7 +44,7 @@ from weightbus.process.logs import route_logs, setup_logging
 from weightbus.rules.chain import TrackerAction
 from weightbus.schemas.weights import WeightUpdated
 
-__all__ = ["register", "render", "watch"]
+__all__ = ["register", "render", "watch", "watch_command"]
 
 log = logging.getLogger("weightbus.consumers")
 
@@ -223,7 +223,8 @@ async def watch(
                         if timeout is not None and timeout <= 0:
                             return state
                         try:
-                            env = await asyncio.wait_for(anext(sub), timeout)
+                            async with asyncio.timeout(timeout):
+                                env = await anext(sub)
                         except TimeoutError:
                             return state
                         except StopAsyncIteration:

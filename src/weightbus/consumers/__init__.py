@@ -33,7 +33,6 @@ from weightbus.rules.staleness import (
     Verdict,
     group_versions,
     judge,
-    min_fresh_version,
     staleness,
 )
 
@@ -72,7 +71,6 @@ __all__ = [
     "group_versions",
     "judge",
     "judge_groups",
-    "min_fresh_version",
     "resolve_current",
     "staleness",
     "to_drain_report",

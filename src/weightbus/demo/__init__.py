@@ -8,6 +8,5 @@ from __future__ import annotations
 
 from weightbus.demo.config import FAULTS, DemoConfig
 from weightbus.demo.supervisor import run_demo
-from weightbus.errors import DemoError
 
-__all__ = ["FAULTS", "DemoConfig", "DemoError", "run_demo"]
+__all__ = ["FAULTS", "DemoConfig", "run_demo"]

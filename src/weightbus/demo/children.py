@@ -23,7 +23,7 @@ from weightbus.errors import DemoError
 from weightbus.refengine.config import EngineConfig
 from weightbus.rl.config import RolloutConfig, TrainerConfig, dump_config
 
-__all__ = ["DemoError", "Layout", "Process", "router_argv", "wait_until"]
+__all__ = ["Layout", "Process", "http_ok", "router_argv", "router_workers", "wait_until", "weightbus_argv"]
 
 _STOP_GRACE = 5.0
 _READY_TIMEOUT = 60.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import shutil
 import signal
@@ -81,7 +82,7 @@ def _start(config: DemoConfig, layout: Layout, procs: dict[str, Process]) -> Non
         procs[f"engine-{i}"] = layout.engine(config, i).start()
     procs["recorder"] = layout.recorder().start()
     for url in layout.engines:
-        wait_until(lambda url=url: http_ok(f"{url}/health"), f"engine {url}", list(procs.values()))
+        wait_until(functools.partial(http_ok, f"{url}/health"), f"engine {url}", list(procs.values()))
     argv = router_argv(layout.router_port, layout.engines, free_port())
     procs["router"] = Process("router", argv, layout.tmp).start()
     wait_until(lambda: router_workers(layout.router) == len(layout.engines), "router", list(procs.values()))

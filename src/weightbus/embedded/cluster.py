@@ -16,7 +16,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from weightbus.embedded.server import EmbeddedNats, NatsServerStartError, free_port
+from weightbus.embedded.server import EmbeddedNats, free_port
+from weightbus.errors import NatsServerStartError
 
 __all__ = ["CLUSTER_CONF", "EmbeddedCluster"]
 

@@ -29,9 +29,6 @@ from weightbus.errors import NatsServerNotFound, NatsServerStartError, NatsServe
 __all__ = [
     "MIN_NATS_SERVER_VERSION",
     "EmbeddedNats",
-    "NatsServerNotFound",
-    "NatsServerStartError",
-    "NatsServerVersionError",
     "check_nats_server_version",
     "find_nats_server",
     "free_port",

@@ -3,3 +3,5 @@
 It imports nothing above it, and library code (schemas, rules, bus, producers, consumers, engines, integrations)
 never imports it.
 """
+
+__all__: list[str] = []  # the package itself exports nothing; its modules do

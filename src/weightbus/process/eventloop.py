@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from weightbus.errors import EventLoopError
 
-__all__ = ["EVENT_LOOP_ENV", "EventLoopError", "loop_factory", "loop_name", "run"]
+__all__ = ["EVENT_LOOP_ENV", "loop_factory", "loop_name", "run"]
 
 EVENT_LOOP_ENV = "WEIGHTBUS_EVENT_LOOP"
 _CHOICES = ("auto", "uvloop", "asyncio")

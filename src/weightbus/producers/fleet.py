@@ -256,7 +256,8 @@ class EngineFleet:
 
         async def _one(client: SGLangClient) -> None:
             try:
-                await asyncio.wait_for(client.update_weight_version(label, abort_all_requests=False), timeout)
+                async with asyncio.timeout(timeout):
+                    await client.update_weight_version(label, abort_all_requests=False)
             except TimeoutError:
                 raise EngineError(client.url, None, f"no answer to the relabel within {timeout:g}s") from None
 

@@ -64,9 +64,9 @@ async def push_lora_adapter(
         first.add_note(f"load_lora_adapter also failed on {other.url}: {other}")
     loaded = [c for c, r in zip(clients, results, strict=True) if r is None]
     undo = await asyncio.gather(*(c.unload_lora_adapter(name) for c in loaded), return_exceptions=True)
-    for client, result in zip(loaded, undo, strict=True):
-        if isinstance(result, BaseException):
-            first.add_note(f"and unloading {name!r} from {client.url} afterwards failed too: {result}")
+    for client, outcome in zip(loaded, undo, strict=True):
+        if isinstance(outcome, BaseException):
+            first.add_note(f"and unloading {name!r} from {client.url} afterwards failed too: {outcome}")
         else:
             first.add_note(f"{name!r} was unloaded again from {client.url}")
     raise first

@@ -424,7 +424,8 @@ class VersionUpdate:
         try:
             msg_id = f"{policy}:quarantine:{known.incarnation}:{self.version}"
             # Bounded: a bus that is away (often why the update failed) must not hold the fleet paused.
-            await asyncio.wait_for(self._bus.publish(subjects.alerts(policy), alert, msg_id=msg_id), _CLEANUP_TIMEOUT)
+            async with asyncio.timeout(_CLEANUP_TIMEOUT):
+                await self._bus.publish(subjects.alerts(policy), alert, msg_id=msg_id)
         except (BusError, TimeoutError) as exc:
             log.error("could not publish the quarantine alert", extra={"policy": policy, "error": repr(exc)})
             failure.add_note(f"the FleetQuarantined alert was not published: {exc!r}")

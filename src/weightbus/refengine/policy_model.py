@@ -14,6 +14,7 @@ from weightbus.refengine.model import VOCAB
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor  # the name a function that binds ``torch`` to the lazy import can still annotate with
 
 __all__ = [
     "CONTEXT",
@@ -72,7 +73,7 @@ def module_logits(module: Any, windows: torch.Tensor, lora: Mapping[str, torch.T
     if lora is not None:
         h = h + (x @ lora["fc.lora_A"].T) @ lora["fc.lora_B"].T
     h = torch.tanh(h)
-    out = module["head"](h)
+    out: Tensor = module["head"](h)
     if lora is not None:
         out = out + (h @ lora["head.lora_A"].T) @ lora["head.lora_B"].T
     return out
@@ -125,7 +126,8 @@ class WindowLM:
         lora = self._adapter(adapter) if adapter is not None else None
         with torch.no_grad():
             logits = module_logits(self._module, torch.tensor([context_window(context)]), lora)[0]
-            return torch.log_softmax(logits, dim=-1).tolist()
+            logprobs: list[float] = torch.log_softmax(logits, dim=-1).tolist()
+            return logprobs
 
     def next_token(self, context: Sequence[int], adapter: str | None) -> int:
         logprobs = self._logprobs(context, adapter)

@@ -196,7 +196,8 @@ async def _flush_cache(state: EngineState, request: Request, raw: bytes) -> Resp
     except ValueError as exc:
         raise _BadRequest(f"timeout must be a number: {exc}") from exc
     deadline = time.monotonic() + timeout
-    while state.in_flight and time.monotonic() < deadline:
+    # SGLang's /flush_cache waits the same way; in_flight has no wakeup of its own to wait on.
+    while state.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     if state.in_flight:
         message = f"Cache not flushed: {len(state.in_flight)} requests are running or waiting.\n"

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchReply",
     "BatchRequest",
-    "NoRolloutError",
     "batch_subject",
     "chunk_payload",
     "request_batch",

@@ -17,7 +17,6 @@ __all__ = [
     "MAX_GROUP_SIZE",
     "MAX_IN_FLIGHT",
     "MIN_SHARED_LEASE_S",
-    "ConfigError",
     "RolloutConfig",
     "TrainerConfig",
     "dump_config",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 import httpx
@@ -69,7 +69,7 @@ class InFlightGroups:
         self,
         max_staleness: int | None,
         current: CurrentSource,
-        abort: Callable[[list[str]], Awaitable[None]],
+        abort: Callable[[list[str]], Coroutine[Any, Any, None]],
     ) -> None:
         self.max_staleness = max_staleness
         self._current = current

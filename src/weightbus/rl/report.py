@@ -65,7 +65,7 @@ class DemoResult:
 
 def _recorded(path: Path) -> list[dict[str, Any]]:
     seen: set[tuple[str, int | None, str]] = set()
-    out = []
+    out: list[dict[str, Any]] = []
     if not path.exists():
         return out
     for line in path.read_text().splitlines():

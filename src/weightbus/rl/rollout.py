@@ -103,7 +103,7 @@ async def generate_group(
     async def one(i: int) -> dict[str, Any]:
         response = await http.post("/generate", json=body if flight is None else {**body, "rid": flight.rids[i]})
         response.raise_for_status()
-        answer = response.json()
+        answer: dict[str, Any] = response.json()
         if flight is not None and inflight is not None:
             inflight.finished(flight, i, oldest_label(answer["meta_info"]))
         return answer

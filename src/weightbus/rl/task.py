@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 from weightbus.errors import TaskLoadError
 from weightbus.refengine.model import decode, encode
 
-__all__ = ["DEFAULT_TASK", "ReverseDigits", "Task", "TaskLoadError", "load_task"]
+__all__ = ["DEFAULT_TASK", "ReverseDigits", "Task", "load_task"]
 
 # A wrong digit still earns a little: the policy first learns the answer's alphabet, then the order.
 _DIGIT_CREDIT = 0.2

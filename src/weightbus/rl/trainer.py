@@ -19,10 +19,10 @@ import msgspec
 
 from weightbus.bus import BusMetrics, connect
 from weightbus.bus.options import ConnectOptions
-from weightbus.errors import EngineError, WeightbusError
+from weightbus.errors import EngineError, NoRolloutError, WeightbusError
 from weightbus.process.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
-from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch
+from weightbus.rl.batches import BatchReply, BatchRequest, request_batch
 from weightbus.rl.config import TrainerConfig
 from weightbus.schemas import LoraAdapter
 from weightbus.schemas.rollouts import Group

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +217,7 @@ def _run_entry(result: DemoResult) -> dict[str, Any]:
     }
 
 
-def _mean_of(values: list[float | None]) -> float | None:
+def _mean_of(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.fmean(known) if known else None
 

@@ -162,10 +162,10 @@ class MarkJudge:
             How many marks were refused by this call (they are appended to ``unexplained``).
         """
         pending = self._pending
-        if not pending or seq is None or (pending[0][0] is not None and pending[0][0] > seq):  # type: ignore[operator]
+        if not pending or seq is None or (pending[0][0] is not None and pending[0][0] > seq):
             return 0
         refused = len(self.unexplained)
-        while pending and (pending[0][0] is None or pending[0][0] < seq):  # type: ignore[operator]
+        while pending and (pending[0][0] is None or pending[0][0] < seq):
             self._judge(*pending.popleft(), state)
         return len(self.unexplained) - refused
 

@@ -29,7 +29,6 @@ __all__ = [
     "Verdict",
     "group_versions",
     "judge",
-    "min_fresh_version",
     "raw_scan",
     "scan_group",
     "staleness",
@@ -154,11 +153,6 @@ def staleness(current: int | None, oldest: int | None) -> int | None:
     if current is None or oldest is None:
         return None
     return current - oldest
-
-
-def min_fresh_version(current: int, max_staleness: int) -> int:
-    """The oldest version a group may hold and still be fresh at ``current``."""
-    return current - max_staleness
 
 
 def judge(

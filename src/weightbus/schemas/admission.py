@@ -40,7 +40,7 @@ class AdmissionEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"
     """Base of admission events; encoded as ``{"type": <tag>, ...}``."""
 
 
-class AdmissionLedger(AdmissionEvent, tag="admission.ledger"):
+class AdmissionLedger(AdmissionEvent, frozen=True, tag="admission.ledger"):
     """The budget after one write.
 
     Attributes:

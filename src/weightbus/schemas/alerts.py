@@ -31,7 +31,7 @@ class AlertEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of alert events; encoded as ``{"type": <tag>, ...}``."""
 
 
-class VersionRegressed(AlertEvent, tag="alert.version_regressed"):
+class VersionRegressed(AlertEvent, frozen=True, tag="alert.version_regressed"):
     """A tracker saw ``incoming`` after ``current`` (lower) and handled it as ``action``.
 
     Attributes:
@@ -50,7 +50,7 @@ class VersionRegressed(AlertEvent, tag="alert.version_regressed"):
     event_seq: int | None = None
 
 
-class VersionRejected(AlertEvent, tag="alert.version_rejected"):
+class VersionRejected(AlertEvent, frozen=True, tag="alert.version_rejected"):
     """A tracker refused a weights event that is not a plain regression, and held ``current``.
 
     Attributes:
@@ -82,7 +82,7 @@ class VersionRejected(AlertEvent, tag="alert.version_rejected"):
     event_seq: int | None = None
 
 
-class EngineOutOfSync(AlertEvent, tag="alert.engine_out_of_sync"):
+class EngineOutOfSync(AlertEvent, frozen=True, tag="alert.engine_out_of_sync"):
     """Engine ``engine`` was expected to serve ``expected`` but reported ``actual`` (or ``error``).
 
     ``reason`` is ``read_back`` (a stamp did not take), ``unexpected_label`` (before stamping, the
@@ -101,7 +101,7 @@ class EngineOutOfSync(AlertEvent, tag="alert.engine_out_of_sync"):
     reason: str = "read_back"
 
 
-class FleetQuarantined(AlertEvent, tag="alert.fleet_quarantined"):
+class FleetQuarantined(AlertEvent, frozen=True, tag="alert.fleet_quarantined"):
     """Engines were relabelled ``label`` (non-numeric) because their weights may not match a number.
 
     Attributes:

@@ -60,7 +60,9 @@ FAMILIES: Final[dict[str, Any]] = {
     "admission": AdmissionMessage,
 }
 
-_DECODERS: Final = {family: msgspec.json.Decoder(union) for family, union in FAMILIES.items()}
+_DECODERS: Final[dict[str, msgspec.json.Decoder[Event]]] = {
+    family: msgspec.json.Decoder(union) for family, union in FAMILIES.items()
+}
 _ENCODER: Final = msgspec.json.Encoder()
 _FAMILY_OF_TYPE: Final[dict[type, str]] = {
     WeightUpdated: "weights",
@@ -89,7 +91,7 @@ def family_of(event: Event) -> str:
         raise TypeError(f"not a weightbus event: {type(event).__name__}") from None
 
 
-_CHECKERS: Final = {cls: msgspec.json.Decoder(cls) for cls in _FAMILY_OF_TYPE}
+_CHECKERS: Final[dict[type, msgspec.json.Decoder[Event]]] = {cls: msgspec.json.Decoder(cls) for cls in _FAMILY_OF_TYPE}
 
 
 def encode(event: Event) -> bytes:

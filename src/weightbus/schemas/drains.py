@@ -21,7 +21,7 @@ class DrainEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of drain events; encoded as ``{"type": <tag>, ...}``."""
 
 
-class DrainReport(DrainEvent, tag="drain.report"):
+class DrainReport(DrainEvent, frozen=True, tag="drain.report"):
     """What one drain decided.
 
     Attributes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import msgspec
 
@@ -101,6 +101,9 @@ class Sample(msgspec.Struct, kw_only=True, dict=True):
     response_length: int = 0
     reward: float | None = None
     metadata: dict[str, Any] = {}
+    # The cached ``version_summary``, kept in the instance dict (dict=True) by ``refresh_versions``: ClassVar
+    # keeps it out of the struct's fields (never encoded, never an argument) and tells type checkers its type.
+    _v: ClassVar[tuple[int, float, int]]
 
     def __post_init__(self) -> None:
         self.refresh_versions()

@@ -72,7 +72,7 @@ class WeightEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of weight-family events; encoded as ``{"type": <tag>, ...}``."""
 
 
-class WeightUpdated(WeightEvent, tag="weight.updated"):
+class WeightUpdated(WeightEvent, frozen=True, tag="weight.updated"):
     """Every engine of ``policy`` serves ``version``.
 
     Attributes:
@@ -99,7 +99,7 @@ class WeightUpdated(WeightEvent, tag="weight.updated"):
     reserves_next: bool = False
 
 
-class PublisherClaimed(WeightEvent, tag="weight.claimed"):
+class PublisherClaimed(WeightEvent, frozen=True, tag="weight.claimed"):
     """``trainer_id`` took over the counter of ``policy`` at ``epoch``; ``version`` is still current.
 
     ``version`` is None for a policy that has never published a version. ``previous_trainer_id`` is
@@ -121,7 +121,7 @@ class PublisherClaimed(WeightEvent, tag="weight.claimed"):
     standing: ClaimStanding | None = None
 
 
-class VersionReserved(WeightEvent, tag="weight.reserved"):
+class VersionReserved(WeightEvent, frozen=True, tag="weight.reserved"):
     """The owner took ``version`` for an update; no engine carries it yet and none may before this is stored.
 
     It never changes the current version: a reserved number becomes current only with its
@@ -137,7 +137,7 @@ class VersionReserved(WeightEvent, tag="weight.reserved"):
     lora: LoraAdapter | None = None
 
 
-class WeightApplied(WeightEvent, tag="weight.applied"):
+class WeightApplied(WeightEvent, frozen=True, tag="weight.applied"):
     """One engine's read-back after it was stamped with ``version``.
 
     ``read_back`` is the engine's live ``/model_info`` ``weight_version`` string; ``ok`` is whether it
@@ -157,7 +157,7 @@ class CounterEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of counter-family events; encoded as ``{"type": <tag>, ...}``."""
 
 
-class CounterHighWater(CounterEvent, tag="counter.high_water"):
+class CounterHighWater(CounterEvent, frozen=True, tag="counter.high_water"):
     """The counter of ``policy`` has issued every number up to ``version``; none of them is ever issued again.
 
     Written by the owner on ``weightbus.<policy>.counter`` with each reservation and announcement

@@ -16,11 +16,12 @@ pytest.importorskip("torch")
 from weightbus.bus import connect, subjects  # noqa: E402
 from weightbus.bus.history import read_subject_history  # noqa: E402
 from weightbus.consumers.admission import Admission, SharedBudget  # noqa: E402
+from weightbus.errors import NoRolloutError
 from weightbus.producers import VersionPublisher  # noqa: E402
 from weightbus.refengine.policy_model import WindowLM  # noqa: E402
 from weightbus.refengine.reference import EngineState, create_app  # noqa: E402
 from weightbus.refengine.serve import ServedEngine  # noqa: E402
-from weightbus.rl.batches import BatchReply, BatchRequest, NoRolloutError, request_batch  # noqa: E402
+from weightbus.rl.batches import BatchReply, BatchRequest, request_batch  # noqa: E402
 from weightbus.rl.config import RolloutConfig  # noqa: E402
 from weightbus.rl.rollout import run_rollout  # noqa: E402
 from weightbus.schemas import AdmissionLedger  # noqa: E402

@@ -55,13 +55,7 @@ async def test_stale_group_recycled_and_counted_in_max_staleness():  # miles 5
     assert [g.prompt_index for g in drain.groups] == [2, 3]
     assert drain.metrics[f"{M}stale_groups_filtered"] == 1
     assert drain.metrics[f"{M}max_staleness"] == 5
-    recycled = [g async for g in _take(buffer.recycled(), 1)]
-    assert recycled == [stale] and stale.samples[0].weight_versions == []
-
-
-async def _take(it, n):
-    for _ in range(n):
-        yield await anext(it)
+    assert buffer.take_recycled() == [stale] and stale.samples[0].weight_versions == []
 
 
 async def test_stale_group_dropped_by_default():  # miles 6

@@ -208,7 +208,7 @@ async def test_iterator_starts_at_the_current_version_and_ends_on_stop(
     seen: list[tuple[int | None, bool]] = []
 
     async def consume() -> None:
-        async for change in tracker:
+        async for change in tracker.changes():
             seen.append((change.version, change.replayed))
 
     await tracker.wait_ready(TIMEOUT)

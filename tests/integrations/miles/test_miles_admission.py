@@ -131,7 +131,7 @@ async def _train(nats_bus: NatsBus, policy: str, bound: int, steps: int) -> tupl
                 buffer = miles_admission.active_buffer()
                 tracker = getattr(buffer, "tracker", None)  # the WeightbusDataBuffer miles built
                 if tracker is not None:
-                    await wait_until(lambda: tracker.current == version + 1, 5, "the tracker to see the push")
+                    await wait_until(lambda t=tracker, v=version + 1: t.current == v, 5, "the tracker to see the push")
             return fn, trained
         finally:
             await fn.aclose()

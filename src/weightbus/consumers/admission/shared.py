@@ -72,7 +72,6 @@ class SharedBudget:
         linger_s: how long after a holding's lease (and ``skew_s``) the others still count it, for the groups its
             holder may still be running (None: ``lease_s``). The kill -9 bound grows by it.
         grant: slots asked for per write beyond what is in use (None: the admission's batch).
-        clock: wall-clock Unix time (injected for tests).
         on_write: called with each ledger this process stored and its sequence (for the record).
         metrics: where rejected ledgers, clipped leases, tampering, over-admission and starvation are counted.
 
@@ -91,7 +90,6 @@ class SharedBudget:
         skew_s: float = 1.0,
         linger_s: float | None = None,
         grant: int | None = None,
-        clock: Callable[[], float] = time.time,
         on_write: Callable[[AdmissionLedger, int], None] | None = None,
         metrics: AdmissionMetrics | None = None,
     ) -> None:
@@ -110,7 +108,6 @@ class SharedBudget:
         self._linger_s = lease_s if linger_s is None else linger_s
         self._rotate_s = lease_s / 3
         self._grant = grant
-        self._clock = clock
         self._on_write = on_write
         self._metrics: PolicyAdmissionMetrics | None = metrics.for_policy(policy) if metrics is not None else None
         self._gate: BudgetUser | None = None
@@ -283,7 +280,7 @@ class SharedBudget:
         if ledger in self._own:
             self._accept_own(ledger)
             return
-        now = self._clock()
+        now = time.time()
         verdict = check_ledger(
             ledger,
             self._ledger,
@@ -444,7 +441,7 @@ class SharedBudget:
         ledger = self._ledger
         if ledger is None:
             return {}
-        now = self._clock()
+        now = time.time()
         return {h: x for h, x in ledger.holders.items() if h != self.holder and not self._lapsed(h, now)}
 
     def _live(self, holder: str, now: float) -> bool:
@@ -457,7 +454,7 @@ class SharedBudget:
         if not others:
             self._share = UNLIMITED
             return
-        now = self._clock()
+        now = time.time()
         # A writer that predates ``wants`` wrote 0 there: it asks for what it holds. One past its lease asks for
         # nothing more: it only keeps what it holds.
         demands = {h: max(x.wants, counted(x)) if self._live(h, now) else counted(x) for h, x in others.items()}
@@ -472,7 +469,7 @@ class SharedBudget:
         return mine.wants if mine is not None else 0
 
     def _others_wait(self) -> bool:
-        now = self._clock()
+        now = time.time()
         return any(x.wants > x.slots and self._live(h, now) for h, x in self._others().items())
 
     def _target(self, demand: int) -> int:
@@ -488,7 +485,7 @@ class SharedBudget:
         others = self._others()
         if not others:
             return None
-        now = self._clock()
+        now = time.time()
         later = [
             self._deadlines.get(h, x.expires_at) + self._skew_s + self._linger_s - now
             for h, x in others.items()
@@ -533,7 +530,7 @@ class SharedBudget:
     async def _write(self, target: int, demand: int, *, leaving: bool = False) -> None:
         while True:
             ledger = self._ledger
-            now = self._clock()
+            now = time.time()
             holders = self._others()
             free = self._total - sum(counted(x) for x in holders.values())
             slots = max(0, min(target, free))

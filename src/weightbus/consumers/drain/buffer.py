@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -82,7 +82,7 @@ class FullyAsyncBuffer:
             measures without filtering and drops what it does not keep.
         reporter: publishes a ``DrainReport`` after each drain; its failures never fail a drain.
         on_recycle: called with each recycled (already reset) prompt group instead of queueing it for
-            ``recycled()``; must not block.
+            ``take_recycled()``; must not block.
         dynamic_filter: called on each put; a returned ``str`` rejects the group (always dropped,
             counted as ``rollout/dynamic_filter/drop_<reason>`` when the reason is non-empty).
         samples_per_group: when set, a drain raises ``ValueError`` on a kept group of another size.
@@ -227,14 +227,6 @@ class FullyAsyncBuffer:
                     )
         kept = sorted(w.close(t), key=_sort_key)
         return Drain(groups=kept, stats=w.finish(items))
-
-    def recycled(self) -> AsyncIterator[Group]:
-        """Recycled prompt groups (already reset for a retry), as they come; never ends."""
-        return self._iter_recycled()
-
-    async def _iter_recycled(self) -> AsyncIterator[Group]:
-        while True:
-            yield await self._recycled.get()
 
     def take_recycled(self) -> list[Group]:
         """Every recycled prompt group queued so far, without waiting."""

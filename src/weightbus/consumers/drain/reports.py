@@ -230,7 +230,8 @@ class DrainReporter:
     async def _attempt(self, event: DrainReport) -> bool:
         msg_id = self._msg_id(event)
         try:
-            await asyncio.wait_for(self.bus.publish(self.subject, event, msg_id=msg_id), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                await self.bus.publish(self.subject, event, msg_id=msg_id)
         except (BusError, TimeoutError) as exc:
             log.warning("drain report %s on %s not published: %s", msg_id, self.subject, exc or type(exc).__name__)
             return False

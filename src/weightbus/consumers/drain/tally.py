@@ -225,14 +225,14 @@ class DrainTally:
                     unused_append(group)
                 continue
             sums[id(group)] = (tokens, len(group.samples), reward_sum, rewarded, lo)
-            st = self.current - lo
+            st = self.current - lo  # type: ignore[operator]  # current >= snapshot, not None
             if st > mx:
-                stale_append(lo)
+                stale_append(lo)  # type: ignore[arg-type]  # lo is an int with HAS_VERSION
                 n_stale += 1
                 unused_append(group)
             else:
                 kept_append(group)
-                oldest_append(lo)
+                oldest_append(lo)  # type: ignore[arg-type]
         self.n_stale += n_stale
         return unused
 

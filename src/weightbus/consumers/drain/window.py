@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, TypedDict
 
 from weightbus.consumers.drain.decisions import Action, DrainStats
 from weightbus.consumers.drain.ledger import WasteLedger
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from weightbus.consumers.drain.reports import DrainReporter
     from weightbus.rules.staleness import UnknownPolicy
 
-__all__ = ["VERSION_STATES", "DrainWindow"]
+__all__ = ["VERSION_STATES", "DrainWindow", "HeldSlots", "JudgementConfig"]
 
 #: ``DrainStats.version_state`` values from the most trusted to the least: a window that judged
 #: against several says the least trusted one.
@@ -393,7 +393,23 @@ def _nest(counts: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
     return out
 
 
-def _ledger_fields(ledger: WasteLedger) -> dict[str, object]:
+class _LedgerFields(TypedDict):
+    """The ``DrainStats`` fields the waste ledger fills (their types are ``DrainStats``'s)."""
+
+    tokens_generated: int
+    tokens_trained: int
+    tokens_not_trained: dict[str, int]
+    early_aborts: int
+    tokens_saved: int
+    in_flight_versions_avg: float | None
+    in_queue_versions_avg: float | None
+    in_flight_s_avg: float | None
+    in_queue_s_avg: float | None
+    by_length: dict[str, dict[str, int]]
+    by_reward: dict[str, dict[str, int]]
+
+
+def _ledger_fields(ledger: WasteLedger) -> _LedgerFields:
     return {
         "tokens_generated": ledger.generated,
         "tokens_trained": ledger.trained,

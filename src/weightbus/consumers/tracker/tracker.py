@@ -396,9 +396,6 @@ class VersionTracker:
             self._waker.set()
             self._waker = asyncio.Event()
 
-    def __aiter__(self) -> AsyncIterator[VersionChange]:
-        return self.changes()
-
     def changes(self, *, include_regressions: bool = False) -> AsyncIterator[VersionChange]:
         """Iterate over version changes: the change that set the current version first (if known), then each one.
 

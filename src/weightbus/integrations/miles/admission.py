@@ -151,7 +151,8 @@ def _max_in_flight_groups(args: Any) -> int:
     """The groups miles' fully-async worker keeps in flight (its ``_max_in_flight_groups``)."""
     n = getattr(args, "n_samples_per_prompt", 1) or 1
     samples = getattr(args, "async_max_concurrent_samples", None)
-    return max(1, samples // n) if samples else args.rollout_batch_size
+    groups: int = max(1, samples // n) if samples else args.rollout_batch_size
+    return groups
 
 
 def check_semaphore(args: Any) -> None:

@@ -56,7 +56,8 @@ class RayEngine:
             return self._get(getattr(self.handle, method).remote(**kwargs))
 
         try:
-            return await asyncio.wait_for(asyncio.to_thread(run), self._timeout)
+            async with asyncio.timeout(self._timeout):
+                return await asyncio.to_thread(run)
         except TimeoutError:
             raise EngineError(self.url, None, f"{method}: no answer within {self._timeout:g}s") from None
         except Exception as exc:  # a Ray task error carries the engine's HTTP failure

@@ -193,7 +193,7 @@ def uninstall() -> None:
     global _STATE, _HOOK
     with _LOCK:
         for cls, original in reversed(_PATCHED):
-            cls.update_weights = original  # type: ignore[attr-defined]
+            cls.update_weights = original
         _PATCHED.clear()
         if _HOOK is not None and _HOOK in sys.meta_path:
             sys.meta_path.remove(_HOOK)
@@ -296,7 +296,10 @@ def _show(params: Sequence[str]) -> str:
 def _runtime(module: ModuleType) -> tuple[Runtime | None, list[str]]:
     names = vars(module)
     missing: list[str] = []
-    dist, gloo, ray = names.get("dist"), names.get("get_gloo_group"), names.get("ray")
+    # miles' module globals, untyped: each is checked below before it is used.
+    dist: Any = names.get("dist")
+    gloo: Any = names.get("get_gloo_group")
+    ray: Any = names.get("ray")
     for attr in ("get_rank", "broadcast_object_list"):
         if not callable(getattr(dist, attr, None)):
             missing.append(f"the global dist (torch.distributed) has no {attr}()")
@@ -312,7 +315,7 @@ def _runtime(module: ModuleType) -> tuple[Runtime | None, list[str]]:
     return Runtime(
         dist,
         gloo,
-        ray.get,  # type: ignore[union-attr]
+        ray.get,
         lora if isinstance(lora, str) else LORA_NAME,
         parallel_state=state if callable(state) else None,
         runtime_context=context if callable(context) else None,
@@ -351,7 +354,7 @@ class _ImportHook(importlib.abc.MetaPathFinder):
                 return loader.create_module(spec)
 
             def exec_module(self, module: ModuleType) -> None:
-                loader.exec_module(module)  # type: ignore[union-attr]
+                loader.exec_module(module)
                 sys.modules[fullname] = module  # the install imports it by name
                 then()
 

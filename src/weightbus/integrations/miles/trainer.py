@@ -96,7 +96,7 @@ class MilesTrainer:
 
     def cell(self, updater: Any) -> Cell:
         """Rank 0's cell of ``updater`` (made at its first update)."""
-        cell = updater.__dict__.get("_weightbus_cell")
+        cell: Cell | None = updater.__dict__.get("_weightbus_cell")
         if cell is None:
             with self._lock:
                 cell, self._spare = self._spare, None
