@@ -54,7 +54,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 async def _push(pushes: _Pushes) -> int:
-    return await rl_trainer._Trainer.push(pushes, SimpleNamespace(next_version=7), fleet=None)  # type: ignore[arg-type]
+    return await rl_trainer._Trainer.push(pushes, SimpleNamespace(state=SimpleNamespace(next_version=7)), fleet=None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("cls", _ERRORS, ids=lambda c: c.__name__)

@@ -60,7 +60,7 @@ def _retrying(failures: list[BaseException], timeout: float = 60.0) -> tuple[Any
             raise planned.pop(0)
         return "taken"
 
-    cell = SimpleNamespace(trainer=SimpleNamespace(policy="p", settings=SimpleNamespace(update_timeout=timeout)))
+    cell = SimpleNamespace(settings=SimpleNamespace(policy="p", update_timeout=timeout))
     result = miles_cell.Cell._retrying(cell, attempt, "taking a version", "nothing was pushed")  # type: ignore[arg-type]
     return result, attempts
 
