@@ -169,7 +169,7 @@ async def bench_shared(buses: list[Any], seconds: float, step_ms: float) -> dict
     await asyncio.gather(*tasks, return_exceptions=True)
     calls = {k: sum(c.calls[k] for c in counted) for k in counted[0].calls}
     for b in budgets:
-        await b.close()
+        await b.aclose()
     total = sum(calls.values())
     return {
         "groups": sum(admitted),
@@ -203,7 +203,7 @@ async def _shared_runs(seconds: float, step_ms: float) -> dict[str, Any]:
             out["nats"] = await bench_shared(buses, seconds, step_ms)
         finally:
             for bus in buses:
-                await bus.close()
+                await bus.aclose()
     finally:
         server.stop()
     return out

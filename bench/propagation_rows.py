@@ -217,7 +217,7 @@ async def _publish_weightbus(url: str, policy: str, n: int, interval: float) -> 
                 raise RuntimeError(f"the publisher gave version {version}, expected {i + 1}")
             sent.append(t)
     finally:
-        await bus.close()
+        await bus.aclose()
     return sent, calls
 
 
@@ -373,4 +373,4 @@ def run_trial(
 
 async def ensure_weightbus_stream(url: str) -> None:
     bus = await connect(url, name="bench-setup")
-    await bus.close()
+    await bus.aclose()

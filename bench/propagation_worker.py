@@ -95,7 +95,7 @@ def _weightbus(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | Non
                 ready()
                 await _wait(holder, cmd["timeout"])
         finally:
-            await bus.close()
+            await bus.aclose()
         return holder.recv
 
     return run_loop(run())

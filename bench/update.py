@@ -123,7 +123,7 @@ async def _rounds(nats_url: str, engine_urls: list[str], rounds: int, warmup: in
                     if i >= warmup:
                         out[mode].append(_phases(meter, first_call, t0, t1, t2, t5))
     finally:
-        await bus.close()
+        await bus.aclose()
     return out
 
 

@@ -57,7 +57,7 @@ def policy() -> str:
 async def nats_bus(nats_url: str, registry: CollectorRegistry) -> AsyncIterator[NatsBus]:
     bus = await connect(nats_url, metrics=BusMetrics(registry), connect_timeout=5)
     yield bus
-    await bus.close()
+    await bus.aclose()
 
 
 @pytest_asyncio.fixture(params=["memory", pytest.param("nats", marks=pytest.mark.nats)])
@@ -66,12 +66,12 @@ async def bus(request: pytest.FixtureRequest, registry: CollectorRegistry) -> As
     if request.param == "memory":
         mem = MemoryBus(BusMetrics(registry))
         yield mem
-        await mem.close()
+        await mem.aclose()
     else:
         url = request.getfixturevalue("nats_url")
         nb = await connect(url, metrics=BusMetrics(registry), connect_timeout=5)
         yield nb
-        await nb.close()
+        await nb.aclose()
 
 
 @pytest.fixture(autouse=True)

@@ -42,7 +42,7 @@ async def _create_stream(url: str) -> None:
     try:
         await create_or_upgrade(admin.js, "WEIGHTBUS", StreamRequirements(), replicas=1)
     finally:
-        await admin.close()
+        await admin.aclose()
 
 
 @contextmanager

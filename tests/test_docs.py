@@ -520,7 +520,7 @@ def test_the_demo_figures_come_from_the_committed_results() -> None:
     default = tradeoff["1"]
     assert f"{default['reward_first']:.2f} → {default['reward_last']:.2f}" in text
     assert f"trained in {default['wall_s']:.0f} s" in text
-    assert f"threw away {tradeoff['0']['tokens_wasted_share'] * 100:.0f} %" in text
+    assert f"threw away {tradeoff['0']['tokens_not_trained_share'] * 100:.0f} %" in text
     admission = json.loads((results / "admission-tradeoff.json").read_text())["versus_off"]
     zero, one = admission["0"], admission["1"]
     assert f"untrained at bound 0 (against {zero['off']['tokens_not_trained_share'] * 100:.0f} %" in text
@@ -567,7 +567,7 @@ async def test_a_publisher_without_a_fleet_announces_no_engines_as_the_trainer_g
     assert tuple(last.event.engines) == ()
     with pytest.raises(ValueError):
         VersionPublisher(bus, "policy-a", pause="retract")
-    await bus.close()
+    await bus.aclose()
 
 
 def test_the_rollout_example_counts_invalid_events() -> None:

@@ -63,8 +63,8 @@ async def _run_the_code(registry: CollectorRegistry) -> None:
     await bus.publish_raw(w, b"{not json", msg_id="ops:bad")
     await bus.publish(w, updated(7, policy=policy, epoch=2), msg_id="ops:7")
     await asyncio.wait_for(anext(sub), 5)  # skips the invalid payload, counting it
-    await sub.close()
-    await bus.close()
+    await sub.aclose()
+    await bus.aclose()
 
     AdmissionMetrics(registry).for_policy(policy)  # the shared budget's families, each series at 0
     metrics = StalenessMetrics(registry)
@@ -295,7 +295,7 @@ async def _stream_works(url: str, options: ConnectOptions | None = None) -> None
         info = await bus.js.stream_info("WEIGHTBUS")
         assert info.config.name == "WEIGHTBUS"
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 @pytest.mark.nats

@@ -1,4 +1,4 @@
-"""``NatsBus.close()`` never raises and never hangs, also when the connection dies under it, and leaves no task.
+"""``NatsBus.aclose()`` never raises and never hangs, also when the connection dies under it, and leaves no task.
 
 The server-stays-dead cases (nats-py reconnecting, commands buffered; 50 timed closes at the first reconnection
 attempt) are in ``tests/chaos/test_server_kill.py``; here are the moments no timing of a real kill hits
@@ -41,7 +41,7 @@ async def test_close_survives_a_socket_that_dies_during_the_final_flush(
     client._pending.append(b"PING\r\n")
     client._pending_data_size += 6
 
-    await bus.close()
+    await bus.aclose()
 
     assert drains == 1
     assert client.is_closed
@@ -50,16 +50,16 @@ async def test_close_survives_a_socket_that_dies_during_the_final_flush(
     # nats-py's cleanup ran to its end the second time: the closed callback fired and the socket is closed.
     assert "NATS connection closed" in messages
     assert transport._io_writer.is_closing()
-    await bus.close()  # idempotent
+    await bus.aclose()  # idempotent
 
 
 async def test_close_ends_the_reconnection_task_when_its_cancel_is_swallowed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``close()`` lands exactly while nats-py's reconnection attempt gets its ``ConnectionRefusedError``.
+    """``aclose()`` lands exactly while nats-py's reconnection attempt gets its ``ConnectionRefusedError``.
 
     On CPython 3.11 ``asyncio.wait_for`` (inside nats-py's ``TcpTransport.connect``) then returns the error and
-    swallows the cancel that ``close()`` sent; nats-py's reconnection task used to retry every
+    swallows the cancel that ``aclose()`` sent; nats-py's reconnection task used to retry every
     ``reconnect_time_wait`` for ever on the CLOSED client, so a host's ``asyncio.run()`` never returned. The
     refused connection is real (the server was killed); only the moment of the close is pinned, by starting it
     from inside the refused ``open_connection`` so that it runs before ``wait_for`` resumes.
@@ -75,7 +75,7 @@ async def test_close_ends_the_reconnection_task_when_its_cancel_is_swallowed(
             return await real_open(*args, **kwargs)
         except ConnectionRefusedError:
             if kwargs.get("port") == port and not closing:
-                closing.append(asyncio.get_running_loop().create_task(bus.close()))
+                closing.append(asyncio.get_running_loop().create_task(bus.aclose()))
             raise
 
     monkeypatch.setattr(asyncio, "open_connection", refused_then_close)

@@ -60,9 +60,9 @@ async def test_wrong_password_is_an_auth_error_and_no_secret_leaks(
     caplog.set_level(logging.DEBUG)
     url = f"nats://alice:{SECRET}@127.0.0.1:{password_server.port}"
     bus = await connect(url)  # credentials in the URL still work
-    await bus.close()
+    await bus.aclose()
     bus = await connect(password_server.url, options=ConnectOptions(user="alice", password=SECRET))
-    await bus.close()
+    await bus.aclose()
     wrong = f"nats://alice:{SECRET}x@127.0.0.1:{password_server.port}"
     with pytest.raises(BusConnectError) as info:
         await connect(wrong, connect_timeout=3)
@@ -173,7 +173,7 @@ def _tls_server(tmp_path: Path, files: dict[str, str], *, verify: bool) -> Embed
 async def test_tls_with_a_test_ca(tmp_path: Path, tls_files: dict[str, str]) -> None:
     with _tls_server(tmp_path, tls_files, verify=False) as server:
         bus = await connect(server.url, options=ConnectOptions(tls_ca=tls_files["ca"]))
-        await bus.close()
+        await bus.aclose()
         with pytest.raises(BusConnectError) as untrusted:
             # Without the CA the server's certificate cannot be verified.
             await connect(server.url, options=ConnectOptions(), connect_timeout=3)
@@ -187,7 +187,7 @@ async def test_tls_with_a_client_certificate(tmp_path: Path, tls_files: dict[str
             tls_ca=tls_files["ca"], tls_cert=tls_files["client_cert"], tls_key=tls_files["client_key"]
         )
         bus = await connect(server.url, options=opts)
-        await bus.close()
+        await bus.aclose()
         with pytest.raises(BusConnectError) as no_cert:
             await connect(server.url, options=ConnectOptions(tls_ca=tls_files["ca"]), connect_timeout=3)
         assert no_cert.value.cause == "tls", no_cert.value
@@ -236,7 +236,7 @@ async def test_nkey_seed_file_authenticates(tmp_path: Path) -> None:
     conf.write_text(f"authorization {{ users: [ {{nkey: {public}}} ] }}\n")
     with EmbeddedNats(config=conf) as server:
         bus = await connect(server.url, options=ConnectOptions(nkey_seed=str(seed_file)))
-        await bus.close()
+        await bus.aclose()
         with pytest.raises(BusConnectError) as info:
             await connect(server.url, options=ConnectOptions(), connect_timeout=3)
         assert info.value.cause == "auth"

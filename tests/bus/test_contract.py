@@ -59,7 +59,7 @@ async def test_same_msg_id_stores_one_event(bus: Bus, policy: str) -> None:
     sub = bus.subscribe(subject, deliver=Deliver.ALL)
     got = await take(sub, 1)
     await nothing_more(sub)
-    await sub.close()
+    await sub.aclose()
     assert [e.event.version for e in got] == [1]  # type: ignore[union-attr]
 
 
@@ -90,7 +90,7 @@ async def test_last_per_subject_replays_current_then_live(bus: Bus, policy: str)
     await bus.publish(w, wu(4, policy=policy), msg_id=f"{policy}:4")
     live = await take(sub, 1)
     assert live[0].event.version == 4  # type: ignore[union-attr]
-    await sub.close()
+    await sub.aclose()
 
 
 async def test_deliver_new_skips_stored_events(bus: Bus, policy: str) -> None:
@@ -102,7 +102,7 @@ async def test_deliver_new_skips_stored_events(bus: Bus, policy: str) -> None:
     await bus.publish(w, wu(2, policy=policy), msg_id=f"{policy}:2")
     got = await take(sub, 1)
     assert got[0].event.version == 2  # type: ignore[union-attr]
-    await sub.close()
+    await sub.aclose()
 
 
 async def test_wildcards(bus: Bus, policy: str) -> None:
@@ -120,7 +120,7 @@ async def test_wildcards(bus: Bus, policy: str) -> None:
     got = await take(sub, 2)
     assert sorted((e.event.policy, e.event.version) for e in got) == [(policy, 1), (other, 5)]  # type: ignore[union-attr]
     await nothing_more(sub)
-    await sub.close()
+    await sub.aclose()
 
 
 @pytest.mark.parametrize(
@@ -144,14 +144,14 @@ async def test_invalid_payload_is_counted_and_subscription_carries_on(
     got = await take(sub, 1)
     assert got[0].event.version == 9  # type: ignore[union-attr]
     assert registry.get_sample_value("weightbus_invalid_events_total", {"family": "weights", "reason": reason}) == 1
-    await sub.close()
+    await sub.aclose()
 
 
 async def test_closed_subscription_ends_iteration(bus: Bus, policy: str) -> None:
     sub = bus.subscribe(subjects.weights(policy))
     task = asyncio.ensure_future(take(sub, 1, timeout=5))
     await wait_until(lambda: has_waiters(sub._queue), 5, "the reader to wait")  # type: ignore[attr-defined]
-    await sub.close()
+    await sub.aclose()
     assert await task == []
 
 
@@ -160,7 +160,7 @@ async def test_deliveries_carry_their_stream_sequence(bus: Bus, policy: str) -> 
     acks = [await bus.publish(subject, wu(v, policy=policy), msg_id=f"{policy}:{v}") for v in (1, 2, 3)]
     sub = bus.subscribe(subject, deliver=Deliver.ALL)
     got = await take(sub, 3)
-    await sub.close()
+    await sub.aclose()
     assert [e.seq for e in got] == [a.seq for a in acks]
 
 
@@ -180,7 +180,7 @@ async def test_a_consumer_that_falls_behind_gets_a_typed_error_not_a_silent_gap(
     )
     with pytest.raises(SlowConsumerError):
         await take(sub, 20)
-    await sub.close()
+    await sub.aclose()
 
 
 async def test_stream_seq_reads_both_reply_subject_forms() -> None:

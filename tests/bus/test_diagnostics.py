@@ -59,7 +59,7 @@ async def test_a_deleted_stream_is_named_as_such_not_as_jetstream_disabled(serve
         await bus.ensure_stream()
         assert await bus.last_seq(subject) == 0
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 async def test_a_server_without_jetstream_is_still_named_as_such(tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ async def test_a_server_without_jetstream_is_still_named_as_such(tmp_path: Path)
                     await bus.last_seq(subjects.weights("diag"))
                 assert not isinstance(info.value, StreamNotFoundError)
         finally:
-            await bus.close()
+            await bus.aclose()
     finally:
         plain.stop()
 
@@ -101,7 +101,7 @@ async def test_the_fix_stream_config_error_recommends_is_accepted_and_fixes_it(s
         done = _weightbus(*command.split()[1:], "--nats", server.url)
         assert done.returncode == 0, f"`{command}` failed: {done.stderr}"
     bus = await connect(server.url)
-    await bus.close()
+    await bus.aclose()
 
 
 def _stated_histories() -> dict[str, list[int]]:
@@ -135,12 +135,12 @@ async def test_a_stream_created_as_the_docs_say_is_accepted(server: EmbeddedNats
         )
     )
     bus = await connect(server.url)
-    await bus.close()
+    await bus.aclose()
 
 
 async def test_reads_on_a_closed_bus_raise_weightbus_errors_not_nats_py_ones(nats_url: str) -> None:
     bus = await connect(nats_url, name="closed-reads")
-    await bus.close()
+    await bus.aclose()
     subject = subjects.weights("diag-closed")
     for read in (bus.last_seq, bus.last):
         with pytest.raises(BusError) as info:

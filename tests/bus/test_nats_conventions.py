@@ -162,7 +162,7 @@ async def test_connect_authenticates_with_nats_variables_and_a_context(
     monkeypatch.setenv("NATS_USER", "alice")
     monkeypatch.setenv("NATS_PASSWORD", SECRET)
     bus = await connect(password_server.url, connect_timeout=3, ensure_stream=False)  # options from NATS_*
-    await bus.close()
+    await bus.aclose()
     monkeypatch.setenv("NATS_PASSWORD", SECRET + "x")
     with pytest.raises(BusConnectError) as info:
         await connect(password_server.url, connect_timeout=3, ensure_stream=False)
@@ -172,4 +172,4 @@ async def test_connect_authenticates_with_nats_variables_and_a_context(
     write_context(tmp_path, "local", {"url": password_server.url, "user": "alice", "password": SECRET})
     monkeypatch.setenv("NATS_CONTEXT", "local")
     bus = await connect(nats_url_from_env("nats://unused.invalid:1"), connect_timeout=3, ensure_stream=False)
-    await bus.close()
+    await bus.aclose()

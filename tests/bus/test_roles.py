@@ -56,7 +56,7 @@ async def stream(server: EmbeddedNats) -> AsyncIterator[None]:
     admin = await as_role(server, "admin", ensure=False)
     await create_or_upgrade(admin.js, "WEIGHTBUS", StreamRequirements(), replicas=1)
     yield
-    await admin.close()
+    await admin.aclose()
 
 
 def drain(policy: str) -> DrainReport:
@@ -114,7 +114,7 @@ async def test_each_role_can_do_its_job(server: EmbeddedNats, stream: None) -> N
         }
     finally:
         for bus in (trainer_a, trainer_b, rollout_a, rollout_b, monitor):
-            await bus.close()
+            await bus.aclose()
 
 
 def _forbidden_api(bus: NatsBus) -> dict[str, Awaitable[Any]]:
@@ -195,7 +195,7 @@ async def test_every_forbidden_action_is_refused(server: EmbeddedNats, stream: N
             or "timeout" in str(loop.value).lower()
         ), repr(loop.value)
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 @pytest_mark_module_loop
@@ -214,7 +214,7 @@ async def test_a_rollout_serves_its_own_policys_batch_requests_only(
         err = await refused(bus, _serve_other())
         assert err.action == "subscribe" and other in err.subject
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 @pytest_mark_module_loop
@@ -229,7 +229,7 @@ async def test_a_trainer_cannot_claim_or_mark_another_policys_counter(server: Em
             await bus.publish(subjects.counter("policy-b"), forged, msg_id="roles:forged-mark")
         assert info.value.subject == subjects.counter("policy-b")
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 def test_the_documented_block_adds_a_policy(tmp_path: Path) -> None:
@@ -260,8 +260,8 @@ def test_the_documented_block_adds_a_policy(tmp_path: Path) -> None:
             with pytest.raises(PermissionDeniedError):
                 await rollout.publish_raw(subjects.admission("policy-a"), b"{}", msg_id="np:ledger")
         finally:
-            await trainer.close()
-            await rollout.close()
+            await trainer.aclose()
+            await rollout.aclose()
 
     with roles_server(tmp_path / "js", config=config, env=env) as srv:
         asyncio.run(check(srv.url))

@@ -49,8 +49,8 @@ async def test_an_answer_is_chunked_numbered_and_reassembled(nats_url: str) -> N
         assert len(arrivals) == 2
     finally:
         await served.unsubscribe()
-        await server.close()
-        await client.close()
+        await server.aclose()
+        await client.aclose()
 
 
 async def test_nobody_serving_is_no_responders_and_a_failed_handler_is_reported(nats_url: str) -> None:
@@ -71,5 +71,5 @@ async def test_nobody_serving_is_no_responders_and_a_failed_handler_is_reported(
                 await asyncio.sleep(0.05)
         await served.unsubscribe()
     finally:
-        await bus.close()
+        await bus.aclose()
     assert [str(e) for e in failures] == ["boom"]

@@ -49,7 +49,7 @@ def operator_stream(**overrides: object) -> StreamConfig:
 
 async def test_connect_creates_a_missing_stream_with_the_replicas_asked(server: EmbeddedNats, admin) -> None:
     bus = await connect(server.url)
-    await bus.close()
+    await bus.aclose()
     info = await admin.stream_info("WEIGHTBUS")
     assert info.config.subjects == ["weightbus.>"]
     assert info.config.storage == StorageType.FILE
@@ -62,7 +62,7 @@ async def test_connect_leaves_an_operator_stream_alone(server: EmbeddedNats, adm
     before = (await admin.stream_info("WEIGHTBUS")).config
     for history in (4, 64):  # a client needing less history must not trim everyone's
         bus = await connect(server.url, history=history)
-        await bus.close()
+        await bus.aclose()
     after = (await admin.stream_info("WEIGHTBUS")).config
     assert after == before
     assert after.max_bytes == 50_000_000 and after.max_msgs_per_subject == 300
@@ -122,7 +122,7 @@ async def test_admin_command_upgrades_and_check_reports(server: EmbeddedNats, ad
     assert ok.returncode == 0 and "ok" in ok.stdout, ok.stderr
     # With deny_delete/deny_purge on, weightbus clients still connect (they used to fail).
     bus = await connect(server.url)
-    await bus.close()
+    await bus.aclose()
     # deny_purge refuses purges; deny_delete refuses deleting single events (deleting the whole stream
     # is kept from non-admins by permissions, see test_roles.py).
     await admin.publish("weightbus.p.weights", b"{}")

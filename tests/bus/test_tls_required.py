@@ -126,7 +126,7 @@ async def test_without_tls_options_a_plaintext_server_is_still_used(plaintext_se
     """The control: the fake server is good enough for a client that does not ask for TLS to log in."""
     url = f"nats://127.0.0.1:{plaintext_server.port}"
     bus = await connect(url, options=ConnectOptions(user="alice", password=SECRET), ensure_stream=False)
-    await bus.close()
+    await bus.aclose()
     assert SECRET.encode() in plaintext_server.received
 
 
@@ -142,7 +142,7 @@ async def test_a_real_plaintext_nats_server_is_refused_with_a_tls_ca(tmp_path: P
             await connect(f"tls://127.0.0.1:{server.port}", options=ConnectOptions(user="alice", password=SECRET))
         _assert_refused(as_tls, server.port)
         bus = await connect(server.url, options=ConnectOptions(user="alice", password=SECRET))  # the control
-        await bus.close()
+        await bus.aclose()
 
 
 @pytest.mark.nats
@@ -213,7 +213,7 @@ async def test_a_reconnect_to_a_plaintext_server_on_the_same_port_sends_no_crede
         assert not bus.client.is_connected
         assert b"CONNECT" not in fake.received and SECRET.encode() not in fake.received, bytes(fake.received)
     finally:
-        await bus.close()
+        await bus.aclose()
         if listener is not None:
             listener.close()
             await listener.wait_closed()

@@ -66,7 +66,7 @@ async def _take(sub, n: int):  # type: ignore[no-untyped-def]
         count += 1
         if count == n:
             break
-    await sub.close()
+    await sub.aclose()
 
 
 @pytest.mark.nats

@@ -134,7 +134,7 @@ class EventRecorder:
         weights = subjects.weights(self.policy)
         return [e.version for s, _, e, _ in self.events if s == weights and isinstance(e, WeightUpdated)]
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -196,7 +196,7 @@ async def open_buses() -> AsyncIterator[list[NatsBus]]:
     buses: list[NatsBus] = []
     yield buses
     for bus in buses:
-        await bus.close()
+        await bus.aclose()
 
 
 async def connect_many(url: str, n: int, into: list[NatsBus], **kwargs: Any) -> list[NatsBus]:

@@ -125,7 +125,7 @@ async def test_three_processes_share_one_budget_through_kill_restart_and_failove
                 kill_pid(p.pid)
                 p.wait(5)
         for bus in buses:
-            await bus.close()
+            await bus.aclose()
 
     recs = [_records(log) for log in logs]
     ledgers = [r for rs in recs for r in rs if r["kind"] == "ledger"]

@@ -94,7 +94,7 @@ class Proxy:
     def restore(self) -> None:
         self._cut = False
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         self.cut()
         if self._server is not None:
             self._server.close()
@@ -176,7 +176,7 @@ async def test_running_groups_stay_within_the_cap_when_a_holder_outlives_its_lea
             except subprocess.TimeoutExpired:
                 kill_pid(p.pid)
                 p.wait(5)
-        await proxy.close()
+        await proxy.aclose()
 
     recs = [_records(log) for log in logs]
     last = max(r["t"] for rs in recs for r in rs)

@@ -104,8 +104,8 @@ async def test_stream_leader_lost_mid_stream(cluster: EmbeddedCluster, open_buse
         assert (await admin.js.stream_info("WEIGHTBUS")).config.num_replicas == 3
     finally:
         for tracker in trackers:
-            await tracker.stop()
-        await recorder.stop()
+            await tracker.aclose()
+        await recorder.aclose()
 
     assert killed_at is not None
     gaps = [b - a for a, b in zip(done_at, done_at[1:], strict=False)]

@@ -149,10 +149,10 @@ async def test_ten_thousand_invalid_payloads(own_server: EmbeddedNats, open_buse
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
-        await watch_sub.close()
-        await tracker.stop()
-        await recorder.stop()
-        await rogue.close()
+        await watch_sub.aclose()
+        await tracker.aclose()
+        await recorder.aclose()
+        await rogue.aclose()
 
     report(
         "flood of 10,000 invalid payloads",
@@ -183,8 +183,8 @@ async def test_trainer_survives_invalid_payloads_on_its_subject(own_server: Embe
             pass
         assert version == 2
     finally:
-        await rogue.close()
-        await bus.close()
+        await rogue.aclose()
+        await bus.aclose()
 
 
 async def test_forged_claims_raced_against_every_update_move_nothing(own_server: EmbeddedNats) -> None:
@@ -232,7 +232,7 @@ async def test_forged_claims_raced_against_every_update_move_nothing(own_server:
         assert {a.reason for a in rejected} == {"unexplained_claim"}
         assert tracker.current == UPDATES
     finally:
-        await tracker.stop()
-        await rogue.close()
-        await tracker_bus.close()
-        await bus.close()
+        await tracker.aclose()
+        await rogue.aclose()
+        await tracker_bus.aclose()
+        await bus.aclose()

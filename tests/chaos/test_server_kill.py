@@ -89,8 +89,8 @@ async def test_server_sigkill_and_restart_mid_stream(own_server: EmbeddedNats, o
         if outage_task is not None:
             await asyncio.gather(outage_task, return_exceptions=True)
         for tracker in trackers:
-            await tracker.stop()
-        await recorder.stop()
+            await tracker.aclose()
+        await recorder.aclose()
 
     assert restarted_at is not None and first_after is not None
     recovery = first_after - restarted_at
@@ -135,10 +135,10 @@ async def test_everything_closes_promptly_while_the_server_stays_dead(own_server
 
     started = time.monotonic()
     async with asyncio.timeout(CLOSE_BOUND_S):
-        await tracker.stop()
-        await sub.close()
-        await tracker_bus.close()
-        await trainer_bus.close()
+        await tracker.aclose()
+        await sub.aclose()
+        await tracker_bus.aclose()
+        await trainer_bus.aclose()
     took = time.monotonic() - started
     assert tracker_bus.client.is_closed and trainer_bus.client.is_closed
     assert not tracker.ready
@@ -153,12 +153,12 @@ CLOSE_OFFSETS_S = tuple((0.8 + 0.05 * i) / 1000 for i in range(25))
 
 
 async def test_close_at_the_first_reconnect_attempt_leaves_no_nats_py_task(own_server: EmbeddedNats) -> None:
-    """The server dies right after connect; ``close()`` comes at nats-py's first reconnection attempt.
+    """The server dies right after connect; ``aclose()`` comes at nats-py's first reconnection attempt.
 
     That attempt starts ``reconnect_time_wait`` after the disconnect and gets a refused connection. A close
     landing as the refusal returns used to leave nats-py's reconnection task retrying for ever (3 of 8 runs of a
     drain-cancel scenario, 1 of 10 of a minimal repro; 11 of these 50 trials), so ``asyncio.run()`` never
-    returned. Over every trial, ``close()`` returns within its bound and no nats-py task is left.
+    returned. Over every trial, ``aclose()`` returns within its bound and no nats-py task is left.
     """
     loop = asyncio.get_running_loop()
     leaks: list[tuple[int, float, list[str]]] = []
@@ -175,7 +175,7 @@ async def test_close_at_the_first_reconnect_attempt_leaves_no_nats_py_task(own_s
             await asyncio.sleep(max(0.0, mark.at + RECONNECT_TIME_WAIT + offset - loop.time()))
             started = time.monotonic()
             async with asyncio.timeout(CLOSE_TASKS_BOUND + RECONNECT_TIME_WAIT + 2.0):
-                await bus.close()
+                await bus.aclose()
             slowest = max(slowest, time.monotonic() - started)
             left = nats_py_tasks()
             if left:

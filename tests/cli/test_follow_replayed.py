@@ -28,7 +28,7 @@ def _store(url: str, *events: WeightUpdated) -> None:
             for e in events:
                 await bus.publish(subjects.weights(e.policy), e, msg_id=f"{e.policy}:{e.trainer_id}:{e.version}")
         finally:
-            await bus.close()
+            await bus.aclose()
 
     asyncio.run(go())
 

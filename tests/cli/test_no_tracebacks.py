@@ -188,7 +188,7 @@ async def _store_raw(url: str, subject: str, data: bytes, msg_id: str) -> None:
     try:
         await bus.publish_raw(subject, data, msg_id=msg_id)
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 async def _store(url: str, *events: WeightUpdated) -> None:
@@ -197,7 +197,7 @@ async def _store(url: str, *events: WeightUpdated) -> None:
         for e in events:
             await bus.publish(subjects.weights(e.policy), e, msg_id=f"{e.policy}:{e.trainer_id}:{e.version}")
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 @pytest.mark.nats

@@ -31,7 +31,7 @@ async def _store_then_track(url: str, policy: str, *events: WeightUpdated) -> in
         async with VersionTracker(bus, policy) as tracker:
             return await tracker.wait_ready(timeout=10)
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 def test_status_and_watch_hold_what_trackers_hold_and_flag_the_rogue(nats_url: str, policy: str) -> None:
@@ -96,7 +96,7 @@ async def _publish_updates(url: str, policy: str, n: int) -> None:
             async with pub.update():
                 pass
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 def test_status_shows_the_counter_high_water_mark(nats_url: str, policy: str) -> None:

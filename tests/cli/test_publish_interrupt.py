@@ -35,7 +35,7 @@ async def _weights_events(url: str, policy: str) -> list[Any]:
                     return out
         return out
     finally:
-        await bus.close()
+        await bus.aclose()
 
 
 async def _generate(url: str) -> str:

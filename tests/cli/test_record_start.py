@@ -25,7 +25,7 @@ def _store(url: str, policy: str, *versions: int) -> None:
                 event = updated(v, policy=policy)
                 await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:{v}")
         finally:
-            await bus.close()
+            await bus.aclose()
 
     asyncio.run(go())
 

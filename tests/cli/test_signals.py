@@ -34,7 +34,7 @@ def _publish_one(url: str, policy: str) -> None:
             event = updated(1, policy=policy)
             await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:1")
         finally:
-            await bus.close()
+            await bus.aclose()
 
     asyncio.run(go())
 

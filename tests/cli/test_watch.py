@@ -33,7 +33,7 @@ def publish(url: str, *items: tuple[str, Event, str]) -> None:
             for subject, event, msg_id in items:
                 await bus.publish(subject, event, msg_id=msg_id)
         finally:
-            await bus.close()
+            await bus.aclose()
 
     asyncio.run(_go())
 

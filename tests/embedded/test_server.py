@@ -141,8 +141,8 @@ async def test_subscription_and_publisher_survive_a_server_restart(tmp_path: Pat
         assert again.duplicate and again.seq == ack.seq
         got = await asyncio.wait_for(sub.__anext__(), 15)
         assert got.event.version == 2  # type: ignore[union-attr]
-        await sub.close()
-        await bus.close()
+        await sub.aclose()
+        await bus.aclose()
     finally:
         server.stop()
 
@@ -259,7 +259,7 @@ async def test_a_server_that_picked_its_port_comes_back_on_it(tmp_path: Path) ->
         server.start()
         assert server.port == first
         bus = await connect(server.url, connect_timeout=3)
-        await bus.close()
+        await bus.aclose()
     finally:
         server.stop()
 

@@ -69,7 +69,7 @@ async def test_a_tracker_is_ready_when_entered_and_a_drain_never_judges_against_
         assert drain.stats.current == 25 and drain.stats.version_state == "current"
         assert drain.stats.reasons == {"stale": 1}
     finally:
-        await tracker.stop()
+        await tracker.aclose()
 
 
 async def test_only_a_policy_that_never_published_turns_the_filter_off_and_says_so(
@@ -106,7 +106,7 @@ async def test_a_deaf_tracker_is_not_ready_and_comes_back_with_a_recreated_strea
             assert tracker.current == 2  # ...but the tracker holds what it knew, and says why
             assert registry.get_sample_value("weightbus_tracker_ready", {"policy": policy}) == 1
     finally:
-        await bus.close()
+        await bus.aclose()
         server.stop()
 
 
@@ -185,7 +185,7 @@ async def test_drains_cost_the_same_with_nats_down(tmp_path: Path, policy: str) 
         assert reporter.seq == 11
         await reporter.aclose(timeout=5)
     finally:
-        await bus.close()
+        await bus.aclose()
         server.stop()
 
 

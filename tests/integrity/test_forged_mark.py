@@ -195,14 +195,14 @@ def test_a_forged_mark_with_a_trainer_credential_stops_no_real_process(tmp_path:
                     async with pub.update():
                         pass
             finally:
-                await bus.close()
+                await bus.aclose()
 
         async def forge() -> int:
             bus = await _as(url, "trainer-policy-a")  # the policy's own trainer credential, as the issue found
             try:
                 return (await forge_mark(bus, policy, forged)).seq
             finally:
-                await bus.close()
+                await bus.aclose()
 
         try:
             asyncio.run(first_trainer())
@@ -243,7 +243,7 @@ def test_a_forged_mark_with_a_trainer_credential_stops_no_real_process(tmp_path:
                         assert tracker.current == 14
                         assert rejected_total(registry, policy, "unexplained_mark") == 1
                 finally:
-                    await bus.close()
+                    await bus.aclose()
 
             asyncio.run(recorded())
             status = subprocess.run(

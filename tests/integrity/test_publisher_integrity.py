@@ -133,7 +133,7 @@ async def test_two_publishers_with_one_trainer_id_starting_together_have_exactly
         assert [v for v, _ in announced] == [1, 2, 3] and len({inc for _, inc in announced}) == 1
     finally:
         for b in buses:
-            await b.close()
+            await b.aclose()
 
 
 class _CancelAfterLanding:

@@ -94,7 +94,7 @@ async def main():
                 await tracker.wait_for(version, timeout=10)
             print(type(asyncio.get_running_loop()).__module__.split(".")[0], tracker.current, flush=True)
     finally:
-        await bus.close()
+        await bus.aclose()
 
 run(main())
 """

@@ -63,7 +63,7 @@ async def history(bus: Bus, subject: str, idle: float = 0.3) -> list[Envelope]:
             except TimeoutError:
                 return out
     finally:
-        await sub.close()
+        await sub.aclose()
 
 
 class HookBus:
@@ -99,5 +99,5 @@ class HookBus:
     async def last(self, subject: str) -> Envelope | None:
         return await self.inner.last(subject)
 
-    async def close(self) -> None:
-        await self.inner.close()
+    async def aclose(self) -> None:
+        await self.inner.aclose()

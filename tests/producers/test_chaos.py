@@ -45,5 +45,5 @@ async def test_publish_across_a_server_restart_lands_once(
         versions = [e.version for e in events if isinstance(e, WeightUpdated)]
         assert versions == [1, 2, 3, 4]
     finally:
-        await bus.close()
+        await bus.aclose()
         server.stop()

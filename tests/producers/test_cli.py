@@ -129,7 +129,7 @@ def test_publish_reports_being_fenced(nats_url: str, policy: str) -> None:
             try:
                 await VersionPublisher(bus, policy, trainer_id="usurper").start()
             finally:
-                await bus.close()
+                await bus.aclose()
         await inner(scope, receive, send)
 
     with ServedEngine(usurp_on_stamp) as engine:

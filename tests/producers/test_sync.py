@@ -22,7 +22,7 @@ async def _last(nats_url: str, policy: str) -> WeightUpdated:
     try:
         env = await bus.last(subjects.weights(policy))
     finally:
-        await bus.close()
+        await bus.aclose()
     assert env is not None and isinstance(env.event, WeightUpdated)
     return env.event
 
@@ -59,7 +59,7 @@ def test_sync_publisher_is_fenced_by_a_newer_one(nats_url: str, policy: str) -> 
             try:
                 await VersionPublisher(bus, policy, trainer_id="new").start()
             finally:
-                await bus.close()
+                await bus.aclose()
 
         old.call(take_over)
         with pytest.raises(FencedError, match="'new'"):

@@ -52,8 +52,8 @@ async def test_a_batch_larger_than_max_payload_arrives_whole(nats_url: str, poli
                 await asyncio.sleep(0.05)
     finally:
         await sub.unsubscribe()
-        await server.close()
-        await client.close()
+        await server.aclose()
+        await client.aclose()
     assert len(seen) == 1 and seen[0].min_version == 7
     assert reply.judged_at == 7 and reply.kept == 4
     assert [g.samples[3].tokens[-1] for g in reply.groups] == [19_999] * 4
@@ -66,7 +66,7 @@ async def test_no_rollout_is_a_typed_error_not_a_hang(nats_url: str, policy: str
         with pytest.raises(NoRolloutError):
             await request_batch(client, policy, BatchRequest(size=1), timeout=5)
     finally:
-        await client.close()
+        await client.aclose()
 
 
 async def test_the_handler_gets_what_is_left_of_the_patience_and_a_request_that_queued_past_it_an_error(
@@ -89,8 +89,8 @@ async def test_the_handler_gets_what_is_left_of_the_patience_and_a_request_that_
         reply = await first
     finally:
         await sub.unsubscribe()
-        await server.close()
-        await client.close()
+        await server.aclose()
+        await client.aclose()
     assert reply.error is None and len(seen) == 1  # the second never reached the handler
     assert seen[0] is not None and seen[0] <= 2.0 - 0.4  # a margin kept for the answer's way back
     assert second.error is not None and "patience" in second.error

@@ -103,4 +103,4 @@ async def test_a_trainer_refused_the_batch_subject_gets_the_typed_error_not_a_ti
         assert info.value.subject == batch_subject("roles") and info.value.action == "publish"
         assert time.monotonic() - started < 5
     finally:
-        await bus.close()
+        await bus.aclose()

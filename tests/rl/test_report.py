@@ -58,7 +58,7 @@ def _row(step: int, trained_under: int, oldest: list[int | None], unknown: bool 
         "staleness_avg": 0.5,
         "staleness_max": 1,
         "tokens_generated": 100,
-        "tokens_wasted": 10,
+        "tokens_not_trained": 10,
         "batch_wait_s": 0.1,
         "weightbus_s": 0.02,
         "step_s": 0.2,
@@ -86,7 +86,7 @@ def test_a_healthy_run_has_no_problems_and_writes_its_report(tmp_path: Path) -> 
     result = analyse(config, rows=rows, recording=recording, faults=[], engines=ENGINES, wall_s=1.0)
     assert result.ok, result.problems
     assert result.summary["reward_first"] == pytest.approx(0.1)
-    assert result.summary["tokens_wasted_share"] == pytest.approx(0.1)
+    assert result.summary["tokens_not_trained_share"] == pytest.approx(0.1)
     write_report(result, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "report.json").read_text())["ok"] is True
     assert (tmp_path / "out" / "report.png").stat().st_size > 0
@@ -325,7 +325,7 @@ def _admission_run(tmp_path: Path, wasted: int, step_s: float, reward_shift: flo
     rows = [
         _row(i, i + 1, [i + 1])
         | {
-            "tokens_wasted": wasted,
+            "tokens_not_trained": wasted,
             "step_s": step_s,
             "batch_wait_s": wait_s,
             "time": 1000.0 + i * step_s,

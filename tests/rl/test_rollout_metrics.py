@@ -46,4 +46,4 @@ async def test_the_rollout_counts_an_invalid_weights_payload_on_its_registry(
         rollout.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await rollout
-        await publisher.close()
+        await publisher.aclose()

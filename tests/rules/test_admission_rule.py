@@ -14,7 +14,7 @@ from weightbus.consumers.admission import Admission
 from weightbus.errors import AdmissionError
 from weightbus.rules.admission import (
     UNLIMITED,
-    accepted_in_window,
+    accepted_in_horizon,
     allowance,
     capacity,
     fair_shares,
@@ -58,9 +58,9 @@ def test_bad_arguments_are_refused() -> None:
 
 def test_only_batches_drained_at_the_current_version_or_later_count() -> None:
     taken = {None: 4, 3: 4, 4: 2, 5: 1}
-    assert accepted_in_window(4, 3, taken) == 3 + 2 + 1
-    assert accepted_in_window(None, 3, taken) == 3 + 4
-    assert accepted_in_window(9, 0, taken) == 0
+    assert accepted_in_horizon(4, 3, taken) == 3 + 2 + 1
+    assert accepted_in_horizon(None, 3, taken) == 3 + 4
+    assert accepted_in_horizon(9, 0, taken) == 0
 
 
 def test_modes() -> None:
@@ -81,7 +81,7 @@ def test_running_plus_accepted_never_exceed_the_allowance(steps: list[tuple[int,
     accepted = []
 
     def check() -> None:
-        acc = accepted_in_window(current[0], ready, taken)
+        acc = accepted_in_horizon(current[0], ready, taken)
         assert acc + running <= allowance(current[0], eta, batch)
         assert (gate.running, gate.ready, gate.accepted) == (running, ready, acc)
         assert gate.capacity() == capacity(current[0], eta, batch, acc, running)
@@ -91,7 +91,7 @@ def test_running_plus_accepted_never_exceed_the_allowance(steps: list[tuple[int,
         if kind == "admit":
             for _ in range(step[1]):
                 slot = gate.try_acquire()
-                acc = accepted_in_window(current[0], ready, taken)
+                acc = accepted_in_horizon(current[0], ready, taken)
                 assert (slot is not None) == (capacity(current[0], eta, batch, acc, running) > 0)
                 if slot is not None:
                     assert slot.version == current[0]

@@ -40,7 +40,7 @@ class Link:
 
     Attributes:
         client: the connected client.
-        closing: set by ``NatsBus.close`` so that the callbacks do not log the close as an outage.
+        closing: set by ``NatsBus.aclose`` so that the callbacks do not log the close as an outage.
         denials: the permission refusals the server reported on this connection.
         shown: the URL as it may be shown (secrets redacted).
     """

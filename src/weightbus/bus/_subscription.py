@@ -95,7 +95,7 @@ class QueueSubscription:
                 continue
             return Envelope(subject, event, data, headers, seq, received_at)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Stop receiving; a pending ``__anext__`` ends with StopAsyncIteration."""
         if self._closed:
             return
@@ -108,4 +108,4 @@ class QueueSubscription:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.aclose()

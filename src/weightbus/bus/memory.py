@@ -128,9 +128,15 @@ class MemoryBus:
         self._by_subject.pop(subject, None)
         self._last_seq.pop(subject, None)
 
-    async def close(self) -> None:
+    async def __aenter__(self) -> MemoryBus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
         """End every open subscription."""
         self._closed = True
         for sub in list(self._subs):
-            await sub.close()
+            await sub.aclose()
         self._subs.clear()

@@ -37,7 +37,7 @@ log = logging.getLogger("weightbus.bus")
 
 DEFAULT_STREAM: Final = "WEIGHTBUS"
 CLOSE_TASKS_BOUND: Final = 2.0
-"""Seconds ``NatsBus.close()`` spends ending the client's tasks once nats-py's own close has returned."""
+"""Seconds ``NatsBus.aclose()`` spends ending the client's tasks once nats-py's own close has returned."""
 
 T = TypeVar("T")
 _WRONG_LAST_SEQUENCE: Final = 10071
@@ -103,7 +103,7 @@ async def connect(
         try:
             await bus.ensure_stream(history=history, duplicate_window=duplicate_window, replicas=opts.replicas)
         except BaseException:
-            await bus.close()
+            await bus.aclose()
             raise
     return bus
 
@@ -389,7 +389,13 @@ class NatsBus:
         log.warning("the stream no longer allows direct gets; reading through the stream API", extra={"url": url})
         self.direct = False
 
-    async def close(self) -> None:
+    async def __aenter__(self) -> NatsBus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
         """Close every subscription, then the connection; also while the server is unreachable (never raises).
 
         When it returns, every task the client started has ended (or, past ``CLOSE_TASKS_BOUND`` seconds, is
@@ -397,7 +403,7 @@ class NatsBus:
         """
         self._closing.set()
         for sub in list(self.subscriptions):
-            await sub.close()
+            await sub.aclose()
         client = self.client
         started = _natspy.client_tasks(client)  # nats-py's close() forgets its subscriptions: list them first
         await self._close_client()

@@ -82,13 +82,13 @@ class Skipped:
 
 @runtime_checkable
 class Subscription(Protocol):
-    """An async iterator of envelopes; ``close()`` (or ``async with``) ends it."""
+    """An async iterator of envelopes; ``aclose()`` (or ``async with``) ends it."""
 
     def __aiter__(self) -> AsyncIterator[Envelope]: ...
 
     async def __anext__(self) -> Envelope: ...
 
-    async def close(self) -> None: ...
+    async def aclose(self) -> None: ...
 
     async def __aenter__(self) -> Subscription: ...
 
@@ -149,6 +149,12 @@ class Bus(Protocol):
         """
         ...
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Release the connection; open subscriptions end."""
         ...
+
+    async def __aenter__(self) -> Bus:
+        """``async with`` closes the bus on leaving (``aclose``)."""
+        ...
+
+    async def __aexit__(self, *exc: object) -> None: ...

@@ -102,7 +102,7 @@ async def record(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await sub.close()
+        await sub.aclose()
     if not task.cancelled():
         task.result()  # re-raises a failure of the subscription
     return written

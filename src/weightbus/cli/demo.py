@@ -148,7 +148,7 @@ def demo_command(
         f"reward {s['reward_first']:.3f} (first quarter) -> {s['reward_last']:.3f} (last quarter); "
         f"final v{s['final_version']}; staleness avg {s['staleness_avg'] or 0:.2f} max {s['staleness_max']}; "
         f"publish-to-record lag p50 {s['propagation_lag_ms_p50'] or 0:.2f} ms; "
-        f"{(s['tokens_wasted_share'] or 0) * 100:.0f}% of tokens not trained on; {s['wall_s']:.0f} s"
+        f"{(s['tokens_not_trained_share'] or 0) * 100:.0f}% of tokens not trained on; {s['wall_s']:.0f} s"
     )
     typer.echo(
         f"groups filtered for a non-version label ('default' after an engine restart): "
@@ -215,7 +215,7 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
         s = results[bound].summary
         typer.echo(
             f"   reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, {s['wall_s']:.0f} s, "
-            f"{(s['tokens_wasted_share'] or 0) * 100:.0f}% of tokens not trained on"
+            f"{(s['tokens_not_trained_share'] or 0) * 100:.0f}% of tokens not trained on"
         )
     numbers = write_tradeoff(results, out)
     typer.echo("")
@@ -223,7 +223,7 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
     for label, entry in numbers.items():
         typer.echo(
             f"{label:>13}  {entry['reward_last']:>20.3f}  {entry['wall_s']:>10.1f}  "
-            f"{(entry['tokens_wasted_share'] or 0) * 100:>20.0f}%"
+            f"{(entry['tokens_not_trained_share'] or 0) * 100:>20.0f}%"
         )
     typer.echo(f"report: {out / 'staleness-tradeoff.png'}, {out / 'staleness-tradeoff.json'}")
     if not all(r.ok for r in results.values()):
@@ -261,7 +261,7 @@ def _compare_admission(bounds: list[int], *, steps: int, on_stale: str, seed: in
                 s = result.summary
                 typer.echo(
                     f"   reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, {s['wall_s']:.0f} s, "
-                    f"{(s['tokens_wasted_share'] or 0) * 100:.1f}% of tokens not trained on, "
+                    f"{(s['tokens_not_trained_share'] or 0) * 100:.1f}% of tokens not trained on, "
                     f"{s['early_aborts']} early aborts"
                 )
     numbers = write_admission_tradeoff(results, out)

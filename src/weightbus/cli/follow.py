@@ -124,7 +124,7 @@ def follow_command(
                 except TimeoutError:
                     return
         finally:
-            await bus.close()
+            await bus.aclose()
 
     try:
         run_async(_run())

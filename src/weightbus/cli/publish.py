@@ -130,7 +130,7 @@ async def _publish(req: _Request) -> int:
             await asyncio.shield(_resume(fleet))
         if fleet is not None:
             await fleet.aclose()
-        await bus.close()
+        await bus.aclose()
 
 
 EngineOption = Annotated[

@@ -160,7 +160,7 @@ async def _status(
     finally:
         if fleet is not None:
             await fleet.aclose()
-        await bus.close()
+        await bus.aclose()
 
 
 def _age(seconds: float | None) -> str:

@@ -72,7 +72,7 @@ def create_command(
             )
             return f"{outcome}: {described}"
         finally:
-            await bus.close()
+            await bus.aclose()
 
     try:
         typer.echo(run_async(_run()))
@@ -111,7 +111,7 @@ def check_command(
         try:
             return await bus.check_stream(StreamRequirements(history, duplicate_window))
         finally:
-            await bus.close()
+            await bus.aclose()
 
     try:
         described, problems = run_async(_run())

@@ -83,7 +83,7 @@ def record_command(
             typer.echo(recording_line(pattern, deliver, out), err=True)
             return await record_events(bus, sink, pattern=pattern, deliver=deliver, count=count, duration=duration)
         finally:
-            await bus.close()
+            await bus.aclose()
 
     try:
         with contextlib.ExitStack() as files:
@@ -237,7 +237,7 @@ def replay_command(
             suffix = f":replay-{time.time_ns()}" if new_ids else None
             acks = await replay_events(records, bus, speed=speed or None, msg_id_suffix=suffix)
         finally:
-            await bus.close()
+            await bus.aclose()
         return sum(1 for ack in acks if not ack.duplicate)
 
     try:

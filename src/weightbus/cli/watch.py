@@ -301,7 +301,7 @@ def watch_command(
         try:
             await watch(bus, pattern, json_out=json_out, duration=duration, count=count, metrics=metrics)
         finally:
-            await bus.close()
+            await bus.aclose()
 
     try:
         run_async(_run())

@@ -62,4 +62,4 @@ async def rogue_publish(url: str, policy: str) -> None:
         event = WeightUpdated(policy=policy, version=1, epoch=0, trainer_id=ROGUE_ID, published_at=now())
         await bus.publish(subjects.weights(policy), event, msg_id=f"{policy}:rogue:{uuid.uuid4().hex}")
     finally:
-        await bus.close()
+        await bus.aclose()

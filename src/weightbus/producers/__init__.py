@@ -7,7 +7,7 @@ the workers; ``stamp_and_verify`` checks them before an announcement; ``push_lor
 from weightbus.producers.coverage import pending_label
 from weightbus.producers.fleet import EngineFleet, EngineStamp
 from weightbus.producers.lora import push_lora_adapter
-from weightbus.producers.publisher import PublisherState, VersionPublisher, default_trainer_id
+from weightbus.producers.publisher import PublisherState, VersionPublisher
 from weightbus.producers.stamping import stamp_and_verify
 from weightbus.producers.status import EngineReadBack, PolicyStatus, read_status
 from weightbus.producers.sync import SyncPublisherState, SyncUpdate, SyncVersionPublisher
@@ -24,7 +24,6 @@ __all__ = [
     "SyncVersionPublisher",
     "VersionPublisher",
     "VersionUpdate",
-    "default_trainer_id",
     "pending_label",
     "push_lora_adapter",
     "quarantine_label",

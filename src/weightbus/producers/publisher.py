@@ -8,22 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import uuid
 from dataclasses import dataclass
 from typing import Final
 
+from weightbus.bus.identity import process_identity
 from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode
 from weightbus.errors import EngineError, FencedError
 from weightbus.producers.counter import FencedCounter
 from weightbus.producers.coverage import Push
 from weightbus.producers.fleet import EngineFleet
-from weightbus.producers.update import UpdateSlot, VersionUpdate
+from weightbus.producers.update import UpdateTurn, VersionUpdate
 from weightbus.schemas import MAX_VERSION, ClaimStanding, LoraAdapter, WeightUpdated, parse_version
 
-__all__ = ["PublisherState", "VersionPublisher", "default_trainer_id"]
+__all__ = ["PublisherState", "VersionPublisher"]
 
 log = logging.getLogger("weightbus.producers")
 
@@ -61,11 +60,6 @@ class PublisherState:
     fenced: FencedError | None
     active: bool
     last_event: WeightUpdated | None
-
-
-def default_trainer_id() -> str:
-    """``<hostname>:<pid>``: readable in a ``FencedError``; uniqueness comes from the incarnation."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class VersionPublisher:
@@ -118,14 +112,14 @@ class VersionPublisher:
         self._counter = FencedCounter(
             bus,
             policy,
-            trainer_id=trainer_id or default_trainer_id(),
+            trainer_id=trainer_id or process_identity(),
             incarnation=incarnation or uuid.uuid4().hex[:16],
             claim_attempts=claim_attempts,
             reserve_next=reserve_next,
         )
         self._fleet = fleet
         self._pause: PauseMode | None = pause
-        self._slot = UpdateSlot()
+        self._turn = UpdateTurn()
         self._floor = floor
 
     # -- identity and state (read-only) ------------------------------------------------------------
@@ -144,7 +138,7 @@ class VersionPublisher:
             next_version=counter.next_version,
             started=counter.claimed,
             fenced=counter.fenced,
-            active=self._slot.active,
+            active=self._turn.active,
             last_event=counter.last_event,
         )
 
@@ -265,7 +259,7 @@ class VersionPublisher:
             ValueError: ``lora`` with ``push="full"``, or an unknown ``push``.
         """
         return VersionUpdate(
-            self._counter, self._bus, self._fleet, self._pause, self._slot, lora, push=push, labels=labels
+            self._counter, self._bus, self._fleet, self._pause, self._turn, lora, push=push, labels=labels
         )
 
     async def publish_lora(

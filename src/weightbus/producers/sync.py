@@ -254,7 +254,7 @@ class SyncVersionPublisher:
         if fleet is not None:
             await fleet.aclose()
         if bus is not None:
-            await bus.close()
+            await bus.aclose()
 
     def __enter__(self) -> SyncVersionPublisher:
         return self.start()

@@ -25,7 +25,7 @@ from weightbus.producers.stamping import (
 )
 from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, WeightUpdated, now
 
-__all__ = ["UpdateSlot", "VersionUpdate", "quarantine_label"]
+__all__ = ["UpdateTurn", "VersionUpdate", "quarantine_label"]
 
 log = logging.getLogger("weightbus.producers")
 
@@ -38,7 +38,7 @@ def quarantine_label(version: int) -> str:
     return f"{QUARANTINE_PREFIX}{version}"
 
 
-class UpdateSlot:
+class UpdateTurn:
     """The one update a publisher may run at a time: ``active`` while an update holds it."""
 
     __slots__ = ("active",)
@@ -61,7 +61,7 @@ class VersionUpdate:
         bus: where alerts and read-backs go (the counter's bus).
         fleet: the engines to pause, stamp, quarantine and resume, or None (the trainer stamps them).
         pause: the pause mode on entering, or None.
-        slot: the publisher's one update slot (updates are sequential).
+        turn: the publisher's one update turn (updates are sequential).
         lora: the adapter of a LoRA push, else None.
         push: what the block's push covers: ``full`` (the whole model, the default without ``lora``)
             or ``delta`` (the difference from the last announced version: a LoRA load, a disk delta;
@@ -93,7 +93,7 @@ class VersionUpdate:
         bus: Bus,
         fleet: EngineFleet | None,
         pause: PauseMode | None,
-        slot: UpdateSlot,
+        turn: UpdateTurn,
         lora: LoraAdapter | None,
         *,
         push: Push | None = None,
@@ -113,7 +113,7 @@ class VersionUpdate:
         self._bus = bus
         self._fleet = fleet
         self._pause = pause
-        self._slot = slot
+        self._turn = turn
         self.lora = lora
         self.version: int | None = None
         self.stamps: list[EngineStamp] = []
@@ -183,16 +183,16 @@ class VersionUpdate:
         """
         if self._phase != "new":
             raise RuntimeError(f"begin() belongs to a new update; this one is {self._phase}")
-        counter, fleet, slot = self._counter, self._fleet, self._slot
+        counter, fleet, turn = self._counter, self._fleet, self._turn
         known = counter.state
         if not known.claimed:
             raise RuntimeError("call VersionPublisher.start() before update()")
-        if slot.active:
+        if turn.active:
             raise RuntimeError("another update of this publisher is in progress; updates are sequential")
         if known.fenced is not None:
             raise known.fenced  # known without a read: never pause the owner's fleet again
         counter.check_ceiling()  # before the pause: an exhausted counter touches nothing
-        slot.active = True
+        turn.active = True
         self._phase = "beginning"  # commit() and abort() refuse it until the take and the relabels are done
         try:
             version = known.next_version
@@ -228,7 +228,7 @@ class VersionUpdate:
                 if not self.labels:
                     await self._mark_pending(fleet, version)
         except BaseException as failure:
-            slot.active = False
+            turn.active = False
             self._phase = "failed"  # begin() cleaned up after itself: there is nothing to end
             if self._pending:
                 # Some engine may carry the pending label, or a failed relabel left it in doubt: quarantine.
@@ -296,7 +296,7 @@ class VersionUpdate:
             else:
                 await counter.cover_announced()
         finally:
-            self._slot.active = False
+            self._turn.active = False
 
     async def abort(self, exc: BaseException) -> None:
         """End the update after ``exc`` (the push failed): quarantine and resume the engines, announce nothing.
@@ -317,7 +317,7 @@ class VersionUpdate:
             # A block that learnt it is fenced (before_push) pushed nothing more; say why it stopped.
             await self._cleanup("fenced" if isinstance(exc, FencedError) else "update_failed", exc)
         finally:
-            self._slot.active = False
+            self._turn.active = False
 
     def _end(self, phase: str) -> None:
         if self._phase != "begun":

@@ -72,7 +72,7 @@ class BatchReply(msgspec.Struct, kw_only=True):
     staleness_avg: float | None = None
     staleness_max: int | None = None
     tokens_generated: int = 0
-    tokens_wasted: int = 0
+    tokens_not_trained: int = 0
     lag_s: float | None = None
     """How long the rollout's tracker took to see ``min_version`` after it was published (None if replayed)."""
     wait_s: float = 0.0

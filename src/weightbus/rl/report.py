@@ -238,7 +238,7 @@ def _summary(
     first, last = _quarter_means([row["reward"] for row in rows])
     lags = [r["received_at"] - r["event"]["published_at"] for r in rec.updates if r.get("received_at")]
     tokens = rows[-1]["tokens_generated"] if rows else 0
-    wasted = rows[-1]["tokens_wasted"] if rows else 0
+    wasted = rows[-1]["tokens_not_trained"] if rows else 0
     staleness = [row["staleness_avg"] for row in rows if row["staleness_avg"] is not None]
     return {
         "steps": max((row["step"] for row in rows), default=0),
@@ -249,7 +249,7 @@ def _summary(
         "staleness_max": max((row["staleness_max"] or 0 for row in rows), default=None),
         "propagation_lag_ms_p50": statistics.median(lags) * 1000 if lags else None,
         "tokens_generated": tokens,
-        "tokens_wasted_share": wasted / tokens if tokens else None,
+        "tokens_not_trained_share": wasted / tokens if tokens else None,
         **overhead_summary(rows),
         "wall_s": wall_s,
         "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in rec.drains),

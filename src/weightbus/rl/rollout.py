@@ -325,7 +325,7 @@ class _Rollout:
             staleness_avg=stats.staleness_avg,
             staleness_max=stats.staleness_max,
             tokens_generated=self.generated,
-            tokens_wasted=max(0, self.generated - self.delivered),
+            tokens_not_trained=max(0, self.generated - self.delivered),
             lag_s=self.lags.get(request.min_version) if request.min_version is not None else None,
             wait_s=wait_s,
             drain_s=timer.seconds,
@@ -364,7 +364,7 @@ class _Rollout:
             if pending:
                 log.error("rollout tasks did not stop within the bound", extra={"tasks": len(pending)})
             if self.budget is not None:
-                await self.budget.close()
+                await self.budget.aclose()
 
 
 async def run_rollout(
@@ -409,4 +409,4 @@ async def run_rollout(
             started.cancel()
             await sub.unsubscribe()
     finally:
-        await bus.close()
+        await bus.aclose()

@@ -258,7 +258,7 @@ async def run_trainer(
         if fleet is not None:
             await fleet.aclose()
         await http.aclose()
-        await bus.close()
+        await bus.aclose()
 
 
 async def _train_step(
@@ -290,7 +290,7 @@ async def _train_step(
         "staleness_avg": reply.staleness_avg,
         "staleness_max": reply.staleness_max,
         "tokens_generated": reply.tokens_generated,
-        "tokens_wasted": reply.tokens_wasted,
+        "tokens_not_trained": reply.tokens_not_trained,
         "lag_s": reply.lag_s,
         "batch_wait_s": got_batch - started,
         **trainer.step_times(reply),

@@ -140,7 +140,7 @@ def tradeoff_numbers(results: dict[int, DemoResult]) -> dict[str, Any]:
             "reward_last": result.summary["reward_last"],
             "wall_s": clock[-1] if clock else None,
             "tokens_generated": result.summary["tokens_generated"],
-            "tokens_wasted_share": result.summary["tokens_wasted_share"],
+            "tokens_not_trained_share": result.summary["tokens_not_trained_share"],
             "staleness_avg": result.summary["staleness_avg"],
             "ok": result.ok,
             "curve": [[t, row["reward"]] for t, row in zip(clock, result.rows, strict=True)],
@@ -169,7 +169,7 @@ def write_tradeoff(results: dict[int, DemoResult], out_dir: Path) -> dict[str, A
     left.set_ylabel("mean reward (5-step moving average)")
     left.legend()
     bounds = list(numbers)
-    right.bar(bounds, [(numbers[b]["tokens_wasted_share"] or 0) * 100 for b in bounds], color="tab:red")
+    right.bar(bounds, [(numbers[b]["tokens_not_trained_share"] or 0) * 100 for b in bounds], color="tab:red")
     right.set_xlabel("max_staleness")
     right.set_ylabel("% of generated tokens not trained on")
     fig.suptitle("weightbus: the staleness trade-off")
@@ -198,10 +198,12 @@ def _run_entry(result: DemoResult) -> dict[str, Any]:
         "reward_last": s["reward_last"],
         "wall_s": wall,
         "tokens_generated": s["tokens_generated"],
-        "tokens_not_trained_share": s["tokens_wasted_share"],
+        "tokens_not_trained_share": s["tokens_not_trained_share"],
         "tokens_not_trained_by_reason": s.get("tokens_not_trained_by_reason", {}),
         "generated_tokens_per_s": s["tokens_generated"] / wall if wall else None,
-        "trained_tokens_per_s": s["tokens_generated"] * (1 - (s["tokens_wasted_share"] or 0)) / wall if wall else None,
+        "trained_tokens_per_s": s["tokens_generated"] * (1 - (s["tokens_not_trained_share"] or 0)) / wall
+        if wall
+        else None,
         # At bound 0 only what is generated while the trainer waits for its batch can be trained: this share of
         # the training time caps what any admission can generate usefully.
         "batch_wait_share": waited / stepped if stepped else None,

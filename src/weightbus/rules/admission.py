@@ -1,7 +1,7 @@
 """The admission rule: whether one more group may start generating, as pure functions.
 
 A group may start while ``(max_staleness + 1) * batch - (accepted + running) > 0``, ``accepted`` counting only groups
-drained at the tracker's version or later: the window follows the version held, never a counter. ``fair_shares``
+drained at the tracker's version or later: the horizon follows the version held, never a counter. ``fair_shares``
 splits a shared allowance max-min fairly; ``check_ledger`` accepts a shared ledger only as a valid transition.
 """
 
@@ -20,7 +20,7 @@ __all__ = [
     "AdmissionMode",
     "LedgerVerdict",
     "UNLIMITED",
-    "accepted_in_window",
+    "accepted_in_horizon",
     "allowance",
     "capacity",
     "check_ledger",
@@ -39,7 +39,7 @@ UNLIMITED: Final = 1 << 62
 
 
 def allowance(current: int | None, max_staleness: int | None, batch: int) -> int:
-    """The groups the bound allows in the window that starts at ``current``: ``(max_staleness + 1) * batch``.
+    """The groups the bound allows in the horizon that starts at ``current``: ``(max_staleness + 1) * batch``.
 
     ``current is None`` allows one batch (see the module docstring); ``max_staleness is None`` is
     unlimited (``UNLIMITED``).
@@ -66,7 +66,7 @@ def capacity(current: int | None, max_staleness: int | None, batch: int, accepte
         max_staleness: the drain's bound, or None (unlimited).
         batch: groups per training step.
         accepted: groups finished and kept that will train at ``current`` or later
-            (``accepted_in_window``).
+            (``accepted_in_horizon``).
         running: groups admitted and not finished.
 
     Raises:
@@ -77,8 +77,8 @@ def capacity(current: int | None, max_staleness: int | None, batch: int, accepte
     return allowance(current, max_staleness, batch) - accepted - running
 
 
-def accepted_in_window(current: int | None, ready: int, taken: Mapping[int | None, int]) -> int:
-    """The accepted groups that count against the window starting at ``current``.
+def accepted_in_horizon(current: int | None, ready: int, taken: Mapping[int | None, int]) -> int:
+    """The accepted groups that count against the horizon starting at ``current``.
 
     Args:
         current: the version the tracker holds (None: never published).
@@ -87,7 +87,7 @@ def accepted_in_window(current: int | None, ready: int, taken: Mapping[int | Non
 
     Returns:
         ``ready`` plus the groups drained at ``current`` or later; with ``current`` None, only those
-        drained before any publish count (a numbered batch cannot be in a window that has no number).
+        drained before any publish count (a numbered batch cannot be in a horizon that has no number).
     """
     if current is None:
         return ready + taken.get(None, 0)

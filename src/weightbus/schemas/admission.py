@@ -22,7 +22,7 @@ class Holding(msgspec.Struct, frozen=True, kw_only=True):
     """One holder's share of the budget.
 
     Attributes:
-        slots: the slots it may fill (running plus accepted groups in the window).
+        slots: the slots it may fill (running plus accepted groups in the horizon).
         used: what it had filled when the entry was written (for the record; the holder may be over its
             slots after a lapsed lease, never by admitting).
         expires_at: Unix time after which another writer may take the slots back.

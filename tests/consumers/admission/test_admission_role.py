@@ -56,6 +56,6 @@ async def test_the_rollout_role_keeps_its_policys_budget_and_others_are_refused(
         async with own:
             assert await other.last(subjects.admission("policy-b")) is not None
     finally:
-        await rollout.close()
-        await other.close()
-        await monitor.close()
+        await rollout.aclose()
+        await other.aclose()
+        await monitor.aclose()

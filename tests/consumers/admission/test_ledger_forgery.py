@@ -98,9 +98,9 @@ async def _holders(
             task.cancel()
         await asyncio.gather(*out.tasks, return_exceptions=True)
         for budget in out.budgets:
-            await budget.close()
+            await budget.aclose()
         for bus in buses:
-            await bus.close()
+            await bus.aclose()
 
 
 async def _forge(bus: NatsBus, holders: dict[str, Holding], total: int) -> None:
@@ -131,7 +131,7 @@ async def test_a_far_future_holding_is_clipped_to_the_lease_and_its_slots_come_b
             assert holders.peak() <= 6
             assert holders.metric("weightbus_admission_leases_clipped_total") >= 1
     finally:
-        await forger.close()
+        await forger.aclose()
 
 
 async def test_an_empty_forged_ledger_is_rejected_and_the_limit_holds(nats_url: str) -> None:
@@ -184,7 +184,7 @@ async def test_an_empty_forged_ledger_is_rejected_and_the_limit_holds(nats_url: 
             assert sum(h.slots for h in ledger.holders.values()) <= 6
         # (The server is the session's: the history also holds the ledgers of the tests before.)
     finally:
-        await forger.close()
+        await forger.aclose()
 
 
 async def test_eight_holders_share_three_slots_fairly_in_the_cap_mode(nats_url: str) -> None:

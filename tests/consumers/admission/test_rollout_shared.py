@@ -94,4 +94,4 @@ async def _shares_its_budget(nats_url: str) -> None:
         finally:
             rollout.cancel()
             await asyncio.gather(rollout, return_exceptions=True)
-            await bus.close()
+            await bus.aclose()

@@ -49,7 +49,7 @@ async def test_three_holders_racing_never_exceed_the_allowance() -> None:
     for f in fills:
         f.cancel()
     for b in budgets:
-        await b.close()
+        await b.aclose()
     assert _ledgers(bus)[-1].holders == {}
 
 
@@ -76,7 +76,7 @@ async def test_a_dead_holder_gives_its_slots_back_within_the_lease() -> None:
     for ledger in _ledgers(bus):
         live_slots = sum(h.slots for k, h in ledger.holders.items() if h.expires_at + skew >= ledger.written_at)
         assert live_slots <= 4
-    await live.close()
+    await live.aclose()
 
 
 async def test_a_lapsed_lease_holds_nothing() -> None:
@@ -104,7 +104,7 @@ async def test_a_lost_ledger_is_rebuilt_from_the_live_holders() -> None:
     assert gate.running == 4 and gate.try_acquire() is None
     ledger = _ledgers(bus)[-1]
     assert list(ledger.holders) == [a.holder] and ledger.holders[a.holder].slots == 4
-    await a.close()
+    await a.aclose()
 
 
 async def test_a_restart_of_every_process_rederives_the_budget_from_the_bus() -> None:
@@ -132,7 +132,7 @@ async def test_a_restart_of_every_process_rederives_the_budget_from_the_bus() ->
     assert set(holders) == {b.holder for b in new}
     assert sum(h.slots for h in holders.values()) <= 4
     for b in new:
-        await b.close()
+        await b.aclose()
 
 
 async def test_a_shared_cap_is_one_cap_for_every_holder() -> None:
@@ -152,7 +152,7 @@ async def test_a_shared_cap_is_one_cap_for_every_holder() -> None:
     for f in fills:
         f.cancel()
     for b in budgets:
-        await b.close()
+        await b.aclose()
 
 
 async def test_a_holder_without_a_version_yet_grants_itself_nothing_and_keeps_the_total() -> None:
@@ -172,8 +172,8 @@ async def test_a_holder_without_a_version_yet_grants_itself_nothing_and_keeps_th
     for ledger in _ledgers(bus):
         assert sum(h.slots for h in ledger.holders.values()) <= ledger.total
     assert _ledgers(bus)[-1].holders[late.holder].slots == 0
-    await late.close()
-    await first.close()
+    await late.aclose()
+    await first.aclose()
 
 
 async def test_garbage_on_the_subject_moves_no_fence_and_loses_no_holding() -> None:
@@ -191,8 +191,8 @@ async def test_garbage_on_the_subject_moves_no_fence_and_loses_no_holding() -> N
     assert set(valid[-1].holders) == {a.holder, b.holder}
     for ledger in valid:
         assert sum(h.slots for h in ledger.holders.values()) <= ledger.total
-    await a.close()
-    await b.close()
+    await a.aclose()
+    await b.aclose()
 
 
 def _valid_ledgers(bus: MemoryBus) -> list[AdmissionLedger]:
@@ -242,14 +242,14 @@ async def test_a_busy_holder_cannot_starve_a_late_one(lease: float) -> None:
     for w in workers:
         w.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
-    await late.close()
+    await late.aclose()
     # The other one gone, the busy holder takes the whole cap again.
     workers = [asyncio.create_task(_busy(hog_gate, hog_done)) for _ in range(8)]
     await wait_until(lambda: hog.held == 6, 2.0, "the whole cap back to the remaining holder")
     for w in workers:
         w.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
-    await hog.close()
+    await hog.aclose()
 
 
 async def _publish_as(bus: MemoryBus, writer: str, holders: dict, total: int) -> None:
@@ -287,7 +287,7 @@ async def test_a_ledger_in_a_holders_name_that_it_did_not_write_is_noticed_and_i
         assert sum(h.slots for h in ledger.holders.values()) <= 6
     for s in slots:
         s.release("finished")
-    await a.close()
+    await a.aclose()
 
 
 async def test_groups_in_use_beyond_a_holding_count_against_the_others_and_are_reported() -> None:
@@ -323,4 +323,4 @@ async def test_groups_in_use_beyond_a_holding_count_against_the_others_and_are_r
     assert gate.try_acquire() is None
     for s in held[3:]:
         s.release("finished")
-    await b.close()
+    await b.aclose()

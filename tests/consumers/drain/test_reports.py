@@ -201,5 +201,5 @@ async def test_reports_queued_while_nats_is_down_and_stored_later_are_not_failur
         assert reporter.failures == 0
         await reporter.aclose()
     finally:
-        await bus.close()
+        await bus.aclose()
         server.stop()

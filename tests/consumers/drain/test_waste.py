@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from weightbus.bus import subjects
 from weightbus.consumers import FullyAsyncBuffer, StalenessMetrics, StalenessStage, to_drain_report
-from weightbus.consumers.drain.ledger import LENGTH_BUCKETS, REWARD_BUCKETS, length_bucket, reward_bucket
+from weightbus.consumers.drain.accounts import LENGTH_BUCKETS, REWARD_BUCKETS, length_bucket, reward_bucket
 from weightbus.schemas import DrainReport, decode, encode
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
@@ -221,7 +221,7 @@ def test_the_inlined_paths_account_as_the_plain_sum(specs, bound, unknown):
     sum over the rule's verdicts give the same token and bias accounts."""
     import asyncio
 
-    from weightbus.consumers.drain.ledger import length_bucket, reward_bucket
+    from weightbus.consumers.drain.accounts import length_bucket, reward_bucket
     from weightbus.rules.staleness import Reason, group_versions, judge
 
     def build() -> list[Group]:

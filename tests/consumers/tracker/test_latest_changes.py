@@ -59,14 +59,14 @@ async def test_a_slow_reader_under_a_flood_gets_no_error_and_ends_on_the_latest_
             await asyncio.sleep(0)  # let the tracker fold some while the readers sleep
     assert await tracker.wait_for(FLOOD - 1, TIMEOUT) == FLOOD - 1
     await asyncio.sleep(0.05)
-    await tracker.stop()
+    await tracker.aclose()
     seen = await asyncio.wait_for(coalesced, TIMEOUT)
     assert seen[-1] == FLOOD - 1
     assert len(seen) < FLOOD  # it did fall behind: the flood was coalesced
     assert seen == sorted(seen)
     with pytest.raises(SlowConsumerError):
         await asyncio.wait_for(queued, TIMEOUT)
-    await bus.close()
+    await bus.aclose()
 
 
 async def test_the_newest_change_comes_before_the_end_or_the_error() -> None:

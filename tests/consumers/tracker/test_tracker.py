@@ -197,7 +197,7 @@ async def test_a_history_of_garbage_only_is_not_never_published(
         assert await tracker.wait_for(3, TIMEOUT) == 3
         assert tracker.ready and sample(registry, "weightbus_tracker_ready", policy) == 1
     finally:
-        await tracker.stop()
+        await tracker.aclose()
 
 
 async def test_iterator_starts_at_the_current_version_and_ends_on_stop(
@@ -217,7 +217,7 @@ async def test_iterator_starts_at_the_current_version_and_ends_on_stop(
     await publish(bus, policy, 2)
     await tracker.wait_for(2, TIMEOUT)
     await wait_until(lambda: len(seen) == 2, TIMEOUT, "the consumer to get the new version")
-    await tracker.stop()
+    await tracker.aclose()
     await asyncio.wait_for(consumer, TIMEOUT)
     assert seen == [(1, True), (2, False)]
     with pytest.raises(RuntimeError):
@@ -235,7 +235,7 @@ async def test_slow_consumer_resubscribes_and_relearns_the_version(policy: str, 
         assert tracker.current == 10_049
     assert sample(registry, "weightbus_tracker_resubscribes_total", policy) == 1
     assert sample(registry, "weightbus_version_regressions_total", policy) == 0
-    await bus.close()
+    await bus.aclose()
 
 
 async def test_event_naming_another_policy_is_skipped(bus: Bus, policy: str, registry: CollectorRegistry) -> None:
@@ -308,7 +308,7 @@ async def test_tracker_started_after_a_rogue_lower_version_still_holds_and_alert
         assert await tracker.wait_ready(TIMEOUT) == 57
     assert sample(registry, "weightbus_version_regressions_total", policy) == 1
     alert = await asyncio.wait_for(alerts.__anext__(), TIMEOUT)
-    await alerts.close()
+    await alerts.aclose()
     assert isinstance(alert.event, VersionRegressed)
     assert (alert.event.current, alert.event.incoming, alert.event.publisher) == (57, 1, "cell-1")
 

@@ -30,6 +30,6 @@ async def test_tracker_follows_across_a_server_restart(
                 await bus.publish(subjects.weights(policy), updated(2, policy=policy), msg_id=f"{policy}:2")
                 assert await tracker.wait_for(2, 15) == 2
         finally:
-            await bus.close()
+            await bus.aclose()
     finally:
         server.stop()

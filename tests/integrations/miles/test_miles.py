@@ -178,7 +178,7 @@ async def test_it_connects_from_the_environment_and_reports_drains(
         report = await trainer.last(subjects.drains(policy))
         assert report is not None and report.event.kept == 1 and report.event.current == 4
     finally:
-        await trainer.close()
+        await trainer.aclose()
 
 
 def test_a_miles_sample_brings_its_response_length_and_numeric_reward() -> None:

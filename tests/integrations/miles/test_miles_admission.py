@@ -323,7 +323,7 @@ async def test_admission_inside_miles_survives_a_nats_restart(
             finally:
                 await fn.aclose()
     finally:
-        await bus.close()
+        await bus.aclose()
         server.stop()
     assert len(trained) == steps * BATCH  # training went on through the restart
     for version, group in trained:

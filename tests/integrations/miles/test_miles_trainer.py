@@ -310,7 +310,7 @@ async def test_a_failover_ping_pong_through_miles_alive_cell_choice_keeps_the_jo
             )
     finally:
         await tracker.__aexit__(None, None, None)
-        await tracker_bus.close()
+        await tracker_bus.aclose()
 
     # miles' own choice, the same with and without weightbus: the job survived the ping-pong.
     picked = [cell for name, cell in group.attempts if name == "update_weights"]
@@ -595,7 +595,7 @@ async def test_a_disk_delta_cell_miles_picks_again_claims_again_before_miles_wri
             )
     finally:
         await tracker.__aexit__(None, None, None)
-        await tracker_bus.close()
+        await tracker_bus.aclose()
 
     picked = [cell for name, cell in group.attempts if name == "update_weights"]
     assert picked == [0, 0, 0, 1, 1, 0, 1, 1]  # the job survived: miles' own choice, with and without

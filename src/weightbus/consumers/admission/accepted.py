@@ -43,7 +43,7 @@ class AcceptedGroups:
             held[1].drained(kept=False)
 
     def kept(self, groups: Iterable[object], at: int | None) -> None:
-        """A judgement at ``at`` kept ``groups``: their slots count in the window of ``at`` (they train there)."""
+        """A judgement at ``at`` kept ``groups``: their slots count in the horizon of ``at`` (they train there)."""
         for group in groups:
             held = self._held.pop(id(group), None)
             if held is not None:

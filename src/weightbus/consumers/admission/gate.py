@@ -17,7 +17,7 @@ from weightbus.rules.admission import (
     ADMISSION_MODES,
     UNLIMITED,
     AdmissionMode,
-    accepted_in_window,
+    accepted_in_horizon,
     allowance,
     mode_capacity,
 )
@@ -33,7 +33,7 @@ _OUTCOMES: Final = ("accepted", "finished", "aborted", "recycled")
 _RUNNING: Final = 0
 _READY: Final = 1
 _DONE: Final = 2
-#: Drained batches kept below the window (for a tracker that goes back); older ones are forgotten.
+#: Drained batches kept below the horizon (for a tracker that goes back); older ones are forgotten.
 _KEPT_BELOW: Final = 64
 
 
@@ -144,8 +144,8 @@ class Admission:
         "_ready",
         "_running",
         "_taken",
-        "_taken_in_window",
-        "_window_at",
+        "_taken_in_horizon",
+        "_horizon_at",
     )
 
     def __init__(
@@ -170,8 +170,8 @@ class Admission:
         self._running = 0
         self._ready = 0
         self._taken: dict[int | None, int] = {}
-        self._taken_in_window = 0
-        self._window_at: int | None | object = _UNSET
+        self._taken_in_horizon = 0
+        self._horizon_at: int | None | object = _UNSET
         self._limit = 0
         self._changed = asyncio.Event()
         self._poll_s = poll_s
@@ -197,7 +197,7 @@ class Admission:
     @property
     def version(self) -> int | None:
         """The version read at the last check (None: never published, or not read yet)."""
-        at = self._window_at
+        at = self._horizon_at
         return at if type(at) is int else None
 
     @property
@@ -212,17 +212,17 @@ class Admission:
 
     @property
     def accepted(self) -> int:
-        """Accepted groups in the window of the current version (ready, or drained at it or later)."""
-        self._window()
-        return self._ready + self._taken_in_window
+        """Accepted groups in the horizon of the current version (ready, or drained at it or later)."""
+        self._horizon()
+        return self._ready + self._taken_in_horizon
 
     @property
     def used(self) -> int:
         """What this process fills of the budget: ``running + accepted`` (``running`` in the ``cap`` mode)."""
         if self._mode != "bounded":
             return self._running
-        self._window()
-        return self._running + self._ready + self._taken_in_window
+        self._horizon()
+        return self._running + self._ready + self._taken_in_horizon
 
     @property
     def allowance(self) -> int:
@@ -232,7 +232,7 @@ class Admission:
             return self._cap  # type: ignore[return-value]
         if self._mode == "off":
             return UNLIMITED
-        self._window()
+        self._horizon()
         return self._limit
 
     @property
@@ -260,9 +260,9 @@ class Admission:
             if self._budget is not None:
                 free = min(free, self._budget.held - self._running)
             return free
-        if not self._window():
+        if not self._horizon():
             return 0  # a tracker that cannot say what is current admits nothing (err toward stale)
-        used = self._running + self._ready + self._taken_in_window
+        used = self._running + self._ready + self._taken_in_horizon
         free = self._limit - used
         budget = self._budget
         if budget is not None:
@@ -293,7 +293,7 @@ class Admission:
                 async with asyncio.timeout(self._poll_s):  # not wait_for: on 3.11 it can swallow a cancel
                     await self._changed.wait()
             except TimeoutError:
-                pass  # re-read the version: a tracker moving on frees the window without telling us
+                pass  # re-read the version: a tracker moving on frees the horizon without telling us
 
     def slot(self) -> _SlotContext:
         """``async with admission.slot() as slot:``: wait for a slot; leaving releases it unless accepted."""
@@ -304,26 +304,26 @@ class Admission:
         while True:
             yield await self.acquire()
 
-    def drained(self, kept: int, filtered: int = 0, *, at: int | None) -> None:
-        """A drain judged at ``at`` took ``kept`` accepted groups into a batch and filtered ``filtered``.
+    def drained(self, kept: int, not_kept: int = 0, *, at: int | None) -> None:
+        """A drain judged at ``at`` took ``kept`` accepted groups into a batch and did not keep ``not_kept``.
 
-        Kept groups stay in the window of ``at`` (they train there); filtered ones (stale, unknown,
-        aborted, dropped or recycled) free their slots.
+        Kept groups stay in the horizon of ``at`` (they train there); the others (stale, unknown,
+        aborted, filtered, dropped or recycled) free their slots.
 
         Raises:
             AdmissionError: more groups than were accepted (a group entered the buffer without a slot).
         """
-        if kept < 0 or filtered < 0:
-            raise AdmissionError(f"counts must be >= 0, got kept={kept} filtered={filtered}")
-        if kept + filtered > self._ready:
+        if kept < 0 or not_kept < 0:
+            raise AdmissionError(f"counts must be >= 0, got kept={kept} not_kept={not_kept}")
+        if kept + not_kept > self._ready:
             raise AdmissionError(
-                f"a drain took {kept + filtered} groups but only {self._ready} were accepted: "
+                f"a drain took {kept + not_kept} groups but only {self._ready} were accepted: "
                 "every group put in the buffer must hold an accepted slot"
             )
-        self._ready -= kept + filtered
+        self._ready -= kept + not_kept
         if kept:
             self._taken[at] = self._taken.get(at, 0) + kept
-            self._window_at = _UNSET  # recount the window
+            self._horizon_at = _UNSET  # recount the horizon
         self._notify()
 
     def notify(self) -> None:
@@ -331,12 +331,12 @@ class Admission:
         self._notify()
 
     async def follow(self, changes: Callable[[], AsyncIterator[object]]) -> None:
-        """Wake waiting ``acquire`` calls at every item of ``changes()``: a new version moves the window, and the
+        """Wake waiting ``acquire`` calls at every item of ``changes()``: a new version moves the horizon, and the
         engines should not idle until the next poll. Returns when the iterator ends.
 
         Args:
             changes: a tracker's ``latest_changes``, the iterator that never falls behind (a skipped change
-                moves the window no less: the gate reads the version itself at each check).
+                moves the horizon no less: the gate reads the version itself at each check).
         """
         async for _ in changes():
             self._notify()
@@ -349,13 +349,13 @@ class Admission:
         except TrackerNotReadyError:
             return None
 
-    def _window(self) -> bool:
-        """Slide the window to the source's version; False when the source cannot say (the counts stay)."""
+    def _horizon(self) -> bool:
+        """Slide the horizon to the source's version; False when the source cannot say (the counts stay)."""
         try:
             current = self._read()
         except TrackerNotReadyError:
             return False
-        if current != self._window_at:
+        if current != self._horizon_at:
             self._slide(current)
         return True
 
@@ -364,9 +364,9 @@ class Admission:
         if current is not None:
             for v in [v for v in taken if v is None or v < current - _KEPT_BELOW]:
                 del taken[v]
-        self._taken_in_window = accepted_in_window(current, 0, taken)
+        self._taken_in_horizon = accepted_in_horizon(current, 0, taken)
         self._limit = allowance(current, self._max_staleness, self._batch) if self._mode == "bounded" else UNLIMITED
-        self._window_at = current
+        self._horizon_at = current
         if self._budget is not None:
             self._budget.set_total(self._limit)
 

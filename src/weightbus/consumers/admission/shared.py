@@ -189,7 +189,7 @@ class SharedBudget:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.aclose()
 
     async def start(self) -> None:
         """Follow the ledger, replay the retained history through the validation, and take a first share
@@ -216,14 +216,14 @@ class SharedBudget:
             demand = self._demand()
             await self._write(self._target(demand), demand)
         except PermissionDeniedError:
-            await self.close()
+            await self.aclose()
             raise
         except BusError as exc:
             log.warning("admission ledger write failed; retrying", extra={"error": repr(exc)})
         self._wanted = False
         self._tasks.append(asyncio.create_task(self._run()))
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Return every slot (one last write, best effort) and stop."""
         for task in self._tasks:
             task.cancel()

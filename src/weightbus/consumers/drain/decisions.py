@@ -68,8 +68,8 @@ class DrainStats:
             None without host stamps (``Group.generated_version``).
         in_flight_s_avg, in_queue_s_avg: the same split in seconds (``Group.started_at``/``generated_at``).
         by_length, by_reward: groups by outcome (``kept``, ``recycled``, ``dropped``, ``aborted``) and by
-            mean response-length bucket or mean reward bucket (``ledger.LENGTH_BUCKETS``,
-            ``ledger.REWARD_BUCKETS``): whether the filter starves long or hard prompts.
+            mean response-length bucket or mean reward bucket (``accounts.LENGTH_BUCKETS``,
+            ``accounts.REWARD_BUCKETS``): whether the filter starves long or hard prompts.
     """
 
     current: int | None

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from weightbus.consumers.drain.ledger import WasteLedger
+from weightbus.consumers.drain.accounts import TokenAccounts
 
 __all__ = ["STALENESS_BUCKETS", "WAIT_SECONDS_BUCKETS", "DrainMetrics", "StalenessMetrics"]
 
@@ -286,26 +286,26 @@ class DrainMetrics:
         """Count one drain report dropped at a full reporter queue."""
         self._reports_dropped.inc()
 
-    def record_ledger(self, ledger: WasteLedger) -> None:
+    def record_accounts(self, accounts: TokenAccounts) -> None:
         """Add one window's token, wait and bias accounts (``DrainWindow.finish``)."""
         f = self._families
         p = self.policy
-        if ledger.generated:
-            self._tokens_generated.inc(ledger.generated)
-        if ledger.trained:
-            self._tokens_trained.inc(ledger.trained)
-        for (action, reason), n in ledger.not_trained.items():
+        if accounts.generated:
+            self._tokens_generated.inc(accounts.generated)
+        if accounts.trained:
+            self._tokens_trained.inc(accounts.trained)
+        for (action, reason), n in accounts.not_trained.items():
             if n:
                 f.tokens_not_trained.labels(p, action, reason).inc(n)
-        if ledger.early_aborts:
-            self._early_aborts.inc(ledger.early_aborts)
-        if ledger.saved:
-            self._tokens_saved.inc(ledger.saved)
-        f.wait_versions.observe_many((p, "in_flight"), ledger.flight_versions)
-        f.wait_versions.observe_many((p, "in_queue"), ledger.queue_versions)
-        f.wait_seconds.observe_many((p, "in_flight"), ledger.flight_seconds)
-        f.wait_seconds.observe_many((p, "in_queue"), ledger.queue_seconds)
-        for (outcome, bucket), n in ledger.by_length.items():
+        if accounts.early_aborts:
+            self._early_aborts.inc(accounts.early_aborts)
+        if accounts.saved:
+            self._tokens_saved.inc(accounts.saved)
+        f.wait_versions.observe_many((p, "in_flight"), accounts.flight_versions)
+        f.wait_versions.observe_many((p, "in_queue"), accounts.queue_versions)
+        f.wait_seconds.observe_many((p, "in_flight"), accounts.flight_seconds)
+        f.wait_seconds.observe_many((p, "in_queue"), accounts.queue_seconds)
+        for (outcome, bucket), n in accounts.by_length.items():
             f.by_length.labels(p, outcome, bucket).inc(n)
-        for (outcome, bucket), n in ledger.by_reward.items():
+        for (outcome, bucket), n in accounts.by_reward.items():
             f.by_reward.labels(p, outcome, bucket).inc(n)

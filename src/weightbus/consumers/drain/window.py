@@ -2,7 +2,7 @@
 
 A window is miles' metrics window, closed by ``finish`` (one ``DrainStats``, Prometheus update and ``DrainReport``).
 Evidence only goes forward; a group not kept is routed once and frees its slot as it is routed; ``close``'s groups are
-the host's for good; ``abandon`` hands back the kept ones in order; each group goes to the ``WasteLedger`` once.
+the host's for good; ``abandon`` hands back the kept ones in order; each group goes to the ``TokenAccounts`` once.
 See docs/design.md#the-drain.
 """
 
@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final, Protocol, TypedDict
 
+from weightbus.consumers.drain.accounts import TokenAccounts
 from weightbus.consumers.drain.decisions import Action, DrainStats
-from weightbus.consumers.drain.ledger import WasteLedger
 from weightbus.consumers.drain.tally import DrainTally
 from weightbus.rules.staleness import Reason, raw_scan
 from weightbus.schemas.rollouts import HAS_VERSION, Group, SampleStatus
@@ -86,7 +86,7 @@ class DrainWindow:
         "_dropped",
         "_behind",
         "_unknown_labels",
-        "_ledger",
+        "_accounts",
         "_slots",
     )
 
@@ -122,7 +122,7 @@ class DrainWindow:
         self._dropped = 0
         self._behind = 0
         self._unknown_labels = 0
-        self._ledger = WasteLedger()
+        self._accounts = TokenAccounts()
 
     @property
     def evidence(self) -> int | None:
@@ -143,7 +143,7 @@ class DrainWindow:
         _, hi, flags = raw_scan(group)
         if flags & HAS_VERSION:
             self._see(hi)
-        self._ledger.admitted(group)
+        self._accounts.admitted(group)
         if not group.is_aborted:
             return True
         if flags & HAS_VERSION and (self._held is None or hi > self._held):
@@ -161,7 +161,7 @@ class DrainWindow:
         self._filtered[reason] = self._filtered.get(reason, 0) + 1
         self._dropped += 1
         if group is not None:
-            self._ledger.settle(group, Action.DROPPED.value, Reason.FILTERED.value)
+            self._accounts.settle(group, Action.DROPPED.value, Reason.FILTERED.value)
             if self._slots is not None:
                 self._slots.unused(group)
 
@@ -172,7 +172,7 @@ class DrainWindow:
         ``aborted``; routed to ``on_unused``); ``tokens_saved`` is at most what its unfinished requests
         could still have generated.
         """
-        self._ledger.early_abort(tokens_saved)
+        self._accounts.early_abort(tokens_saved)
         group.status = SampleStatus.ABORTED
         self.admit(group)
 
@@ -239,7 +239,7 @@ class DrainWindow:
         self._merge(t)
         self._behind += t.behind
         self._unknown_labels += t.unknown_labels
-        self._ledger.settle_kept(t.kept, t.kept_oldest, t.current, time.time(), t.sums)
+        self._accounts.settle_kept(t.kept, t.kept_oldest, t.current, time.time(), t.sums)
         if self._slots is not None:
             self._slots.kept(t.kept, t.current)
         if t.current is not None:
@@ -310,11 +310,11 @@ class DrainWindow:
             buffer_max_staleness=buf_max,
             dynamic_filter=dict(self._filtered),
             version_state=self._state or version_state,
-            **_ledger_fields(self._ledger),
+            **_accounts_fields(self._accounts),
         )
         self._record(stats, n_filtered, buffered=held is not None)
         if self.stage.metrics is not None:
-            self.stage.metrics.record_ledger(self._ledger)
+            self.stage.metrics.record_accounts(self._accounts)
         if self.reporter is not None:
             self.reporter.submit(stats)
         self._reset(newest)
@@ -355,11 +355,11 @@ class DrainWindow:
         action = self.stage.unused_action.value
         if judged:
             when = time.time() if now is None else now
-            self._ledger.settle_judged(
+            self._accounts.settle_judged(
                 group, action, None if reason is None else reason.value, strict, current, when, sums
             )
         else:
-            self._ledger.settle(group, action, reason.value if reason is not None else Reason.ABORTED.value)
+            self._accounts.settle(group, action, reason.value if reason is not None else Reason.ABORTED.value)
         if self._slots is not None:
             self._slots.unused(group)
         if self._on_unused is not None:
@@ -394,7 +394,7 @@ def _nest(counts: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
 
 
 class _LedgerFields(TypedDict):
-    """The ``DrainStats`` fields the waste ledger fills (their types are ``DrainStats``'s)."""
+    """The ``DrainStats`` fields the waste accounts fills (their types are ``DrainStats``'s)."""
 
     tokens_generated: int
     tokens_trained: int
@@ -409,17 +409,17 @@ class _LedgerFields(TypedDict):
     by_reward: dict[str, dict[str, int]]
 
 
-def _ledger_fields(ledger: WasteLedger) -> _LedgerFields:
+def _accounts_fields(accounts: TokenAccounts) -> _LedgerFields:
     return {
-        "tokens_generated": ledger.generated,
-        "tokens_trained": ledger.trained,
-        "tokens_not_trained": ledger.tokens_not_trained_by_reason(),
-        "early_aborts": ledger.early_aborts,
-        "tokens_saved": ledger.saved,
-        "in_flight_versions_avg": _mean(ledger.flight_versions),
-        "in_queue_versions_avg": _mean(ledger.queue_versions),
-        "in_flight_s_avg": _mean(ledger.flight_seconds),
-        "in_queue_s_avg": _mean(ledger.queue_seconds),
-        "by_length": _nest(ledger.by_length),
-        "by_reward": _nest(ledger.by_reward),
+        "tokens_generated": accounts.generated,
+        "tokens_trained": accounts.trained,
+        "tokens_not_trained": accounts.tokens_not_trained_by_reason(),
+        "early_aborts": accounts.early_aborts,
+        "tokens_saved": accounts.saved,
+        "in_flight_versions_avg": _mean(accounts.flight_versions),
+        "in_queue_versions_avg": _mean(accounts.queue_versions),
+        "in_flight_s_avg": _mean(accounts.flight_seconds),
+        "in_queue_s_avg": _mean(accounts.queue_seconds),
+        "by_length": _nest(accounts.by_length),
+        "by_reward": _nest(accounts.by_reward),
     }

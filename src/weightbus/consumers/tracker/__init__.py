@@ -6,7 +6,7 @@ It applies ``rules.chain.decide`` to every weights event, alerts what it refuses
 from weightbus.consumers.tracker.changes import VersionChange
 from weightbus.consumers.tracker.heap import freeze_startup_heap
 from weightbus.consumers.tracker.metrics import LAG_BUCKETS, PolicyTrackerMetrics, TrackerMetrics
-from weightbus.consumers.tracker.tracker import TrackerStatus, VersionTracker, default_observer
+from weightbus.consumers.tracker.tracker import TrackerStatus, VersionTracker
 
 __all__ = [
     "LAG_BUCKETS",
@@ -15,6 +15,5 @@ __all__ = [
     "TrackerStatus",
     "VersionChange",
     "VersionTracker",
-    "default_observer",
     "freeze_startup_heap",
 ]

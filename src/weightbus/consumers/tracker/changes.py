@@ -88,9 +88,9 @@ class _Queue:
 
 
 class _Latest:
-    """The one-slot queue of a coalescing iterator: a change replaces the one not yet read, so it never overflows.
+    """The one-place queue of a coalescing iterator: a change replaces the one not yet read, so it never overflows.
 
-    A terminal item (the end, an error) is kept beside the slot: the newest change is read before it.
+    A terminal item (the end, an error) is kept beside that place: the newest change is read before it.
     """
 
     __slots__ = ("newest", "signal", "terminal")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +18,7 @@ from types import TracebackType
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import subjects
+from weightbus.bus.identity import process_identity
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped
 from weightbus.consumers.tracker.alerts import TrackerAlerts
 from weightbus.consumers.tracker.changes import ChangeFeed, VersionChange
@@ -32,7 +31,7 @@ from weightbus.errors import SlowConsumerError, TrackerNotReadyError, VersionReg
 from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState, decide
 from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightUpdated
 
-__all__ = ["TrackerStatus", "VersionChange", "VersionTracker", "default_observer"]
+__all__ = ["TrackerStatus", "VersionChange", "VersionTracker"]
 
 log = logging.getLogger("weightbus.consumers")
 
@@ -52,16 +51,11 @@ _READY = frozenset({TrackerStatus.CURRENT, TrackerStatus.NEVER_PUBLISHED})
 _NO_STATE = TrackerState()
 
 
-def default_observer() -> str:
-    """``<hostname>:<pid>``: names this process in the alerts it publishes."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 class VersionTracker:
     """Follows the current weight version of one policy.
 
     Use it as ``async with VersionTracker(bus, policy) as tracker:`` (the follow loop runs as a task
-    and entering waits until the tracker is ready), or call ``start()``/``wait_ready()``/``stop()``,
+    and entering waits until the tracker is ready), or call ``start()``/``wait_ready()``/``aclose()``,
     or await ``run()`` in a task of your own.
 
     Args:
@@ -114,7 +108,7 @@ class VersionTracker:
         self.policy = subjects.validate_policy(policy)
         self.mode = RegressionMode(regression)
         self.metrics = metrics if metrics is not None else TrackerMetrics(registry)
-        self.observer = observer or default_observer()
+        self.observer = observer or process_identity()
         self.ready_timeout = ready_timeout
         self._bus = bus
         self._subject = subjects.weights(policy)
@@ -225,7 +219,7 @@ class VersionTracker:
             self._task.add_done_callback(_retrieve)
         return self
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
         """Stop the follow loop; iterators end and waiters raise ``RuntimeError``."""
         task, self._task = self._task, None
         if task is not None and not task.done():
@@ -244,19 +238,19 @@ class VersionTracker:
             await self.wait_ready(self.ready_timeout)
         except TimeoutError:
             status, reason = self._status.value, self.deaf_reason
-            await self.stop()
+            await self.aclose()
             raise TrackerNotReadyError(
                 self.policy, status, f"not ready within {self.ready_timeout:g}s" + (f" ({reason})" if reason else "")
             ) from None
         except BaseException:
-            await self.stop()
+            await self.aclose()
             raise
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.stop()
+        await self.aclose()
 
     async def run(self) -> None:
         """Follow the policy until cancelled or the bus closes.

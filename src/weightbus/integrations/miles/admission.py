@@ -112,7 +112,7 @@ class MilesAdmission:
     async def aclose(self) -> None:
         """Return the shared budget's slots, if any."""
         if self.budget is not None:
-            await self.budget.close()
+            await self.budget.aclose()
 
     @asynccontextmanager
     async def generating(self, key: int) -> AsyncIterator[Slot]:

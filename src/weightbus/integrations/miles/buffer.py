@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
+from weightbus.bus.identity import process_identity
 from weightbus.bus.protocol import Bus
 from weightbus.consumers.admission import AcceptedGroups
 from weightbus.consumers.drain.metrics import DrainMetrics
@@ -102,7 +102,7 @@ class WeightbusDataBuffer:
         # The slots of admitted groups, settled by the drain engine as it keeps or routes each one.
         self._accepted = AcceptedGroups()
         self._window = self.stage.window(on_unused=self._unused, slots=self._accepted)
-        consumer = os.environ.get("WEIGHTBUS_CONSUMER") or f"miles:{socket.gethostname()}:{os.getpid()}"
+        consumer = os.environ.get("WEIGHTBUS_CONSUMER") or process_identity("miles")
         # A boot id keeps a restarted process' report ids from being deduplicated against the last run's.
         self.consumer = f"{consumer}:{uuid.uuid4().hex[:8]}"
         if ready_timeout is None:
@@ -184,10 +184,10 @@ class WeightbusDataBuffer:
         if reporter is not None:
             await reporter.aclose()
         if self._tracker is not None:
-            await self._tracker.stop()
+            await self._tracker.aclose()
             self._tracker = None
         if self._owns_bus and self._bus is not None:
-            await self._bus.close()
+            await self._bus.aclose()
             self._bus = None
 
     @property

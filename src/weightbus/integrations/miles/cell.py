@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from weightbus.bus.identity import process_identity
 from weightbus.errors import (
     BusError,
     FencedError,
@@ -23,17 +24,16 @@ from weightbus.integrations.miles.engines import MilesEngineFleet
 from weightbus.integrations.miles.plan import Plan
 from weightbus.integrations.miles.proxies import real_handle
 from weightbus.integrations.miles.runtime import Runtime
-from weightbus.producers.publisher import default_trainer_id
 from weightbus.producers.sync import SyncUpdate, SyncVersionPublisher
 
-__all__ = ["Cell", "FleetSlot"]
+__all__ = ["Cell", "FleetHolder"]
 
 log = logging.getLogger("weightbus.integrations.miles")
 
 _T = TypeVar("_T")
 
 
-class FleetSlot:
+class FleetHolder:
     """A cell's fleet, built on the publisher's loop from the handles miles connected."""
 
     def __init__(self) -> None:
@@ -58,23 +58,23 @@ class Cell:
     def __init__(self, settings: MilesSettings, args: Any) -> None:
         self.settings = settings
         self.args = args
-        self._slot = FleetSlot()
-        self.publisher = self._publisher(self._slot)
+        self._holder = FleetHolder()
+        self.publisher = self._publisher(self._holder)
 
-    def _publisher(self, slot: FleetSlot) -> SyncVersionPublisher:
+    def _publisher(self, holder: FleetHolder) -> SyncVersionPublisher:
         s = self.settings
         return SyncVersionPublisher(
             s.policy,
             nats_url=s.nats,
-            trainer_id=s.trainer_id or f"miles:{default_trainer_id()}",
+            trainer_id=s.trainer_id or process_identity("miles"),
             pause=getattr(self.args, "pause_generation_mode", None) or "retract",
             connect_timeout=s.connect_timeout,
             floor=s.floor,
             options=s.options,
-            fleet_factory=slot.build,
+            fleet_factory=holder.build,
         )
 
-    def _point(self, slot: FleetSlot, updater: Any, runtime: Runtime) -> None:
+    def _point(self, holder: FleetHolder, updater: Any, runtime: Runtime) -> None:
         handles = getattr(updater, "rollout_engines", None)
         if handles is None:
             raise RuntimeError(
@@ -83,18 +83,18 @@ class Cell:
             )
         more = getattr(updater, "distributed_rollout_engines", None) or ()
         # Inside miles' update (the disk delta enters at its pause) the updater holds our proxies.
-        slot.handles = [real_handle(h) for h in (*handles, *more)]
-        slot.ray_get = runtime.ray_get
+        holder.handles = [real_handle(h) for h in (*handles, *more)]
+        holder.ray_get = runtime.ray_get
 
     def ready(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
         """The publisher, started (claimed) and pointed at the engines miles connected now."""
-        slot = self._slot
-        self._point(slot, updater, runtime)
+        holder = self._holder
+        self._point(holder, updater, runtime)
         pub = self.publisher
         if not pub.state.started:
             pub.start(standing=runtime.standing())
-        elif slot.fleet is not None:
-            fleet, given, ray_get = slot.fleet, slot.handles, runtime.ray_get
+        elif holder.fleet is not None:
+            fleet, given, ray_get = holder.fleet, holder.handles, runtime.ray_get
             pub.call(lambda _: fleet.retarget(given, ray_get))
         return pub
 
@@ -163,15 +163,15 @@ class Cell:
         except FencedError as refused:
             refused.add_note(f"this cell stays fenced since {fenced}")
             raise refused from None
-        slot = FleetSlot()
-        self._point(slot, updater, runtime)
-        fresh = self._publisher(slot)
+        holder = FleetHolder()
+        self._point(holder, updater, runtime)
+        fresh = self._publisher(holder)
         try:
             fresh.start(standing=standing, outrank=True)  # a failed start closes ``fresh``
         except FencedError as refused:
             refused.add_note(f"this cell stays fenced since {fenced}")
             raise refused from None
-        old, self.publisher, self._slot = self.publisher, fresh, slot
+        old, self.publisher, self._holder = self.publisher, fresh, holder
         old.close()
         log.warning(
             "miles picked this cell again after another took the counter: claimed it again",

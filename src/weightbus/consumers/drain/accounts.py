@@ -1,4 +1,4 @@
-"""The window's waste and bias accounts: tokens generated, trained and not trained, and which groups the filter keeps.
+"""The window's token and bias accounts: tokens generated, trained and not trained, and which groups the filter keeps.
 
 A group's tokens count as generated once and as trained or not trained once (``generated == trained + not_trained
 + buffered``); its staleness splits into in flight and in queue, which add up to it; bias buckets are few and fixed.
@@ -12,7 +12,7 @@ from typing import Final
 from weightbus.rules.staleness import raw_scan
 from weightbus.schemas.rollouts import ABORTED, HAS_UNKNOWN, HAS_VERSION, Group
 
-__all__ = ["LENGTH_BUCKETS", "OUTCOMES", "REWARD_BUCKETS", "WasteLedger", "length_bucket", "reward_bucket"]
+__all__ = ["LENGTH_BUCKETS", "OUTCOMES", "REWARD_BUCKETS", "TokenAccounts", "length_bucket", "reward_bucket"]
 
 #: What happened to a group, for the bias accounts: ``aborted`` whatever the stage did with it.
 OUTCOMES: Final = ("kept", "recycled", "dropped", "aborted")
@@ -37,7 +37,7 @@ def reward_bucket(mean_reward: float | None) -> str:
     return REWARD_BUCKETS[bisect_left(_REWARD_EDGES, mean_reward)]
 
 
-class WasteLedger:
+class TokenAccounts:
     """One window's token, staleness-split and bias accounts (reset with the window).
 
     Per-group work is a few attribute reads and list increments (the drain's hot path): the bias counts are
