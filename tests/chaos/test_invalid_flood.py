@@ -152,7 +152,7 @@ async def test_ten_thousand_invalid_payloads(own_server: EmbeddedNats, open_buse
         await watch_sub.aclose()
         await tracker.aclose()
         await recorder.aclose()
-        await rogue.aclose()
+        await rogue.close()
 
     report(
         "flood of 10,000 invalid payloads",
@@ -183,7 +183,7 @@ async def test_trainer_survives_invalid_payloads_on_its_subject(own_server: Embe
             pass
         assert version == 2
     finally:
-        await rogue.aclose()
+        await rogue.close()
         await bus.aclose()
 
 
@@ -233,6 +233,6 @@ async def test_forged_claims_raced_against_every_update_move_nothing(own_server:
         assert tracker.current == UPDATES
     finally:
         await tracker.aclose()
-        await rogue.aclose()
+        await rogue.close()
         await tracker_bus.aclose()
         await bus.aclose()

@@ -21,7 +21,7 @@ async def test_a_slot_is_drained_once_and_only_when_accepted() -> None:
         slot.drained(kept=True, at=3)  # still running
     slot.accept()
     slot.drained(kept=True, at=3)
-    assert (gate.ready, gate.accepted) == (0, 1)  # kept at 3: still in the window of 3
+    assert (gate.ready, gate.accepted) == (0, 1)  # kept at 3: still in the horizon of 3
     with pytest.raises(AdmissionError, match="once"):
         slot.drained(kept=False)
 
@@ -55,7 +55,7 @@ async def test_a_drain_that_filters_a_whole_window_frees_those_slots_while_it_wa
         group = make_group(i, ["9"])
         accepted.accept(slot, group)
         await buffer.put(group)
-    assert gate.try_acquire() is None  # the window of v9 is full: (1 + 1) * 2
+    assert gate.try_acquire() is None  # the horizon of v9 is full: (1 + 1) * 2
     version[0] = 11
     drain = asyncio.create_task(buffer.drain(2, lambda: version[0]))
     await wait_until(lambda: len(buffer) == 0 and has_waiters(buffer._changed), 5, "the drain to wait for fresh groups")
