@@ -19,7 +19,7 @@ import msgspec
 
 from weightbus.bus import BusMetrics, connect
 from weightbus.bus.options import ConnectOptions
-from weightbus.errors import EngineError, NoRolloutError, WeightbusError
+from weightbus.errors import EngineError, WeightbusError
 from weightbus.process.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.rl.batches import BatchReply, BatchRequest, request_batch
@@ -303,8 +303,11 @@ async def _batch(bus: NatsBus, config: TrainerConfig, min_version: int, trainer_
     while True:
         try:
             reply = await request_batch(bus, config.policy, request, timeout=_BATCH_TIMEOUT)
-        except (TimeoutError, NoRolloutError, ValueError) as exc:
-            # A rollout restarting, NATS restarting, or a reply cut by a crash: ask again.
+        except (TimeoutError, ValueError, WeightbusError) as exc:
+            # A rollout restarting, NATS restarting, or a reply cut by a crash (a plain ValueError): ask again. A
+            # final error (a refused subject, a bad policy id) would fail every time: the error axis says so.
+            if isinstance(exc, WeightbusError) and not exc.retryable:
+                raise
             log.warning("no batch from the rollout; asking again", extra={"policy": config.policy, "error": repr(exc)})
             await asyncio.sleep(_BATCH_RETRY_DELAY)
             continue
