@@ -7,6 +7,7 @@ nats-server without claiming (no engines).
 
 from __future__ import annotations
 
+import argparse
 import logging
 from argparse import Namespace
 
@@ -178,3 +179,20 @@ async def test_both_halves_in_one_process_serve_one_port(
         for cell in cells:
             cell.close()
     assert serving() == [] and await refused(url(port))
+
+
+async def test_the_generate_function_brings_the_metrics_flags_to_miles_parser(policy: str) -> None:
+    from weightbus.integrations.miles import generate
+
+    # miles' parse_args calls ``add_arguments`` of the --custom-generate-function-path function.
+    parser = generate.add_arguments(argparse.ArgumentParser())  # type: ignore[attr-defined]
+    port = free_port()
+    parsed = parser.parse_args(["--weightbus-metrics-port", str(port), "--weightbus-trainer-metrics-port", "9104"])
+    assert MilesSettings.from_args(Namespace(weightbus_policy=policy, **vars(parsed))).trainer_metrics == (
+        "127.0.0.1",
+        9104,
+    )
+    buf = WeightbusDataBuffer(DataBufferConstructorInput(args(policy, **vars(parsed)), print), bus=MemoryBus())
+    assert serving() == [url(port)]
+    await buf.aclose()
+    assert serving() == []

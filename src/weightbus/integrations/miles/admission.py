@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from weightbus.consumers.admission import Admission, AdmissionMetrics, SharedBudget, Slot
-from weightbus.integrations.miles.config import setting
+from weightbus.integrations.miles.config import add_arguments, setting
 
 if TYPE_CHECKING:
     from weightbus.bus.protocol import Bus
@@ -227,3 +227,7 @@ async def generate(input: Any) -> Any:
         raise ValueError("weightbus admission needs miles' Sample.group_index on every sample (its data source)")
     async with admission.generating(key):
         return await inner(input)
+
+
+# miles adds the flags of its generate function's ``add_arguments`` to its parser: the third flag brings them.
+generate.add_arguments = add_arguments  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from typing import Any, Final
 from weightbus.bus.options import ENV as CONNECT_ENV
 from weightbus.bus.options import ConnectOptions
 
-__all__ = ["DEFAULT_METRICS_HOST", "DEFAULT_NATS", "MilesSettings", "metrics_address", "setting"]
+__all__ = ["DEFAULT_METRICS_HOST", "DEFAULT_NATS", "MilesSettings", "add_arguments", "metrics_address", "setting"]
 
 DEFAULT_NATS: Final = "nats://127.0.0.1:4222"
 #: The interface a metrics port binds by default, as ``weightbus rollout --metrics-host``.
@@ -25,6 +25,35 @@ def setting(args: Any, name: str, env: str, default: str | None = None) -> str |
     if value is None or value == "":
         value = os.environ.get(env) or default
     return None if value is None else str(value)
+
+
+def add_arguments(parser: Any) -> Any:
+    """Add weightbus' metrics flags to miles' ``argparse`` parser, and return it.
+
+    ``--weightbus-metrics-port``, ``--weightbus-trainer-metrics-port``, ``--weightbus-metrics-host``: the
+    ``args`` attributes ``metrics_address`` reads. miles calls it as the generate function's ``add_arguments``
+    (with ``--custom-generate-function-path weightbus.integrations.miles.generate``); a launcher can pass it
+    to miles' ``parse_args(add_custom_arguments=...)``.
+    """
+    group = parser.add_argument_group("weightbus")
+    group.add_argument(
+        "--weightbus-metrics-port",
+        type=int,
+        default=None,
+        help="Serve the rollout half's Prometheus metrics on this port (WEIGHTBUS_METRICS_PORT).",
+    )
+    group.add_argument(
+        "--weightbus-trainer-metrics-port",
+        type=int,
+        default=None,
+        help="Serve the trainer half's Prometheus metrics on this port, on rank 0 (WEIGHTBUS_TRAINER_METRICS_PORT).",
+    )
+    group.add_argument(
+        "--weightbus-metrics-host",
+        default=None,
+        help=f"Interface the metrics ports bind (WEIGHTBUS_METRICS_HOST, else {DEFAULT_METRICS_HOST}).",
+    )
+    return parser
 
 
 def metrics_address(args: Any, name: str, env: str) -> tuple[str, int] | None:
