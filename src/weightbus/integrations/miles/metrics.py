@@ -78,7 +78,7 @@ def process_metrics() -> MilesMetrics:
 class MetricsLease:
     """One buffer's or cell's hold on the server of its port (``serve``); ``release()`` lets go (idempotent)."""
 
-    __slots__ = ("__weakref__", "_released", "port", "url")
+    __slots__ = ("_released", "port", "url")
 
     def __init__(self, port: int, url: str) -> None:
         self.port = port
