@@ -9,7 +9,7 @@ import typing as _typing
 
 from weightbus.bus.history import History, read_subject_history
 from weightbus.bus.memory import MemoryBus
-from weightbus.bus.metrics import BusMetrics
+from weightbus.bus.metrics import BusMetrics, MetricsServer, serve_metrics
 from weightbus.bus.options import ConnectOptions, redact_url
 from weightbus.bus.protocol import Bus, Deliver, Envelope, PublishAck, Skipped, Subscription
 
@@ -24,12 +24,14 @@ __all__ = [
     "Envelope",
     "History",
     "MemoryBus",
+    "MetricsServer",
     "NatsBus",
     "PublishAck",
     "Skipped",
     "Subscription",
     "connect",
     "read_subject_history",
+    "serve_metrics",
     "redact_url",
 ]
 

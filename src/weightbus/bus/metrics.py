@@ -1,15 +1,61 @@
-"""Prometheus metrics of the bus boundary, registered on an injected ``CollectorRegistry``.
+"""Prometheus metrics of the bus boundary, registered on an injected ``CollectorRegistry``, and the endpoint that
+serves a registry (``serve_metrics``: the CLI's ``--metrics-port`` and the integrations' metrics ports).
 
-Only low-cardinality labels: the subject family and a fixed reason, never a subject or a payload value.
+Only low-cardinality labels: the subject family and a fixed reason, never a subject or a payload value. A served
+registry is always the one given, never prometheus-client's global one.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+import threading
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from weightbus.schemas.codec import FAMILIES
 
-__all__ = ["BusMetrics"]
+__all__ = ["BusMetrics", "MetricsServer", "serve_metrics"]
+
+
+class MetricsServer:
+    """A registry served on ``http://host:port/metrics`` from a daemon thread (``serve_metrics``); ``close()`` stops it.
+
+    Attributes:
+        host: the interface it is bound to.
+        port: the port it is bound to (the one picked when 0 was asked).
+    """
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread, host: str) -> None:
+        self._server = server
+        self._thread = thread
+        self.host = host
+        self.port: int = server.server_port
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The endpoint's URL."""
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and free the port (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def serve_metrics(port: int, registry: CollectorRegistry, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve ``registry`` on ``host:port`` from a daemon thread until the returned server is closed.
+
+    Raises:
+        OSError: the address cannot be bound (in use, unknown host).
+        OverflowError, ValueError: not a port.
+    """
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(server, thread, host)
 
 
 class BusMetrics:

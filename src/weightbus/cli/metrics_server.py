@@ -1,4 +1,4 @@
-"""The Prometheus endpoint of a long-running command (``--metrics-port``, ``--metrics-host``).
+"""The Prometheus endpoint of a long-running command (``--metrics-port``, ``--metrics-host``; ``serve_metrics``).
 
 The command's own registry is served, never the global one; an address that cannot be bound exits 2 before NATS.
 """
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
+from weightbus.bus.metrics import serve_metrics
 from weightbus.cli.exits import EXIT_USAGE, fail
 
 __all__ = ["start_metrics"]
@@ -23,7 +24,7 @@ def start_metrics(port: int | None, registry: CollectorRegistry, addr: str = "12
     if port is None:
         return
     try:
-        start_http_server(port, addr=addr, registry=registry)
+        serve_metrics(port, registry, addr)
     except (OSError, OverflowError, ValueError) as exc:
         reason = (exc.strerror or exc) if isinstance(exc, OSError) else exc
         raise fail(f"cannot serve metrics on {addr}:{port}: {reason}", EXIT_USAGE) from None

@@ -6,7 +6,7 @@ The trainer half (``patching``, ``trainer``) and the rollout half (``buffer``, `
 
 from weightbus.integrations.miles.admission import generate
 from weightbus.integrations.miles.buffer import WeightbusDataBuffer
-from weightbus.integrations.miles.config import MilesSettings
+from weightbus.integrations.miles.config import MilesSettings, add_arguments
 from weightbus.integrations.miles.groups import miles_group_versions, to_weightbus_group
 from weightbus.integrations.miles.patching import MILES_COMMIT, install, install_fsdp, installed, uninstall
 from weightbus.integrations.miles.trainer import MilesTrainer
@@ -16,6 +16,7 @@ __all__ = [
     "MilesSettings",
     "MilesTrainer",
     "WeightbusDataBuffer",
+    "add_arguments",
     "generate",
     "install",
     "install_fsdp",

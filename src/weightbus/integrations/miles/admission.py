@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from weightbus.consumers.admission import Admission, SharedBudget, Slot
-from weightbus.integrations.miles.config import setting
+from weightbus.consumers.admission import Admission, AdmissionMetrics, SharedBudget, Slot
+from weightbus.integrations.miles.config import add_arguments, setting
 
 if TYPE_CHECKING:
     from weightbus.bus.protocol import Bus
@@ -74,10 +74,18 @@ class MilesAdmission:
 
     @classmethod
     def from_settings(
-        cls, args: Any, *, version: Callable[[], int | None], bus: Bus, policy: str, name: str
+        cls,
+        args: Any,
+        *,
+        version: Callable[[], int | None],
+        bus: Bus,
+        policy: str,
+        name: str,
+        metrics: AdmissionMetrics | None = None,
     ) -> MilesAdmission:
         """The gate ``args`` and the environment ask for: ``weightbus_admission`` / ``WEIGHTBUS_ADMISSION``
-        (``bounded``, ``cap``, ``off``), ``WEIGHTBUS_ADMISSION_CAP``, ``WEIGHTBUS_ADMISSION_SHARED``.
+        (``bounded``, ``cap``, ``off``), ``WEIGHTBUS_ADMISSION_CAP``, ``WEIGHTBUS_ADMISSION_SHARED``;
+        ``metrics`` counts the shared budget's rejections and starvation.
 
         Raises:
             ValueError: an unknown mode, a cap that is not a positive int, no ``rollout_batch_size``.
@@ -93,7 +101,7 @@ class MilesAdmission:
         shared = setting(args, "weightbus_admission_shared", "WEIGHTBUS_ADMISSION_SHARED", "0")
         budget = None
         if mode != "off" and (shared or "").lower() in ("1", "true", "yes"):
-            budget = SharedBudget(bus, policy, name=name)
+            budget = SharedBudget(bus, policy, name=name, metrics=metrics)
         gate = Admission(
             mode,  # type: ignore[arg-type]  # Admission checks it
             current=version,
@@ -219,3 +227,7 @@ async def generate(input: Any) -> Any:
         raise ValueError("weightbus admission needs miles' Sample.group_index on every sample (its data source)")
     async with admission.generating(key):
         return await inner(input)
+
+
+# miles adds the flags of its generate function's ``add_arguments`` to its parser: the third flag brings them.
+generate.add_arguments = add_arguments  # type: ignore[attr-defined]

@@ -1,7 +1,9 @@
 """The rollout half of the miles integration: a drop-in fully-async data buffer (``WeightbusDataBuffer``).
 
 miles' contract, weightbus' staleness control: the version from a ``VersionTracker`` (miles' is only a lower bound),
-the strict rule, miles' metric names, the drain engine. docs/integrations/miles.md#the-rollout-half.
+the strict rule, miles' metric names, the drain engine. docs/integrations/miles.md#the-rollout-half. With
+``WEIGHTBUS_METRICS_PORT`` set, its tracker, drain, admission and bus metrics are served on the process' registry
+(``integrations.miles.metrics``) until ``aclose``.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
 from weightbus.errors import TrackerNotReadyError
 from weightbus.integrations.miles.admission import MilesAdmission, check_semaphore, register_buffer
-from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings
+from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings, metrics_address
 from weightbus.integrations.miles.config import setting as _setting
 from weightbus.integrations.miles.groups import group_key, miles_group_versions, to_weightbus_group
+from weightbus.integrations.miles.metrics import MetricsLease, MilesMetrics, process_metrics, serve
 from weightbus.rules.source import read_version
 from weightbus.rules.staleness import UNKNOWN_POLICIES
 from weightbus.schemas.rollouts import Group
@@ -46,8 +49,9 @@ class WeightbusDataBuffer:
         input: miles' ``DataBufferConstructorInput`` (``args`` and ``unused_handler_fn``; older miles
             versions call the handler ``on_evict``).
         bus: a connected bus to use instead of connecting to ``WEIGHTBUS_NATS`` (tests, shared connections).
-        metrics: the policy's Prometheus metrics (``StalenessMetrics(registry).for_policy(policy)``), or None;
-            they include ``weightbus_host_version_regressions_total``.
+        metrics: the policy's drain metrics (``StalenessMetrics(registry).for_policy(policy)``), or None;
+            they include ``weightbus_host_version_regressions_total``. None with a metrics port set: the
+            process registry's (the port serves them).
         dynamic_filter: a miles dynamic filter ``(args, group) -> output with .keep and .reason``; by default
             loaded from ``args.dynamic_sampling_filter_path`` through miles when that is set.
         ready_timeout: seconds the first ``put``/``get``, and then each ``get_metrics`` window's first
@@ -56,7 +60,8 @@ class WeightbusDataBuffer:
 
     Raises:
         ValueError: no policy (``args.weightbus_policy`` / ``WEIGHTBUS_POLICY``), a bad
-            ``WEIGHTBUS_UNKNOWN`` or ready timeout, or ``args`` without ``rollout_batch_size``.
+            ``WEIGHTBUS_UNKNOWN``, ready timeout or ``WEIGHTBUS_METRICS_PORT``, or ``args`` without
+            ``rollout_batch_size``.
     """
 
     def __init__(
@@ -92,6 +97,11 @@ class WeightbusDataBuffer:
         self.capacity = max(1, int(factor * batch))
         self.max_staleness: int | None = getattr(args, "max_weight_staleness", None)
         recycles = getattr(args, "async_unused_samples_handler", "drop") == "retry"
+        address = metrics_address(args, "weightbus_metrics_port", "WEIGHTBUS_METRICS_PORT")
+        # Registered only when served: without a port the buffer counts nothing it would not show.
+        self._metrics: MilesMetrics | None = process_metrics() if address is not None else None
+        if metrics is None and self._metrics is not None:
+            metrics = self._metrics.drain.for_policy(policy)
         # miles' handler drops or retries by itself; the stage only decides how the window counts them.
         self.stage = StalenessStage(
             max_staleness=self.max_staleness,
@@ -130,6 +140,7 @@ class WeightbusDataBuffer:
         self._waited = False  # this window already waited for a tracker that is not ready
         self._admission: MilesAdmission | None | object = _UNSET  # made by the first generate call
         self._wake: asyncio.Task[None] | None = None
+        self._served: MetricsLease | None = serve(address, "rollout") if address is not None else None
         register_buffer(self)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -151,8 +162,14 @@ class WeightbusDataBuffer:
                     name=f"weightbus-miles-{self.policy}",
                     connect_timeout=settings.connect_timeout,
                     options=settings.options,
+                    metrics=self._metrics.bus if self._metrics is not None else None,
                 )
-            tracker = VersionTracker(self._bus, self.policy, observer=self.consumer)
+            tracker = VersionTracker(
+                self._bus,
+                self.policy,
+                observer=self.consumer,
+                metrics=self._metrics.tracker if self._metrics is not None else None,
+            )
             await tracker.start()
             try:
                 # Judge nothing before the stored version is known: a tracker still replaying would
@@ -163,7 +180,7 @@ class WeightbusDataBuffer:
                     "the policy's version is not known yet; get() waits for it, then judges against miles' version",
                     extra={"policy": self.policy, "timeout": self._ready_timeout, "status": tracker.status.value},
                 )
-            self._reporter = DrainReporter(self._bus, self.policy, self.consumer)
+            self._reporter = DrainReporter(self._bus, self.policy, self.consumer, metrics=self.stage.metrics)
             self._window.reporter = self._reporter
             self._tracker = tracker
             if self._dynamic_filter is None and self._filter_path:
@@ -171,7 +188,8 @@ class WeightbusDataBuffer:
         return self
 
     async def aclose(self) -> None:
-        """Publish pending drain reports, stop the tracker, and close the bus if this buffer connected it."""
+        """Publish pending drain reports, stop the tracker, close the bus if this buffer connected it, and let go
+        of the metrics server (the last buffer or cell of its port closes it)."""
         admission, self._admission = self._admission, _UNSET
         wake, self._wake = self._wake, None
         if wake is not None:
@@ -189,6 +207,9 @@ class WeightbusDataBuffer:
         if self._owns_bus and self._bus is not None:
             await self._bus.aclose()
             self._bus = None
+        served, self._served = self._served, None
+        if served is not None:
+            await asyncio.to_thread(served.release)  # a server stops within its poll interval: off the loop
 
     @property
     def tracker(self) -> VersionTracker | None:
@@ -208,7 +229,12 @@ class WeightbusDataBuffer:
                 if self._admission is _UNSET:
                     assert self._bus is not None
                     made = MilesAdmission.from_settings(
-                        self._args, version=self._version_now, bus=self._bus, policy=self.policy, name=self.consumer
+                        self._args,
+                        version=self._version_now,
+                        bus=self._bus,
+                        policy=self.policy,
+                        name=self.consumer,
+                        metrics=self._metrics.admission if self._metrics is not None else None,
                     )
                     if made.gate.mode != "off":
                         check_semaphore(self._args)

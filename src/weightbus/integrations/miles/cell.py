@@ -5,6 +5,8 @@ it touches anything shared; a cell that was fenced claims again only if miles pi
 standing outranks the owner's, ``Runtime.standing``), else the ``FencedError`` stands and it never
 touches the owner's engines. Taking a number (``enter``) and the ownership read are retried while the
 bus does not answer, for at most ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds; nothing is paused or pushed meanwhile.
+With ``WEIGHTBUS_TRAINER_METRICS_PORT`` set, a cell's connections count on the process' registry, served there
+(``integrations.miles.metrics``) until ``close``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from weightbus.bus.identity import process_identity
+from weightbus.bus.protocol import Bus
 from weightbus.errors import (
     BusError,
     FencedError,
 )
 from weightbus.integrations.miles.config import MilesSettings
 from weightbus.integrations.miles.engines import MilesEngineFleet
+from weightbus.integrations.miles.metrics import MetricsLease, process_metrics, serve
 from weightbus.integrations.miles.plan import Plan
 from weightbus.integrations.miles.proxies import real_handle
 from weightbus.integrations.miles.runtime import Runtime
@@ -60,18 +64,43 @@ class Cell:
         self.args = args
         self._holder = FleetHolder()
         self.publisher = self._publisher(self._holder)
+        address = settings.trainer_metrics
+        self._served: MetricsLease | None = serve(address, "trainer") if address is not None else None
+
+    def close(self) -> None:
+        """Close the publisher (its bus connection and private loop) and let go of the metrics server."""
+        try:
+            self.publisher.close()
+        finally:
+            served, self._served = self._served, None
+            if served is not None:
+                served.release()
 
     def _publisher(self, holder: FleetHolder) -> SyncVersionPublisher:
         s = self.settings
         return SyncVersionPublisher(
             s.policy,
-            nats_url=s.nats,
+            nats_url=None if s.trainer_metrics is not None else s.nats,
+            bus_factory=self._connect if s.trainer_metrics is not None else None,
             trainer_id=s.trainer_id or process_identity("miles"),
             pause=getattr(self.args, "pause_generation_mode", None) or "retract",
             connect_timeout=s.connect_timeout,
             floor=s.floor,
             options=s.options,
             fleet_factory=holder.build,
+        )
+
+    async def _connect(self) -> Bus:
+        """The publisher's connection, counting invalid payloads on the process' registry (a served port)."""
+        from weightbus.bus.nats import connect
+
+        s = self.settings
+        return await connect(
+            s.nats,
+            name="weightbus-trainer",
+            connect_timeout=s.connect_timeout,
+            options=s.options,
+            metrics=process_metrics().bus,
         )
 
     def _point(self, holder: FleetHolder, updater: Any, runtime: Runtime) -> None:

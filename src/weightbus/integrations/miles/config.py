@@ -12,9 +12,11 @@ from typing import Any, Final
 from weightbus.bus.options import ENV as CONNECT_ENV
 from weightbus.bus.options import ConnectOptions
 
-__all__ = ["DEFAULT_NATS", "MilesSettings", "setting"]
+__all__ = ["DEFAULT_METRICS_HOST", "DEFAULT_NATS", "MilesSettings", "add_arguments", "metrics_address", "setting"]
 
 DEFAULT_NATS: Final = "nats://127.0.0.1:4222"
+#: The interface a metrics port binds by default, as ``weightbus rollout --metrics-host``.
+DEFAULT_METRICS_HOST: Final = "127.0.0.1"
 
 
 def setting(args: Any, name: str, env: str, default: str | None = None) -> str | None:
@@ -23,6 +25,55 @@ def setting(args: Any, name: str, env: str, default: str | None = None) -> str |
     if value is None or value == "":
         value = os.environ.get(env) or default
     return None if value is None else str(value)
+
+
+def add_arguments(parser: Any) -> Any:
+    """Add weightbus' metrics flags to miles' ``argparse`` parser, and return it.
+
+    ``--weightbus-metrics-port``, ``--weightbus-trainer-metrics-port``, ``--weightbus-metrics-host``: the
+    ``args`` attributes ``metrics_address`` reads. miles calls it as the generate function's ``add_arguments``
+    (with ``--custom-generate-function-path weightbus.integrations.miles.generate``); a launcher can pass it
+    to miles' ``parse_args(add_custom_arguments=...)``.
+    """
+    group = parser.add_argument_group("weightbus")
+    group.add_argument(
+        "--weightbus-metrics-port",
+        type=int,
+        default=None,
+        help="Serve the rollout half's Prometheus metrics on this port (WEIGHTBUS_METRICS_PORT).",
+    )
+    group.add_argument(
+        "--weightbus-trainer-metrics-port",
+        type=int,
+        default=None,
+        help="Serve the trainer half's Prometheus metrics on this port, on rank 0 (WEIGHTBUS_TRAINER_METRICS_PORT).",
+    )
+    group.add_argument(
+        "--weightbus-metrics-host",
+        default=None,
+        help=f"Interface the metrics ports bind (WEIGHTBUS_METRICS_HOST, else {DEFAULT_METRICS_HOST}).",
+    )
+    return parser
+
+
+def metrics_address(args: Any, name: str, env: str) -> tuple[str, int] | None:
+    """Where a half serves its metrics: ``(host, port)`` from ``args.<name>`` / ``$<env>`` and
+    ``weightbus_metrics_host`` / ``WEIGHTBUS_METRICS_HOST`` (default 127.0.0.1), or None when no port is set.
+
+    Raises:
+        ValueError: a port that is not in 1-65535.
+    """
+    raw = setting(args, name, env)
+    if raw is None:
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ValueError(f"{env} (args.{name}) must be a port, not {raw!r}") from None
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{env} (args.{name}) must be a port in 1-65535, not {port}")
+    host = setting(args, "weightbus_metrics_host", "WEIGHTBUS_METRICS_HOST", DEFAULT_METRICS_HOST)
+    return host or DEFAULT_METRICS_HOST, port
 
 
 def _seconds(args: Any, name: str, env: str, default: str) -> float:
@@ -53,6 +104,8 @@ class MilesSettings:
             counter resumes above it even when the bus lost its history; None to rely on the bus.
         trainer_id: the trainer's readable name on the bus (``WEIGHTBUS_TRAINER_ID``; default
             ``miles:<host>:<pid>``).
+        trainer_metrics: where rank 0 serves the trainer half's metrics (``weightbus_trainer_metrics_port`` /
+            ``WEIGHTBUS_TRAINER_METRICS_PORT``, with ``WEIGHTBUS_METRICS_HOST``); None: not served.
     """
 
     policy: str
@@ -62,13 +115,14 @@ class MilesSettings:
     update_timeout: float = 30.0
     floor: int | None = None
     trainer_id: str | None = None
+    trainer_metrics: tuple[str, int] | None = None
 
     @classmethod
     def from_args(cls, args: Any) -> MilesSettings:
         """The settings for ``args`` (miles' namespace; None for the environment alone).
 
         Raises:
-            ValueError: no policy, or a timeout or floor that is not a number.
+            ValueError: no policy, a timeout or floor that is not a number, or a metrics port that is not a port.
             BusConfigError: credentials or TLS settings that cannot work together.
         """
         policy = setting(args, "weightbus_policy", "WEIGHTBUS_POLICY")
@@ -96,4 +150,5 @@ class MilesSettings:
             update_timeout=_seconds(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT", "30"),
             floor=floor,
             trainer_id=setting(args, "weightbus_trainer_id", "WEIGHTBUS_TRAINER_ID"),
+            trainer_metrics=metrics_address(args, "weightbus_trainer_metrics_port", "WEIGHTBUS_TRAINER_METRICS_PORT"),
         )

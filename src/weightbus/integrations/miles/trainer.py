@@ -66,13 +66,13 @@ class MilesTrainer:
         return pub.state.version if pub is not None else None
 
     def close(self) -> None:
-        """Close every publisher of this process (bus connections and private loops)."""
+        """Close every cell of this process (publishers' bus connections and private loops, the metrics server)."""
         with self._lock:
-            pubs = [c.publisher for c in self._cells] + ([self._spare.publisher] if self._spare is not None else [])
+            cells = [*self._cells, *([self._spare] if self._spare is not None else [])]
             self._cells.clear()
             self._spare = None
-        for pub in pubs:
-            pub.close()
+        for cell in cells:
+            cell.close()
 
     def connect_if_rank0(self, runtime: Runtime) -> None:
         """On rank 0, connect to the bus now (an unreachable bus is an error at init, not at the first update)."""
@@ -92,6 +92,7 @@ class MilesTrainer:
                 )
                 with self._lock:
                     self._spare = None
+                spare.close()
                 raise
 
     def cell(self, updater: Any) -> Cell:
