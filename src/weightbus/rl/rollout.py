@@ -65,6 +65,7 @@ class RolloutProgress(msgspec.Struct, kw_only=True, frozen=True):
     recycled: int
     dropped: int
     staleness_max: int | None
+    """The largest staleness judged, recycled and dropped groups too (the kept ones are within the bound)."""
     tokens_generated: int
     """Response tokens generated since the start (kept or not)."""
     early_aborts: int = 0
