@@ -51,6 +51,7 @@ def test_the_loop_learns_and_survives_every_fault(tmp_path: Path, monkeypatch: p
         "faults_survived": [],
         "regression_caught": [],
         "restart_alerted": [],
+        "tokens_accounted": [],
     }
     # Every check was exercised by this run: none held vacuously.
     assert set(result.checks.values()) == {"held"}, result.checks
@@ -118,6 +119,11 @@ def test_the_loop_learns_and_survives_every_fault(tmp_path: Path, monkeypatch: p
     # and the share kept per response-length bucket.
     s = result.summary
     assert s["drain_tokens_generated"] > 0 and s["drain_tokens_trained"] > 0
+    # The run's own counts span both rollout processes (the restarted one counts from zero): never fewer tokens
+    # generated than trained. The staleness printed is the trained groups', within the bound.
+    assert s["rollout_processes"] == 2 and s["tokens_generated"] >= s["tokens_trained"] > 0
+    assert s["trained_staleness_max"] <= config.max_staleness
+    assert all("(judged max " in line for line in lines if line.startswith("step "))
     assert s["in_queue_versions_avg"] is not None and s["in_flight_s_avg"] is not None
     assert s["kept_share_by_length"] and all(0 <= v <= 1 for v in s["kept_share_by_length"].values())
     # Reports written; nothing left behind.

@@ -24,6 +24,13 @@ def test_chunks_respect_the_limit_and_rejoin() -> None:
     assert chunk_payload(b"", 1024) == [b""]
 
 
+def test_a_reply_from_an_older_rollout_decodes_without_the_new_fields() -> None:
+    old = b'{"groups": [], "kept": 2, "tokens_generated": 40, "tokens_not_trained": 4, "error": null}'
+    reply = msgspec.json.decode(old, type=BatchReply)
+    assert (reply.kept, reply.tokens_generated, reply.rollout_id) == (2, 40, "")
+    assert msgspec.json.decode(msgspec.json.encode(BatchReply(rollout_id="r:1")), type=BatchReply).rollout_id == "r:1"
+
+
 async def test_a_batch_larger_than_max_payload_arrives_whole(nats_url: str, policy: str) -> None:
     server = await connect(nats_url)
     client = await connect(nats_url)

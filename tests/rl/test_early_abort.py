@@ -176,5 +176,8 @@ async def test_an_early_abort_frees_its_admission_slot_and_the_drain_count_stays
     rollout._aborted_early(aborted)
     reply = await rollout.handle(5, BatchRequest(size=1))  # type: ignore[arg-type]  # an int is a version source
     assert (reply.kept, reply.recycled) == (1, 1)
+    # The reply names this rollout process (its counts start with it); another start is another name.
+    assert reply.rollout_id.startswith("rollout:")
+    assert reply.rollout_id != _Rollout(config(), Digits(), MemoryBus(), CollectorRegistry(), None).rollout_id
     assert rollout.admission.ready == 0 and rollout.admission.running == 0
     assert "out of step" not in caplog.text

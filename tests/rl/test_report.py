@@ -209,6 +209,7 @@ def test_a_check_with_nothing_to_judge_is_vacuous_not_held(tmp_path: Path) -> No
         "faults_survived": "vacuous",
         "regression_caught": "vacuous",
         "restart_alerted": "vacuous",
+        "tokens_accounted": "held",
     }
     # With the faults injected and the rogue announced and alerted, the same checks are exercised.
     restart = {"kind": "restart-engine", "step": 1, "time": 150.0, "engine": ENGINES[0]}
@@ -275,7 +276,7 @@ def test_the_demo_summary_lists_vacuous_checks_apart_from_held_ones(
     _verdict(result)
     out = capsys.readouterr().out.splitlines()
     assert out == [
-        "held: versions_forward, staleness_bound, engines_in_sync",
+        "held: versions_forward, staleness_bound, engines_in_sync, tokens_accounted",
         "vacuous (not exercised by this run): faults_survived, regression_caught, restart_alerted",
     ]
 
@@ -435,3 +436,89 @@ def test_reward_verdict(mean: float | None, se: float | None, verdict: str) -> N
     from weightbus.rl.writers import reward_verdict
 
     assert reward_verdict(mean, se) == verdict
+
+
+def _recycling_row(step: int) -> dict[str, Any]:
+    """A step at bound 1 whose kept groups are all fresh while the drain judged (and recycled) a group 7 behind."""
+    return _row(step, 5, [5, 5]) | {"recycled": 1, "staleness_avg": 3.5, "staleness_max": 7}
+
+
+def test_the_step_line_shows_the_trained_staleness_and_the_judged_one_apart() -> None:
+    from weightbus.demo.supervisor import _format_step
+
+    line = _format_step(_recycling_row(1) | {"step_s": 0.2, "weightbus_s": 0.01}, None)
+    assert "staleness avg 0.00 max 0 (judged max 7)" in line
+    assert "avg 3.50" not in line
+
+
+def test_the_summary_gives_the_trained_staleness_and_no_unchecked_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from weightbus.cli.demo import _print_summary
+
+    config = DemoConfig(steps=2, max_staleness=1, out_dir=None, faults=False)
+    rows = [_recycling_row(1), _recycling_row(2)]
+    result = analyse(
+        config, rows=rows, recording=_write(tmp_path / "b.jsonl", _healthy()), faults=[], engines=ENGINES, wall_s=1.0
+    )
+    s = result.summary
+    assert (s["trained_staleness_avg"], s["trained_staleness_max"]) == (0.0, 0)
+    assert (s["judged_staleness_avg"], s["judged_staleness_max"]) == (3.5, 7)
+    assert result.checks["staleness_bound"] == "held"
+    _print_summary(result)
+    out = capsys.readouterr().out
+    assert "staleness trained avg 0.00 max 0 (judged max 7)" in out
+    assert "target" not in out
+    # report.json names each staleness for what it is.
+    write_report(result, tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    step = report["steps"][0]
+    assert (step["trained_staleness_avg"], step["trained_staleness_max"]) == (0.0, 0)
+    assert (step["judged_staleness_avg"], step["judged_staleness_max"]) == (3.5, 7)
+    assert "staleness_max" not in step and "staleness_max" not in report["summary"]
+
+
+def _served(step: int, rollout: str | None, generated: int, not_trained: int) -> dict[str, Any]:
+    row = _row(step, step + 1, [step + 1]) | {"tokens_generated": generated, "tokens_not_trained": not_trained}
+    return row if rollout is None else row | {"rollout_id": rollout}
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["rollout_id", "older rows"])
+def test_tokens_not_trained_cover_every_rollout_process_of_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], named: bool
+) -> None:
+    from weightbus.cli.demo import _print_summary
+
+    first, second = ("rollout:a", "rollout:b") if named else (None, None)
+    # The rollout restarted after step 2: the second one counts from zero again.
+    rows = [
+        _served(1, first, 100, 10),
+        _served(2, first, 300, 60),
+        _served(3, second, 50, 5),
+        _served(4, second, 120, 20),
+    ]
+    config = DemoConfig(steps=4, out_dir=None, faults=False)
+    result = analyse(
+        config, rows=rows, recording=_write(tmp_path / "b.jsonl", _healthy()), faults=[], engines=ENGINES, wall_s=1.0
+    )
+    s = result.summary
+    assert (s["tokens_generated"], s["tokens_trained"], s["tokens_not_trained"]) == (420, 340, 80)
+    assert s["rollout_processes"] == 2
+    assert s["tokens_not_trained_share"] == pytest.approx(80 / 420)  # not the last process's 20 / 120
+    assert s["tokens_generated"] >= s["tokens_trained"]
+    assert result.checks["tokens_accounted"] == "held"
+    _print_summary(result)
+    assert "19% of 420 tokens generated (by 2 rollout processes) not trained on" in capsys.readouterr().out
+
+
+def test_tokens_accounted_fails_on_counts_that_do_not_add_up(tmp_path: Path) -> None:
+    config = DemoConfig(steps=2, out_dir=None, faults=False)
+    # One process whose count went backwards, and a step claiming more not trained than generated.
+    rows = [_served(1, "rollout:a", 300, 10), _served(2, "rollout:a", 200, 250)]
+    result = analyse(
+        config, rows=rows, recording=_write(tmp_path / "b.jsonl", _healthy()), faults=[], engines=ENGINES, wall_s=1.0
+    )
+    assert result.checks["tokens_accounted"] == "failed"
+    problems = result.problems["tokens_accounted"]
+    assert any("200 tokens generated after 300" in p for p in problems)
+    assert any("250 tokens not trained of 200 generated" in p for p in problems)

@@ -314,7 +314,8 @@ def trainer_command(
 
         def progress(p: TrainerProgress) -> None:
             fields = {"step": f"{p.step}/{p.steps}", "version": p.version, "reward": p.reward}
-            fields |= {"staleness_max": p.staleness_max, "step_ms": round(p.step_s * 1000)}
+            fields |= {"staleness_max": p.staleness_max, "judged_staleness_max": p.judged_staleness_max}
+            fields |= {"step_ms": round(p.step_s * 1000)}
             printer.report(fields, completed=p.step)
 
         try:

@@ -29,7 +29,7 @@ from weightbus.demo.config import DemoConfig
 from weightbus.demo.faults import Injector, rogue_publish
 from weightbus.embedded.server import EmbeddedNats, free_port
 from weightbus.errors import DemoError
-from weightbus.rl.report import DemoResult, analyse
+from weightbus.rl.report import DemoResult, analyse, trained_staleness
 from weightbus.rl.writers import write_report
 
 __all__ = ["run_demo"]
@@ -52,9 +52,11 @@ def _format_step(row: dict[str, Any], fault: str | None) -> str:
     def num(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
+    # The trained groups' staleness (the bound's); the judged one counts recycled and dropped groups too.
+    avg, top = trained_staleness(row)
     line = (
         f"step {row['step']:>3}  v{row['version']:<4} reward {row['reward']:.3f}  "
-        f"staleness avg {num(row['staleness_avg'], '.2f')} max {num(row['staleness_max'], 'd')}  "
+        f"staleness avg {num(avg, '.2f')} max {num(top, 'd')} (judged max {num(row['staleness_max'], 'd')})  "
         f"kept {row['kept']} recycled {row['recycled']} dropped {row['dropped']}  "
         f"lag {num(row.get('lag_s') and row['lag_s'] * 1000, '.1f')} ms  "
         f"step {row['step_s'] * 1000:.0f} ms (weightbus {row['weightbus_s'] * 1000:.1f} ms, "

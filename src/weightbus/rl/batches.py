@@ -62,7 +62,11 @@ class BatchRequest(msgspec.Struct, kw_only=True):
 
 
 class BatchReply(msgspec.Struct, kw_only=True):
-    """The drained groups and the drain's numbers; ``error`` is set instead when the rollout could not drain."""
+    """The drained groups and the drain's numbers; ``error`` is set instead when the rollout could not drain.
+
+    ``staleness_avg``/``staleness_max`` are over every group the drain judged (recycled and dropped ones too), not
+    only the groups kept into the batch. Fields are added at the end with defaults, so older replies decode.
+    """
 
     groups: list[Group] = []
     judged_at: int | None = None
@@ -80,6 +84,9 @@ class BatchReply(msgspec.Struct, kw_only=True):
     drain_s: float = 0.0
     """Seconds the drain's own code ran (judging, bookkeeping), without its waits for generated groups."""
     error: str | None = None
+    rollout_id: str = ""
+    """The rollout process that answered, new at each start: ``tokens_generated`` and ``tokens_not_trained`` count
+    from that start, so a run's totals sum each process's last counts (``weightbus.rl.report.run_tokens``)."""
 
 
 async def serve_batches(

@@ -1,7 +1,9 @@
 """The demo's verdict: invariants computed from the bus recording and from what the trainer actually trained on.
 
 Each check ends ``held``, ``failed`` (the demo exits 1) or ``vacuous`` (nothing to judge: not a failure, not evidence).
-See docs/demo.md.
+Staleness is reported twice, never mixed: *trained* (the groups kept into a batch, ``trained_under - oldest``, what the
+bound holds for) and *judged* (every group the drain judged, recycled and dropped ones too). Token counts are
+run-wide: each rollout process counts from its own start, so they are summed over the processes. See docs/demo.md.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ __all__ = [
     "DemoResult",
     "analyse",
     "overhead_summary",
+    "run_tokens",
+    "trained_staleness",
     "waste_summary",
 ]
 
@@ -163,6 +167,82 @@ def _staleness_bound(rows: list[dict[str, Any]], max_staleness: int) -> list[str
     return problems
 
 
+def trained_staleness(row: dict[str, Any]) -> tuple[float | None, int | None]:
+    """The mean and max staleness of the groups one step trained on (``trained_under - oldest``, known labels only).
+
+    Args:
+        row: a ``steps.jsonl`` record (its ``groups`` and ``trained_under``).
+    """
+    known = [row["trained_under"] - g["oldest"] for g in row["groups"] if g["oldest"] is not None]
+    return (statistics.fmean(known), max(known)) if known else (None, None)
+
+
+def _incarnations(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rows by the rollout process that served their batch, in order of first appearance.
+
+    A row without ``rollout_id`` (an older ``steps.jsonl``) starts a new process when its ``tokens_generated``
+    falls below the previous row's: the counts start from zero with each process.
+    """
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    unnamed: list[list[dict[str, Any]]] = []
+    order: list[list[dict[str, Any]]] = []
+    for row in rows:
+        rollout = row.get("rollout_id")
+        if rollout:
+            if rollout not in by_id:
+                by_id[rollout] = []
+                order.append(by_id[rollout])
+            by_id[rollout].append(row)
+        elif unnamed and row.get("tokens_generated", 0) >= unnamed[-1][-1].get("tokens_generated", 0):
+            unnamed[-1].append(row)
+        else:
+            unnamed.append([row])
+            order.append(unnamed[-1])
+    return order
+
+
+def run_tokens(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Tokens generated, trained and not trained over the whole run: each rollout process's last count, summed.
+
+    A rollout's reply counts from that process's start (``BatchReply.tokens_generated``), so a restarted rollout
+    starts again from zero; ``tokens_trained`` is what the rollouts delivered (generated less not trained).
+    """
+    generated = not_trained = 0
+    processes = _incarnations(rows)
+    for served in processes:
+        last = max(served, key=lambda row: row.get("tokens_generated", 0))
+        generated += last.get("tokens_generated", 0)
+        not_trained += last.get("tokens_not_trained", 0)
+    return {
+        "tokens_generated": generated,
+        "tokens_trained": generated - not_trained,
+        "tokens_not_trained": not_trained,
+        "rollout_processes": len(processes),
+    }
+
+
+def _tokens_accounted(rows: list[dict[str, Any]]) -> list[str]:
+    """Each rollout process's counts only grow, and no step claims more tokens not trained than generated."""
+    problems = []
+    for served in _incarnations(rows):
+        for before, after in zip(served, served[1:], strict=False):
+            if after.get("tokens_generated", 0) < before.get("tokens_generated", 0):
+                problems.append(
+                    f"step {after['step']}: rollout {after.get('rollout_id')} counts {after['tokens_generated']} "
+                    f"tokens generated after {before['tokens_generated']}"
+                )
+    for row in rows:
+        if not 0 <= row.get("tokens_not_trained", 0) <= row.get("tokens_generated", 0):
+            problems.append(
+                f"step {row['step']}: {row.get('tokens_not_trained')} tokens not trained of "
+                f"{row.get('tokens_generated')} generated"
+            )
+    tokens = run_tokens(rows)
+    if tokens["tokens_trained"] > tokens["tokens_generated"]:
+        problems.append(f"{tokens['tokens_trained']} tokens trained of {tokens['tokens_generated']} generated")
+    return problems
+
+
 def _engines_in_sync(rec: _Recorded, engines: list[str]) -> list[str]:
     applied = rec.applied
     ok_reads = {(a["engine"], a["version"]) for a in applied if a.get("ok") and a.get("read_back") == str(a["version"])}
@@ -225,6 +305,7 @@ def _verdicts(
         "faults_survived": bool(faults),
         "regression_caught": bool(rec.rogue),
         "restart_alerted": "restart-engine" in kinds,
+        "tokens_accounted": any(row.get("tokens_generated") for row in rows),
     }
     return {name: FAILED if problems[name] else HELD if exercised[name] else VACUOUS for name in problems}
 
@@ -237,19 +318,28 @@ def _summary(
 ) -> dict[str, Any]:
     first, last = _quarter_means([row["reward"] for row in rows])
     lags = [r["received_at"] - r["event"]["published_at"] for r in rec.updates if r.get("received_at")]
-    tokens = rows[-1]["tokens_generated"] if rows else 0
-    wasted = rows[-1]["tokens_not_trained"] if rows else 0
-    staleness = [row["staleness_avg"] for row in rows if row["staleness_avg"] is not None]
+    tokens = run_tokens(rows)
+    trained = [trained_staleness(row) for row in rows]
+    trained_avgs = [avg for avg, _ in trained if avg is not None]
+    trained_maxes = [top for _, top in trained if top is not None]
+    judged = [row["staleness_avg"] for row in rows if row["staleness_avg"] is not None]
+    judged_maxes = [row["staleness_max"] for row in rows if row["staleness_max"] is not None]
     return {
         "steps": max((row["step"] for row in rows), default=0),
         "final_version": rec.versions[-1] if rec.versions else None,
         "reward_first": first,
         "reward_last": last,
-        "staleness_avg": statistics.fmean(staleness) if staleness else None,
-        "staleness_max": max((row["staleness_max"] or 0 for row in rows), default=None),
+        # Trained: the groups kept into the batches (what the bound holds for). Judged: every group the drains
+        # judged, recycled and dropped ones too (the rollout's ``staleness_avg``/``staleness_max``).
+        "trained_staleness_avg": statistics.fmean(trained_avgs) if trained_avgs else None,
+        "trained_staleness_max": max(trained_maxes, default=None),
+        "judged_staleness_avg": statistics.fmean(judged) if judged else None,
+        "judged_staleness_max": max(judged_maxes, default=None),
         "propagation_lag_ms_p50": statistics.median(lags) * 1000 if lags else None,
-        "tokens_generated": tokens,
-        "tokens_not_trained_share": wasted / tokens if tokens else None,
+        **tokens,
+        "tokens_not_trained_share": tokens["tokens_not_trained"] / tokens["tokens_generated"]
+        if tokens["tokens_generated"]
+        else None,
         **overhead_summary(rows),
         "wall_s": wall_s,
         "unknown_version_groups": sum(d.get("reasons", {}).get("unknown_version", 0) for d in rec.drains),
@@ -338,6 +428,7 @@ def analyse(
         "faults_survived": _faults_survived(rec, rows, config.steps, faults),
         "regression_caught": [],
         "restart_alerted": restart_problems,
+        "tokens_accounted": _tokens_accounted(rows),
     }
     if rec.rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in rec.regressions):
         problems["regression_caught"].append("the rogue v1 was not held and alerted by the rollout's tracker")

@@ -20,6 +20,7 @@ import msgspec
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import BusMetrics, connect, subjects
+from weightbus.bus.identity import process_identity
 from weightbus.bus.options import ConnectOptions
 from weightbus.bus.rpc import Served
 from weightbus.consumers import (
@@ -64,6 +65,7 @@ class RolloutProgress(msgspec.Struct, kw_only=True, frozen=True):
     recycled: int
     dropped: int
     staleness_max: int | None
+    """The largest staleness judged, recycled and dropped groups too (the kept ones are within the bound)."""
     tokens_generated: int
     """Response tokens generated since the start (kept or not)."""
     early_aborts: int = 0
@@ -168,6 +170,8 @@ class _Rollout:
         self.generated = 0
         self.delivered = 0
         self.batches = 0
+        # New at each start (a pid can repeat on a host): the counts above start from zero with it.
+        self.rollout_id = f"{process_identity('rollout')}:{uuid.uuid4().hex[:8]}"
         self.adapter: str | None = None
         self.announced = asyncio.Event()
         self.lags: dict[int, float] = {}
@@ -329,6 +333,7 @@ class _Rollout:
             lag_s=self.lags.get(request.min_version) if request.min_version is not None else None,
             wait_s=wait_s,
             drain_s=timer.seconds,
+            rollout_id=self.rollout_id,
         )
 
     async def serve(self, tracker: asyncio.Future[VersionTracker]) -> Served:

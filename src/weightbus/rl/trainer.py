@@ -24,6 +24,7 @@ from weightbus.process.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.rl.batches import BatchReply, BatchRequest, request_batch
 from weightbus.rl.config import TrainerConfig
+from weightbus.rl.report import trained_staleness
 from weightbus.schemas import LoraAdapter
 from weightbus.schemas.rollouts import Group
 
@@ -51,7 +52,10 @@ class TrainerProgress(msgspec.Struct, kw_only=True, frozen=True):
     reward: float
     """The batch's mean reward."""
     staleness_max: int | None
+    """The largest staleness of the groups trained on (``trained_under - oldest``), the one the bound holds for."""
     step_s: float
+    judged_staleness_max: int | None = None
+    """The largest staleness the drain judged for this batch, recycled and dropped groups too."""
 
 
 def grpo_loss(policy: Any, groups: list[Group], clip: float) -> tuple[Any, float]:
@@ -248,8 +252,9 @@ async def run_trainer(
                         steps=config.steps,
                         version=version,
                         reward=record["reward"],
-                        staleness_max=record["staleness_max"],
+                        staleness_max=trained_staleness(record)[1],
                         step_s=record["step_s"],
+                        judged_staleness_max=record["staleness_max"],
                     )
                 )
         return version
@@ -291,6 +296,7 @@ async def _train_step(
         "staleness_max": reply.staleness_max,
         "tokens_generated": reply.tokens_generated,
         "tokens_not_trained": reply.tokens_not_trained,
+        "rollout_id": reply.rollout_id,
         "lag_s": reply.lag_s,
         "batch_wait_s": got_batch - started,
         **trainer.step_times(reply),

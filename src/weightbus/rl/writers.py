@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from weightbus.rl.report import TIME_FIELDS, DemoResult
+from weightbus.rl.report import TIME_FIELDS, DemoResult, trained_staleness
 
 __all__ = [
     "ADMISSION_MODES",
@@ -28,11 +28,6 @@ ADMISSION_MODES = ("off", "cap", "bounded")
 _SMOOTH = 5
 
 
-def _trained_staleness(row: dict[str, Any]) -> int | None:
-    known = [row["trained_under"] - g["oldest"] for g in row["groups"] if g["oldest"] is not None]
-    return max(known) if known else None
-
-
 def write_report(result: DemoResult, out_dir: Path) -> None:
     """Write ``report.json`` and ``report.png`` (reward and staleness per step, faults marked) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -43,8 +38,6 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
                 "step",
                 "version",
                 "reward",
-                "staleness_avg",
-                "staleness_max",
                 "kept",
                 "recycled",
                 "dropped",
@@ -56,7 +49,9 @@ def write_report(result: DemoResult, out_dir: Path) -> None:
         }
         | {"lag_s": row.get("lag_s")}
         | {key: row.get(key) for key in TIME_FIELDS}
-        | {"trained_staleness_max": _trained_staleness(row)}
+        | dict(zip(("trained_staleness_avg", "trained_staleness_max"), trained_staleness(row), strict=True))
+        # Over every group the drain judged, recycled and dropped ones too (the row's staleness_avg/max).
+        | {"judged_staleness_avg": row["staleness_avg"], "judged_staleness_max": row["staleness_max"]}
         for row in result.rows
     ]
     body = {
@@ -91,7 +86,7 @@ def plot_report(result: DemoResult) -> Any:
     ax2 = ax.twinx()
     ax2.step(
         xs,
-        [_trained_staleness(row) or 0 for row in result.rows],
+        [trained_staleness(row)[1] or 0 for row in result.rows],
         color="tab:orange",
         where="mid",
         label="max staleness trained on",
@@ -141,7 +136,8 @@ def tradeoff_numbers(results: dict[int, DemoResult]) -> dict[str, Any]:
             "wall_s": clock[-1] if clock else None,
             "tokens_generated": result.summary["tokens_generated"],
             "tokens_not_trained_share": result.summary["tokens_not_trained_share"],
-            "staleness_avg": result.summary["staleness_avg"],
+            "trained_staleness_avg": result.summary["trained_staleness_avg"],
+            "judged_staleness_avg": result.summary["judged_staleness_avg"],
             "ok": result.ok,
             "curve": [[t, row["reward"]] for t, row in zip(clock, result.rows, strict=True)],
         }
@@ -209,7 +205,8 @@ def _run_entry(result: DemoResult) -> dict[str, Any]:
         "batch_wait_share": waited / stepped if stepped else None,
         "early_aborts": s.get("early_aborts", 0),
         "tokens_saved": s.get("tokens_saved", 0),
-        "staleness_avg": s["staleness_avg"],
+        "trained_staleness_avg": s["trained_staleness_avg"],
+        "judged_staleness_avg": s["judged_staleness_avg"],
         "in_flight_versions_avg": s.get("in_flight_versions_avg"),
         "in_queue_versions_avg": s.get("in_queue_versions_avg"),
         "kept_share_by_length": s.get("kept_share_by_length", {}),
