@@ -1,6 +1,8 @@
 """Record and replay of event traces (JSON Lines), for tests, debugging and demos.
 
 The format, and what a replay keeps and drops (message ids, ``Nats-Expected-*``, pacing): docs/trace-format.md.
+Every replayed event carries ``Weightbus-Replayed: 1`` (``REPLAYED_HEADER``): its ``published_at`` is the recorded one,
+so consumers must not read its age as a propagation delay. The header changes nothing else: no check trusts it.
 """
 
 from __future__ import annotations
@@ -8,17 +10,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Final
 
 import msgspec
 
 from weightbus.bus.protocol import Bus, Deliver, Envelope, PublishAck
 
-__all__ = ["TRACE_FORMAT_VERSION", "TraceRecord", "read_trace", "record", "replay", "write_record"]
+__all__ = [
+    "REPLAYED_HEADER",
+    "TRACE_FORMAT_VERSION",
+    "TraceRecord",
+    "is_replayed",
+    "read_trace",
+    "record",
+    "replay",
+    "write_record",
+]
 
 TRACE_FORMAT_VERSION = 1
+
+#: The header ``replay`` sets on every event it republishes (value ``"1"``).
+REPLAYED_HEADER: Final = "Weightbus-Replayed"
+
+
+def is_replayed(headers: Mapping[str, str]) -> bool:
+    """Whether a message with ``headers`` was republished from a trace (``replay``), not published live.
+
+    For metrics only (a replayed event's age is not a propagation delay): anyone who may publish can set
+    the header, so no integrity rule may depend on it.
+    """
+    return headers.get(REPLAYED_HEADER) == "1"
 
 
 class TraceRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,7 +138,7 @@ async def replay(
     speed: float | None = None,
     msg_id_suffix: str | None = None,
 ) -> list[PublishAck]:
-    """Republish ``records`` in order into ``bus``.
+    """Republish ``records`` in order into ``bus``, each marked with ``REPLAYED_HEADER``.
 
     Args:
         records: e.g. ``read_trace(path)``.
@@ -138,6 +161,7 @@ async def replay(
                 await asyncio.sleep(wait)
         # A recorded conditional publish must not stay conditional against another stream's sequences.
         headers = {k: v for k, v in rec.headers.items() if not k.startswith("Nats-Expected")}
+        headers[REPLAYED_HEADER] = "1"
         msg_id = headers.pop("Nats-Msg-Id", f"replay:{n}:{rec.subject}:{rec.received_at}")
         if msg_id_suffix:
             msg_id = f"{msg_id}{msg_id_suffix}"

@@ -34,7 +34,8 @@ class VersionChange(msgspec.Struct, frozen=True):
         publisher: the trainer id of the event.
         published_at: the event's publish time (the publisher's clock).
         received_at: local receive time.
-        lag: publish-to-observe delay in seconds, for live updates only (None when replayed or a claim).
+        lag: publish-to-observe delay in seconds, for live updates only (None when replayed, republished by
+            `weightbus replay`, or a claim).
         replayed: whether the event was the stream's stored one, delivered at (re)subscription.
         reason: why an event was rejected (``not_owner``, ``unexplained_jump``, ...), else None.
     """

@@ -59,9 +59,17 @@ class TrackerMetrics:
         )
         self.lag = Histogram(
             "weightbus_propagation_lag_seconds",
-            "Delay from a live weight update's publish to its receipt by the tracker.",
+            "Delay from a live weight update's publish to its receipt by the tracker "
+            "(not the retained history read at start, not events republished by weightbus replay).",
             ["policy"],
             buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self.replayed = Counter(
+            "weightbus_events_replayed",
+            "Weights events republished from a trace (weightbus replay) that the tracker received live; "
+            "their lag is not observed (their published_at is the recorded one).",
+            ["policy"],
             registry=self.registry,
         )
         self.regressions = Counter(
@@ -108,6 +116,7 @@ class PolicyTrackerMetrics:
         self._epoch = families.epoch.labels(policy)
         self._last_update = families.last_update.labels(policy)
         self._lag = families.lag.labels(policy)
+        self._replayed = families.replayed.labels(policy)
         self._regressions = families.regressions.labels(policy)
         self._resubscribes = families.resubscribes.labels(policy)
         # Every reason at 0 from the start: a counter born at 1 on its first event shows no increase(), so an
@@ -141,6 +150,10 @@ class PolicyTrackerMetrics:
     def observe_lag(self, seconds: float) -> None:
         """Record one live update's publish-to-observe delay."""
         self._lag.observe(seconds)
+
+    def count_replayed(self) -> None:
+        """Count one live-received event republished from a trace (its lag is not observed)."""
+        self._replayed.inc()
 
     def count_regression(self) -> None:
         """Count one lower version seen."""

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from weightbus.bus import subjects
 from weightbus.bus.identity import process_identity
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped
+from weightbus.bus.trace import is_replayed
 from weightbus.consumers.tracker.alerts import TrackerAlerts
 from weightbus.consumers.tracker.changes import ChangeFeed, VersionChange
 from weightbus.consumers.tracker.cursor import ReplayCursor
@@ -455,11 +456,16 @@ class VersionTracker:
             cursor.rebase = False
         self._state = state = decision.state
         lag: float | None = None
-        if decision.is_update and not replayed:
-            lag = env.received_at - event.published_at
-            if lag < 0:
-                lag = 0.0
-            self._m.observe_lag(lag)
+        if not replayed:  # the history read at start is ages, not lags
+            if is_replayed(env.headers):
+                # Republished from a trace (weightbus replay): its published_at is the recorded one. The header
+                # changes nothing but this; the chain judged the event above like any other.
+                self._m.count_replayed()
+            elif decision.is_update:
+                lag = env.received_at - event.published_at
+                if lag < 0:
+                    lag = 0.0
+                self._m.observe_lag(lag)
         if decision.alert:
             await self._alerts.raise_alert(decision, event, env, replayed, self._m)
         if decision.changed or decision.action in (TrackerAction.HELD, TrackerAction.REJECTED):
