@@ -162,6 +162,8 @@ _KEEP: Final = (
 )
 _ALWAYS: Final = 3
 _UNBOUNDED: Final = 100_000
+_LATEST_LINES: Final = 2
+"""Lines the newest alert may take (enough for who sent a rogue version)."""
 """The policy, its version and its status are shown at any width."""
 
 
@@ -249,6 +251,16 @@ def _one_line(text: Text, width: int) -> Text:
     return text
 
 
+def _at_most(text: Text, lines: int, console: Console, width: int) -> Text:
+    """``text`` wrapped to ``width``, its first ``lines`` lines kept (the last ending in an ellipsis if cut)."""
+    wrapped = text.wrap(console, width)
+    if len(wrapped) <= lines:
+        return text
+    kept = list(wrapped)[:lines]
+    kept[-1] = _one_line(Text.assemble(kept[-1], " ", wrapped[lines]), width)
+    return Text("\n").join(kept)
+
+
 class _Screen:
     """The whole view, laid out for the console's width (and, when ``fit_height``, its height)."""
 
@@ -262,7 +274,7 @@ class _Screen:
         if self.link is not None and down is not None:
             banner = f" DISCONNECTED from {self.link.server} for {_span(down)}: the view below is stale "
             top.append(_one_line(Text(banner, style="bold white on red"), width))
-        top.append(_one_line(self._latest(), width))
+        top.append(_at_most(self._latest(), _LATEST_LINES, console, width))
         title = f"weightbus — {len(state.policies)} policies, {state.events} events"
         if down is not None:
             title += f", as of {_span(down)} ago"
