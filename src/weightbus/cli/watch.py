@@ -10,13 +10,14 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from typing import Annotated, Final
 
 import msgspec
 import typer
 from prometheus_client import CollectorRegistry
-from rich.console import Console, Group
+from rich import get_console
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -36,7 +37,15 @@ from weightbus.cli.options import (
     PolicyFilterOption,
     VerboseOption,
 )
-from weightbus.consumers.monitor import MonitorState, PolicyView, reduce, waste_summary
+from weightbus.consumers.monitor import (
+    LinkView,
+    MonitorState,
+    PolicyView,
+    latest_alert,
+    link_seen,
+    reduce,
+    waste_summary,
+)
 from weightbus.consumers.tracker.heap import freeze_startup_heap
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import BusError, InvalidPolicyError, PermissionDeniedError, SlowConsumerError
@@ -68,61 +77,144 @@ def _num(value: float | int | None, fmt: str = "{}") -> str:
     return "—" if value is None else fmt.format(value)
 
 
-def _policy_row(view: PolicyView, now: float) -> list[str]:
-    w = view.weights
-    version = _num(w.version)
-    if view.rejected is not None:
+def _span(secs: float) -> str:
+    """A duration as ``42s``, ``2m30s`` or ``1h05m``."""
+    whole = int(secs)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def _version(view: PolicyView, detail: bool) -> str:
+    version = _num(view.weights.version)
+    if detail and view.rejected is not None:
         # What every tracker holds, and the lower version the rule rejected.
         version = f"{version} [bold red](rejected v{view.rejected.version} by {view.rejected.publisher})[/]"
+    return version
+
+
+def _status(view: PolicyView, stale: bool) -> str:
+    if view.weights.version is None:
+        status = "no version"
+    elif view.rejected is not None:
+        status = f"[bold red]rejected v{view.rejected.version}[/]"
+    elif view.alert_count:
+        status = f"[bold red]{view.alert_count} alert{'s' if view.alert_count > 1 else ''}[/]"
+    else:
+        status = "[green]ok[/]"
+    return f"[dim]{status} (stale)[/]" if stale else status
+
+
+def _engines(view: PolicyView) -> str:
+    if view.applied_version is None:
+        return "—"
+    engines = f"v{view.applied_version}: {view.applied_ok} ok"
+    if view.applied_failed:
+        engines += f", [red]{view.applied_failed} failed[/]"
+    return engines
+
+
+def _last_drain(view: PolicyView) -> str:
     last = view.last_drain
-    engines = "—"
-    if view.applied_version is not None:
-        engines = f"v{view.applied_version}: {view.applied_ok} ok"
-        if view.applied_failed:
-            engines += f", [red]{view.applied_failed} failed[/]"
-    alerts = str(view.alert_count) if not view.alert_count else f"[bold red]{view.alert_count}[/]"
-    return [
-        view.policy,
-        version,
-        _num(w.epoch),
-        w.publisher or "—",
-        _num(view.lag, "{:.3f}s"),
-        _ago(w.updated_at, now),
-        engines,
-        "—" if last is None else f"{last.kept}/{last.recycled}/{last.dropped}",
-        f"{view.kept}/{view.recycled}/{view.dropped}",
-        "—" if last is None else f"{_num(last.staleness_avg, '{:.2f}')} / {_num(last.staleness_max)}",
-        alerts,
-    ]
+    return "—" if last is None else f"{last.kept}/{last.recycled}/{last.dropped}"
 
 
-def render(state: MonitorState, now: float) -> Group:
-    """Draw the view: a table of policies, then recent drains and alerts (newest last).
+def _staleness(view: PolicyView) -> str:
+    last = view.last_drain
+    return "—" if last is None else f"{_num(last.staleness_avg, '{:.2f}')} / {_num(last.staleness_max)}"
 
-    Args:
-        state: the monitor's view.
-        now: the current Unix time (for "since update" and ages).
-    """
-    policies = Table(title=f"weightbus — {len(state.policies)} policies, {state.events} events", expand=False)
-    for column in (
-        "policy",
-        "version",
-        "epoch",
-        "publisher",
-        "lag",
-        "since update",
-        "engines",
-        "last drain k/r/d",
-        "total k/r/d",
-        "staleness avg/max",
-        "alerts",
-    ):
-        policies.add_column(column, no_wrap=True)
+
+_Cell = Callable[[PolicyView, float, bool], str]
+
+# The policies table's columns in the order shown; _KEEP says which go last when the width is short.
+_COLUMNS: Final[dict[str, _Cell]] = {
+    "policy": lambda v, now, stale: v.policy,
+    "version": lambda v, now, stale: _version(v, detail=False),
+    "status": lambda v, now, stale: _status(v, stale),
+    "epoch": lambda v, now, stale: _num(v.weights.epoch),
+    "publisher": lambda v, now, stale: v.weights.publisher or "—",
+    "lag": lambda v, now, stale: _num(v.lag, "{:.3f}s"),
+    "since update": lambda v, now, stale: _ago(v.weights.updated_at, now),
+    "engines": lambda v, now, stale: _engines(v),
+    "last drain k/r/d": lambda v, now, stale: _last_drain(v),
+    "total k/r/d": lambda v, now, stale: f"{v.kept}/{v.recycled}/{v.dropped}",
+    "staleness avg/max": lambda v, now, stale: _staleness(v),
+    "alerts": lambda v, now, stale: str(v.alert_count) if not v.alert_count else f"[bold red]{v.alert_count}[/]",
+}
+_DETAIL: Final = "version detail"
+"""Not a column: the rejected version and its publisher next to the version held."""
+_KEEP: Final = (
+    "policy",
+    "version",
+    "status",
+    "since update",
+    "epoch",
+    "publisher",
+    "alerts",
+    _DETAIL,
+    "lag",
+    "engines",
+    "last drain k/r/d",
+    "staleness avg/max",
+    "total k/r/d",
+)
+_ALWAYS: Final = 3
+_UNBOUNDED: Final = 100_000
+_LATEST_LINES: Final = 2
+"""Lines the newest alert may take (enough for who sent a rogue version)."""
+"""The policy, its version and its status are shown at any width."""
+
+
+def _policies_table(state: MonitorState, now: float, shown: Collection[str], title: str, stale: bool) -> Table:
+    table = Table(title=title, expand=False)
+    for column in _COLUMNS:
+        if column in shown:
+            # A name shortened to a prefix could be another policy's: it folds onto more lines instead.
+            table.add_column(column, no_wrap=column != "policy", overflow="fold" if column == "policy" else "ellipsis")
     for view in state.policies.values():
-        policies.add_row(*_policy_row(view, now))
+        cells = [_COLUMNS[c](view, now, stale) for c in _COLUMNS if c in shown]
+        if _DETAIL in shown:
+            cells[1] = _version(view, detail=True)
+        table.add_row(*cells)
+    return table
+
+
+def _fitted_policies(
+    state: MonitorState, now: float, title: str, stale: bool, console: Console, options: ConsoleOptions
+) -> Table:
+    """The policies table with as many columns as the width holds, dropping the last of ``_KEEP`` first."""
+    unbounded = options.update_width(_UNBOUNDED)  # a measure is clamped to the width it is given
+    for n in range(len(_KEEP), _ALWAYS, -1):
+        table = _policies_table(state, now, frozenset(_KEEP[:n]), title, stale)
+        if console.measure(table, options=unbounded).maximum <= options.max_width:
+            return table
+    return _policies_table(state, now, frozenset(_KEEP[:_ALWAYS]), title, stale)
+
+
+def _alerts_table(state: MonitorState, now: float, rows: int | None) -> Table:
+    alerts = Table(title="recent alerts", expand=False)
+    for column in ("age", "policy", "kind"):
+        alerts.add_column(column, no_wrap=True)
+    # The only column that gives way to a narrow screen; fitted to the screen, each alert takes one line.
+    alerts.add_column("alert")
+    alert_rows = sorted(
+        ((a.published_at, view.policy, a) for view in state.policies.values() for a in view.alerts),
+        key=lambda item: item[0],
+    )[-state.max_recent :]
+    if rows is not None:
+        alert_rows = alert_rows[-rows:] if rows > 0 else []
+    for at, policy, a in alert_rows:
+        summary = Text(a.summary, no_wrap=rows is not None, overflow="ellipsis")
+        alerts.add_row(_ago(at, now), policy, Text(a.kind, style="red"), summary)
+    return alerts
+
+
+def _drains_table(state: MonitorState, now: float) -> Table:
     drains = Table(title="recent drains", expand=False)
     for column in ("age", "policy", "consumer", "seq", "current", "kept", "recycled", "dropped", "avg", "max"):
-        drains.add_column(column, no_wrap=True)
+        drains.add_column(column, no_wrap=column != "policy", overflow="fold")
     drain_rows = sorted(
         ((d.published_at, view.policy, d) for view in state.policies.values() for d in view.drains),
         key=lambda item: item[0],
@@ -140,28 +232,115 @@ def render(state: MonitorState, now: float) -> Group:
             _num(d.staleness_avg, "{:.2f}"),
             _num(d.staleness_max),
         )
-    alerts = Table(title="recent alerts", expand=False)
-    for column in ("age", "policy", "kind", "alert"):
-        alerts.add_column(column)
-    alert_rows = sorted(
-        ((a.published_at, view.policy, a) for view in state.policies.values() for a in view.alerts),
-        key=lambda item: item[0],
-    )[-state.max_recent :]
-    for at, policy, a in alert_rows:
-        alerts.add_row(_ago(at, now), policy, f"[red]{a.kind}[/]", a.summary)
+    return drains
+
+
+def _waste_table(state: MonitorState) -> Table:
     waste = Table(title="waste and bias", expand=False)
-    for column in ("policy", "waste and bias"):
-        waste.add_column(column)
+    waste.add_column("policy", overflow="fold")
+    waste.add_column("waste and bias")
     for view in state.policies.values():
         for line in waste_summary(view):
             waste.add_row(view.policy, line)
-    return Group(policies, drains, waste, alerts)
+    return waste
 
 
-def _draw(view: Callable[[], Group], console: Console | None, refresh_per_second: float) -> contextlib.ExitStack:
-    """Start drawing ``view`` live; closing the returned stack stops it and gives the logs back to stderr."""
+def _one_line(text: Text, width: int) -> Text:
+    text.no_wrap = True
+    text.truncate(width, overflow="ellipsis")
+    return text
+
+
+def _at_most(text: Text, lines: int, console: Console, width: int) -> Text:
+    """``text`` wrapped to ``width``, its first ``lines`` lines kept (the last ending in an ellipsis if cut)."""
+    wrapped = text.wrap(console, width)
+    if len(wrapped) <= lines:
+        return text
+    kept = list(wrapped)[:lines]
+    kept[-1] = _one_line(Text.assemble(kept[-1], " ", wrapped[lines]), width)
+    return Text("\n").join(kept)
+
+
+class _Screen:
+    """The whole view, laid out for the console's width (and, when ``fit_height``, its height)."""
+
+    def __init__(self, state: MonitorState, now: float, link: LinkView | None, fit_height: bool) -> None:
+        self.state, self.now, self.link, self.fit_height = state, now, link, fit_height
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[RenderableType]:
+        state, now, width = self.state, self.now, options.max_width
+        down = None if self.link is None else self.link.down_for(now)
+        top: list[RenderableType] = []
+        if self.link is not None and down is not None:
+            banner = f" DISCONNECTED from {self.link.server} for {_span(down)}: the view below is stale "
+            top.append(_one_line(Text(banner, style="bold white on red"), width))
+        top.append(_at_most(self._latest(), _LATEST_LINES, console, width))
+        title = f"weightbus — {len(state.policies)} policies, {state.events} events"
+        if down is not None:
+            title += f", as of {_span(down)} ago"
+        top.append(_fitted_policies(state, now, title, down is not None, console, options))
+        if not self.fit_height:
+            yield from top
+            yield from (_alerts_table(state, now, None), _drains_table(state, now), _waste_table(state))
+            return
+        # Live crops what is taller than the screen from the bottom: keep a line spare and show only what fits.
+        left = (options.height or options.size.height) - 1
+        for part in top:
+            left -= len(console.render_lines(part, options, pad=False))
+            yield part
+        overhead = len(console.render_lines(_alerts_table(MonitorState(), now, 0), options, pad=False))
+        alerts = _alerts_table(state, now, max(0, left - overhead))
+        left -= len(console.render_lines(alerts, options, pad=False))
+        yield alerts
+        for part in (_drains_table(state, now), _waste_table(state)):
+            if not part.row_count:
+                continue
+            lines = len(console.render_lines(part, options, pad=False))
+            if lines > left:
+                return
+            left -= lines
+            yield part
+
+    def _latest(self) -> Text:
+        newest = latest_alert(self.state)
+        if newest is None:
+            return Text("latest alert: none", style="dim")
+        policy, alert = newest
+        line = Text("latest alert: ", style="bold red")
+        line.append(f"{_ago(alert.published_at, self.now)} ago  {policy}  ")
+        line.append(alert.kind, style="red")
+        line.append(f"  {alert.summary}")
+        return line
+
+
+def render(
+    state: MonitorState, now: float, *, link: LinkView | None = None, fit_height: bool = False
+) -> ConsoleRenderable:
+    """Draw the view: a disconnected banner, the newest alert, the policies, then recent alerts, drains, waste.
+
+    The policies table keeps the policy, its version and its status at any width and drops its other columns,
+    least telling first, when the console is narrower than the whole table.
+
+    Args:
+        state: the monitor's view.
+        now: the current Unix time (for "since update" and ages).
+        link: the connection to the bus; while it is down a banner says since when, and the view is marked stale.
+        fit_height: show only what the console's height holds (the newest alert stays on screen).
+    """
+    return _Screen(state, now, link, fit_height)
+
+
+def _draw(
+    view: Callable[[bool], ConsoleRenderable], console: Console | None, refresh_per_second: float
+) -> contextlib.ExitStack:
+    """Start drawing ``view`` live; closing the returned stack stops it and gives the logs back to stderr.
+
+    ``view`` is told whether the console is a terminal (whose height the drawing must fit).
+    """
     views = contextlib.ExitStack()
-    live_view = Live(get_renderable=view, console=console, refresh_per_second=refresh_per_second)
+    shown_on = console if console is not None else get_console()
+    terminal = shown_on.is_terminal
+    live_view = Live(get_renderable=lambda: view(terminal), console=shown_on, refresh_per_second=refresh_per_second)
     live_view.start()
     views.callback(live_view.stop)
     if live_view.console.is_terminal:
@@ -187,6 +366,8 @@ async def watch(
     metrics: TrackerMetrics | None = None,
     console: Console | None = None,
     refresh_per_second: float = 2.0,
+    connected: Callable[[], bool] | None = None,
+    server: str = "the bus",
 ) -> MonitorState:
     """Follow ``pattern`` and show it until ``duration`` seconds or ``count`` events have passed (else forever).
 
@@ -199,6 +380,9 @@ async def watch(
         metrics: when given, the tracker-style gauges and histograms are kept up to date per policy.
         console: where the live view is drawn (stdout by default).
         refresh_per_second: redraws of the live view per second.
+        connected: whether the bus is connected now, asked at each redraw; while it is not, the view shows
+            a DISCONNECTED banner with the outage's age and marks itself stale.
+        server: the bus's address as the banner shows it (secrets redacted).
 
     Returns:
         The final view.
@@ -208,9 +392,16 @@ async def watch(
     deadline = None if duration is None else loop.time() + duration
     state = MonitorState()
     seen = 0
-    views = (
-        contextlib.ExitStack() if json_out else _draw(lambda: render(state, time.time()), console, refresh_per_second)
-    )
+    link = LinkView(server) if connected is not None else None
+
+    def frame(terminal: bool) -> ConsoleRenderable:
+        nonlocal link
+        now = time.time()
+        if link is not None and connected is not None:
+            link = link_seen(link, connected(), now)
+        return render(state, now, link=link, fit_height=terminal)
+
+    views = contextlib.ExitStack() if json_out else _draw(frame, console, refresh_per_second)
     # The live view replays each subject's retained history, so versions are folded exactly as a
     # tracker that starts now folds them (a rogue lower version stored last is held, not shown).
     deliver = Deliver.LAST_PER_SUBJECT if json_out else Deliver.ALL
@@ -299,7 +490,16 @@ def watch_command(
         bus = await connect(nats, name="weightbus-watch", metrics=BusMetrics(registry), options=connection)
         freeze_startup_heap()  # a long-running process: its full collections must not stall delivery
         try:
-            await watch(bus, pattern, json_out=json_out, duration=duration, count=count, metrics=metrics)
+            await watch(
+                bus,
+                pattern,
+                json_out=json_out,
+                duration=duration,
+                count=count,
+                metrics=metrics,
+                connected=lambda: bus.client.is_connected,
+                server=connection.redact(nats, nats),
+            )
         finally:
             await bus.aclose()
 

@@ -1,7 +1,8 @@
 """The live monitor's view model: a pure reducer from received events to a per-policy view state.
 
 ``reduce`` never mutates its input, does no I/O and reads no clock; versions go through the trackers' rule (``hold``);
-lag is for ``live`` events only; recent items are bounded (``max_recent``). ``weightbus watch`` renders it.
+lag is for ``live`` events only; recent items are bounded (``max_recent``). ``link_seen`` folds the bus
+connection's state the same way (the caller passes the time). ``weightbus watch`` renders both.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightA
 __all__ = [
     "AlertView",
     "DrainView",
+    "LinkView",
     "MonitorState",
     "PolicyView",
     "RejectedView",
     "kept_share",
+    "latest_alert",
+    "link_seen",
     "reduce",
     "waste_summary",
 ]
@@ -139,6 +143,39 @@ class MonitorState:
     policies: Mapping[str, PolicyView] = field(default_factory=lambda: MappingProxyType({}))
     events: int = 0
     max_recent: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class LinkView:
+    """The monitor's connection to the bus, as shown.
+
+    Attributes:
+        server: where it connects, as it may be shown (secrets redacted).
+        down_since: when the connection was first seen down (Unix seconds); None while it is up.
+    """
+
+    server: str
+    down_since: float | None = None
+
+    def down_for(self, now: float) -> float | None:
+        """Seconds the connection has been down at ``now``, or None while it is up."""
+        return None if self.down_since is None else max(0.0, now - self.down_since)
+
+
+def link_seen(link: LinkView, connected: bool, now: float) -> LinkView:
+    """The link after seeing the connection ``connected`` (or not) at ``now``: an outage keeps its first time."""
+    if connected:
+        return link if link.down_since is None else replace(link, down_since=None)
+    return link if link.down_since is not None else replace(link, down_since=now)
+
+
+def latest_alert(state: MonitorState) -> tuple[str, AlertView] | None:
+    """The newest alert of any policy and its policy, or None before any alert."""
+    newest: tuple[str, AlertView] | None = None
+    for view in state.policies.values():
+        if view.alerts and (newest is None or view.alerts[-1].published_at >= newest[1].published_at):
+            newest = (view.policy, view.alerts[-1])
+    return newest
 
 
 def reduce(state: MonitorState, subject: str, event: Event, *, received_at: float, live: bool = True) -> MonitorState:
