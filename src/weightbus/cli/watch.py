@@ -26,6 +26,7 @@ from weightbus.bus import subjects
 from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.options import ConnectOptions
 from weightbus.bus.protocol import Bus, Deliver, Envelope
+from weightbus.bus.trace import is_replayed
 from weightbus.cli.connection import with_connection
 from weightbus.cli.exits import EXIT_DENIED, EXIT_USAGE, fail, run_async
 from weightbus.cli.metrics_server import start_metrics
@@ -422,7 +423,8 @@ async def watch(
                             return state
                         seen += 1
                         published_at = getattr(env.event, "published_at", 0.0)
-                        is_live = published_at >= started
+                        # A republished trace event (weightbus replay) carries its recorded time: not a live lag.
+                        is_live = published_at >= started and not is_replayed(env.headers)
                         before = state.policies.get(subjects.policy_of(env.subject) or "")
                         state = reduce(state, env.subject, env.event, received_at=env.received_at, live=is_live)
                         if json_out:

@@ -1,6 +1,7 @@
-"""A trace replayed into a running tracker's stream feeds no propagation lag (its ``published_at`` is the recorded one),
-while the tracker follows it by the chain rules; live updates afterwards are observed again; the replay header bypasses
-no integrity rule. On both buses, and with ``weightbus replay`` against a real nats-server.
+"""A trace replayed into a running tracker's stream feeds no propagation lag (its ``published_at`` is the recorded
+one), while the tracker follows it by the chain rules; live updates afterwards are observed again; the replay header
+bypasses no integrity rule; ``watch``'s exporter skips it too. On both buses, and with ``weightbus replay`` against a
+real nats-server.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests._builders import updated, wait_until
-from weightbus.bus import Deliver, NatsBus, subjects
+from weightbus.bus import Deliver, MemoryBus, NatsBus, subjects
 from weightbus.bus.protocol import Bus
 from weightbus.bus.trace import REPLAYED_HEADER, TraceRecord, read_trace, record, replay
+from weightbus.cli.watch import watch
+from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.consumers.tracker.tracker import VersionChange, VersionTracker
 from weightbus.schemas import WeightUpdated, decode, encode
 
@@ -142,3 +145,26 @@ async def test_cli_replay_of_a_recorded_trace_into_a_fresh_policy_does_not_look_
         assert await tracker.wait_for(4, TIMEOUT) == 4
     assert _sample(registry, "weightbus_propagation_lag_seconds_count", policy) == 1
     assert registry.get_sample_value("weightbus_propagation_lag_seconds_bucket", {"policy": policy, "le": "1.0"}) == 1
+
+
+async def test_watch_exports_no_lag_for_a_replayed_event(policy: str) -> None:
+    """``weightbus watch --metrics-port`` feeds the same histogram: a replayed event is not live there either."""
+    bus = MemoryBus()
+    registry = CollectorRegistry()
+    task = asyncio.create_task(
+        watch(bus, subjects.weights(policy), json_out=True, count=2, duration=TIMEOUT, metrics=TrackerMetrics(registry))
+    )
+    await wait_until(lambda: bus._subs, TIMEOUT, "the watch to subscribe")
+    # Published after the watch started (so its time alone would read as live), but republished by a replay.
+    late = TraceRecord(
+        subject=subjects.weights(policy),
+        received_at=time.time(),
+        event=msgspec.Raw(encode(updated(1, policy=policy, trainer="trainer-a", at=time.time()))),
+        headers={"Nats-Msg-Id": f"{policy}:1"},
+    )
+    await replay([late], bus)
+    await bus.publish(subjects.weights(policy), updated(2, policy=policy, trainer="trainer-a"), msg_id=f"{policy}:2")
+    state = await asyncio.wait_for(task, TIMEOUT)
+    assert state.policies[policy].weights.version == 2
+    assert _sample(registry, "weightbus_propagation_lag_seconds_count", policy) == 1  # the live one only
+    await bus.aclose()
