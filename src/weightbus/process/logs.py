@@ -26,6 +26,7 @@ __all__ = [
     "JsonFormatter",
     "choose_logging",
     "level_of",
+    "logging_env",
     "route_logs",
     "setup_logging",
 ]
@@ -36,7 +37,8 @@ LOG_FORMAT_ENV: Final = "WEIGHTBUS_LOG_FORMAT"
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("auto", "human", "json")
 
-_STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+#: A record's own attributes, not ``extra`` fields (uvicorn's ``color_message`` is its message with ANSI colours).
+_STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "color_message"}
 #: What the command line chose (``choose_logging``); ``None`` falls back to the environment, then the default.
 _chosen: dict[str, str | None] = {"level": None, "format": None}
 
@@ -101,6 +103,12 @@ def choose_logging(level: str | None = None, fmt: str | None = None) -> None:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {fmt!r}")
     _chosen["level"] = level
     _chosen["format"] = fmt
+
+
+def logging_env() -> dict[str, str]:
+    """The environment that gives a child process this command line's log choice (empty when none was made)."""
+    env = {LOG_LEVEL_ENV: _chosen["level"], LOG_FORMAT_ENV: _chosen["format"]}
+    return {name: value for name, value in env.items() if value is not None}
 
 
 def _formatter(stream: TextIO) -> logging.Formatter:
