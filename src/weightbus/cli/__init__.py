@@ -13,6 +13,7 @@ import typer
 
 from weightbus.cli import demo, engine, follow, publish, rl, schema, server, status, stream, trace, watch
 from weightbus.cli.exits import CommandGroup as _CommandGroup
+from weightbus.cli.options import with_log_options as _with_log_options
 
 __all__ = ["app", "main", "package_version"]
 
@@ -61,6 +62,19 @@ def _root(
 
 for _module in (server, stream, schema, trace, publish, status, watch, follow, engine, rl, demo):
     _module.register(app)
+
+
+def _add_log_options(group: typer.Typer) -> None:
+    """Every command, in sub-groups too, takes ``--log-level`` and ``--log-format`` (``cli.options.LOG_FLAGS``)."""
+    for command in group.registered_commands:
+        if command.callback is not None:
+            command.callback = _with_log_options(command.callback)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _add_log_options(sub.typer_instance)
+
+
+_add_log_options(app)
 
 
 def main() -> None:

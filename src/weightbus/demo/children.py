@@ -1,6 +1,8 @@
 """The demo's child processes: how each is started (one config file per child), watched and stopped.
 
 A replacement is the same config with its own identity; a child is stopped by pid (SIGTERM, SIGKILL), never by name.
+A child never writes to the terminal: its stdout and stderr go to ``<name>.log`` in the run's log directory, so the
+supervisor is the terminal's one writer (it prints a failed child's last lines itself).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import msgspec
 
 from weightbus.demo.config import DemoConfig
 from weightbus.errors import DemoError
+from weightbus.process.logs import logging_env
 from weightbus.refengine.config import EngineConfig
 from weightbus.rl.config import RolloutConfig, TrainerConfig, dump_config
 
@@ -30,14 +33,22 @@ _READY_TIMEOUT = 60.0
 
 
 class Process:
-    """One child process, its log in the run directory, stopped by pid."""
+    """One child process, its output in ``<log_dir>/<name>.log`` (``tmp`` when no log_dir), stopped by pid."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], tmp: Path, env: dict[str, str] | None = None, *, log_dir: Path | None = None
+    ) -> None:
         self.name = name
         self.argv = argv
-        self.log_path = log_dir / f"{name}.log"
-        # torch keeps a compile cache in the system temp dir; keep it in ours, which is removed at the end.
-        self.env = {**os.environ, **(env or {}), "TORCHINDUCTOR_CACHE_DIR": str(log_dir / "torchinductor")}
+        self.log_path = (log_dir or tmp) / f"{name}.log"
+        # The demo's --log-level/--log-format reach its children; torch keeps a compile cache in the system temp
+        # dir: keep it in ours, which is removed at the end.
+        self.env = {
+            **os.environ,
+            **logging_env(),
+            **(env or {}),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp / "torchinductor"),
+        }
         self.popen: subprocess.Popen[bytes] | None = None
         self.expected_exit = False
 
@@ -78,9 +89,18 @@ class Process:
 
     def tail(self, lines: int = 5) -> str:
         """The last lines of its log, on one line."""
+        return " | ".join(self.last_lines(lines))
+
+    def last_lines(self, lines: int = 10) -> list[str]:
+        """The last ``lines`` non-empty lines of its log (none when it cannot be read)."""
         with contextlib.suppress(OSError):
-            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
-        return ""
+            text = self.log_path.read_text(errors="replace")
+            return [line for line in text.splitlines() if line.strip()][-lines:]
+        return []
+
+    def failed(self) -> bool:
+        """Whether it exited unasked with a non-zero status (a stop or a fault's kill is asked)."""
+        return self.popen is not None and self.popen.poll() not in (None, 0) and not self.expected_exit
 
 
 def wait_until(
@@ -95,7 +115,7 @@ def wait_until(
     while not predicate():
         for proc in processes:
             if not proc.alive():
-                raise DemoError(f"{proc.name} exited during startup: {proc.tail()}")
+                raise DemoError(f"{proc.name} exited during startup (log {proc.log_path}): {proc.tail(1)}")
         if time.monotonic() > deadline:
             raise DemoError(f"{what} not ready within {timeout:.0f} s")
         time.sleep(0.05)
@@ -155,6 +175,17 @@ class Layout:
     nats_url: str
     engine_ports: list[int]
     router_port: int
+    log_dir: Path | None = None
+    """Where the children's logs go (``<name>.log``); ``tmp`` when None."""
+
+    @property
+    def logs(self) -> Path:
+        """The directory of the children's logs."""
+        return self.log_dir or self.tmp
+
+    def process(self, name: str, argv: list[str]) -> Process:
+        """Child ``name`` running ``argv``, its output in ``logs/<name>.log``."""
+        return Process(name, argv, self.tmp, log_dir=self.logs)
 
     @property
     def router(self) -> str:
@@ -183,7 +214,7 @@ class Layout:
             sampling_seed=config.seed * 10 + i,
             token_delay=0.0,
         )
-        return Process(f"engine-{i}", weightbus_argv("engine", "--config", self._write(f"engine-{i}", spec)), self.tmp)
+        return self.process(f"engine-{i}", weightbus_argv("engine", "--config", self._write(f"engine-{i}", spec)))
 
     def rollout(self, config: DemoConfig, n: int) -> Process:
         """The ``n``-th rollout process (a restart seeds its prompt stream anew)."""
@@ -203,7 +234,7 @@ class Layout:
             early_abort=config.early_abort,
         )
         argv = weightbus_argv("rollout", "--config", self._write(f"rollout-{n}", spec))
-        return Process(f"rollout-{n}", argv, self.tmp)
+        return self.process(f"rollout-{n}", argv)
 
     def trainer(self, config: DemoConfig, n: int) -> Process:
         """The ``n``-th trainer (``trainer-<n>`` on the bus); a replacement resumes the run directory."""
@@ -220,12 +251,12 @@ class Layout:
             trainer_id=f"trainer-{n}",
         )
         argv = weightbus_argv("trainer", "--config", self._write(f"trainer-{n}", spec))
-        return Process(f"trainer-{n}", argv, self.tmp)
+        return self.process(f"trainer-{n}", argv)
 
     def recorder(self) -> Process:
         """Records every event of the bus (from the start of the stream) into ``bus.jsonl``."""
         argv = weightbus_argv("record", "--nats", self.nats_url, "--out", str(self.recording), "--deliver", "all")
-        return Process("recorder", argv, self.tmp)
+        return self.process("recorder", argv)
 
     @property
     def recording(self) -> Path:

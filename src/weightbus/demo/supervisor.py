@@ -1,6 +1,8 @@
 """The demo's supervisor loop: start the children, follow ``steps.jsonl``, inject the faults, check the run.
 
 A child dying unasked (but the trainer finishing), or two minutes without a training step, ends the run (``DemoError``).
+The supervisor is the terminal's one writer: each child's output goes to ``OUT/logs/<name>.log`` (named in one line
+at the start); when the run fails, the last lines of the failed children's logs are printed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ __all__ = ["run_demo"]
 
 _STALL_S = 120.0
 _WATCHED = ("trainer", "rollout", "router", "engine-0", "engine-1", "recorder")
+#: How many lines of a failed child's log the supervisor prints.
+_TAIL_LINES = 10
 
 
 def _read_steps(path: Path) -> list[dict[str, Any]]:
@@ -86,7 +90,7 @@ def _start(config: DemoConfig, layout: Layout, procs: dict[str, Process]) -> Non
     for url in layout.engines:
         wait_until(functools.partial(http_ok, f"{url}/health"), f"engine {url}", list(procs.values()))
     argv = router_argv(layout.router_port, layout.engines, free_port())
-    procs["router"] = Process("router", argv, layout.tmp).start()
+    procs["router"] = layout.process("router", argv).start()
     wait_until(lambda: router_workers(layout.router) == len(layout.engines), "router", list(procs.values()))
     procs["rollout"] = layout.rollout(config, 0).start()
     procs["trainer"] = layout.trainer(config, 0).start()
@@ -114,11 +118,12 @@ def _follow(
         for name in _WATCHED:
             proc = procs[name]
             if not proc.alive() and not (name == "trainer" and proc.exited_ok()):
-                raise DemoError(f"{name} exited unexpectedly: {proc.tail()}")
+                code = proc.popen.poll() if proc.popen is not None else None
+                raise DemoError(f"{name} exited unexpectedly (status {code}, log {proc.log_path}): {proc.tail(1)}")
         if time.monotonic() - last_progress > _STALL_S:
             raise DemoError(
-                f"no training step for {_STALL_S:.0f} s after step {shown}; trainer log: {procs['trainer'].tail()}; "
-                f"rollout log: {procs['rollout'].tail()}"
+                f"no training step for {_STALL_S:.0f} s after step {shown} (logs {procs['trainer'].log_path}, "
+                f"{procs['rollout'].log_path})"
             )
         time.sleep(0.05)
 
@@ -140,6 +145,29 @@ def _finish(config: DemoConfig, layout: Layout, procs: dict[str, Process]) -> No
         procs[name].stop()
 
 
+def _log_dir(config: DemoConfig, tmp: Path) -> Path:
+    """``OUT/logs`` (this run's logs only: an earlier run's are removed), else the temporary directory."""
+    if config.out_dir is None:
+        return tmp
+    logs = Path(config.out_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for old in logs.glob("*.log"):
+        old.unlink()
+    return logs
+
+
+def _show_failures(procs: dict[str, Process], emit: Callable[[str], None], fallback: tuple[str, ...]) -> None:
+    """Print the last lines of each child that failed (of the ``fallback`` ones when none did: a stall, a timeout)."""
+    failed = [proc for proc in procs.values() if proc.failed()]
+    if not failed:
+        failed = [procs[name] for name in fallback if name in procs]
+    for proc in failed:
+        lines = proc.last_lines(_TAIL_LINES)
+        emit(f"{proc.name}: last {len(lines)} lines of {proc.log_path}")
+        for line in lines:
+            emit(f"  {proc.name} | {line}")
+
+
 def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoResult:
     """Run the loop to ``config.steps``, inject the faults, write the report, and return the analysis.
 
@@ -152,9 +180,20 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
     nats: EmbeddedNats | None = None
     started = time.time()
     try:
-        nats = EmbeddedNats(store_dir=tmp / "nats", log_file=tmp / "nats.log").start()
-        layout = Layout(tmp=tmp, nats_url=nats.url, engine_ports=[free_port(), free_port()], router_port=free_port())
-        _start(config, layout, procs)
+        logs = _log_dir(config, tmp)
+        nats = EmbeddedNats(store_dir=tmp / "nats", log_file=logs / "nats.log").start()
+        layout = Layout(
+            tmp=tmp,
+            nats_url=nats.url,
+            engine_ports=[free_port(), free_port()],
+            router_port=free_port(),
+            log_dir=logs,
+        )
+        try:
+            _start(config, layout, procs)
+        except DemoError:
+            _show_failures(procs, emit, fallback=tuple(procs))
+            raise
         emit(f"nats {nats.url}  engines {' '.join(layout.engines)}  router {layout.router}")
         plan = config.fault_plan()
         faults = ", ".join(f"{name} after step {at}" for name, at in plan.items()) or "none (--no-faults)"
@@ -163,8 +202,15 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None] = print) -> DemoRes
             f"admission {config.admission}, early abort {'on' if config.early_abort else 'off'}"
         )
         emit(f"faults: {faults}")
+        emit(
+            f"logs: {logs}{'' if config.out_dir is not None else ' (removed at the end)'} (one <name>.log per process)"
+        )
         injector = Injector(config, layout, procs, nats)
-        _follow(config, layout, procs, injector, emit)
+        try:
+            _follow(config, layout, procs, injector, emit)
+        except DemoError:
+            _show_failures(procs, emit, fallback=("trainer", "rollout"))
+            raise
         _finish(config, layout, procs)
         result = analyse(
             config,

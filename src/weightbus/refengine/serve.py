@@ -16,7 +16,7 @@ import uvicorn
 __all__ = ["ServedEngine", "serve_forever"]
 
 
-def _config(app: Any, host: str, port: int, graceful_timeout: float | None, log_level: str) -> uvicorn.Config:
+def _config(app: Any, host: str, port: int, graceful_timeout: float | None, log_level: str | None) -> uvicorn.Config:
     # h11 and no websockets: the engine needs neither httptools nor websockets, and both are optional imports.
     return uvicorn.Config(
         app,
@@ -25,6 +25,9 @@ def _config(app: Any, host: str, port: int, graceful_timeout: float | None, log_
         http="h11",
         ws="none",
         lifespan="off",
+        # uvicorn's loggers propagate to the root's one handler (weightbus's format) instead of its own; None
+        # leaves their level to the root's (--log-level: warning by default, so no startup lines).
+        log_config=None,
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=None if graceful_timeout is None else max(1, round(graceful_timeout)),
@@ -106,6 +109,9 @@ class ServedEngine:
         self.stop()
 
 
-async def serve_forever(app: Any, host: str, port: int, *, log_level: str = "info") -> None:
-    """Serve ``app`` on ``host:port`` until uvicorn is told to exit (Ctrl-C / SIGTERM in the main thread)."""
+async def serve_forever(app: Any, host: str, port: int, *, log_level: str | None = None) -> None:
+    """Serve ``app`` on ``host:port`` until uvicorn is told to exit (Ctrl-C / SIGTERM in the main thread).
+
+    ``log_level`` None: uvicorn logs at the root logger's level (the command's ``--log-level``, warning by default).
+    """
     await uvicorn.Server(_config(app, host, port, graceful_timeout=1.0, log_level=log_level)).serve()
