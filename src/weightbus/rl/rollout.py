@@ -416,7 +416,6 @@ async def run_rollout(
     """
     registry = registry if registry is not None else CollectorRegistry()
     task = task if task is not None else load_task(config.task)
-    await wait_for_router(config.router_url, router_wait_s)
     bus = await connect(
         config.nats_url,
         name=f"weightbus-rollout-{config.policy}",
@@ -424,6 +423,7 @@ async def run_rollout(
         options=connection,
     )
     try:
+        await wait_for_router(config.router_url, router_wait_s)  # after NATS: an unreachable NATS is exit 5 at once
         rollout = _Rollout(config, task, bus, registry, progress)
         # The batch subject first: a refusal of it must end the rollout before anything else runs on the connection.
         started: asyncio.Future[VersionTracker] = asyncio.get_running_loop().create_future()
