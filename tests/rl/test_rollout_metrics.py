@@ -13,6 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus import connect, subjects
+from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
 from weightbus.rl.rollout import RolloutConfig, run_rollout
 
 pytestmark = pytest.mark.nats
@@ -34,7 +36,9 @@ async def test_the_rollout_counts_an_invalid_weights_payload_on_its_registry(
     # A version below zero: decodes as JSON, fails the typed decode.
     bad = b'{"type":"weight.updated","policy":"%s","version":-1,"epoch":0,"trainer_id":"t","published_at":1.0}'
     await publisher.publish_raw(subjects.weights(policy), bad % policy.encode(), msg_id=f"{policy}:bad")
-    config = RolloutConfig(router_url="http://127.0.0.1:9", nats_url=nats_url, policy=policy)
+    # Any HTTP server as the router: the rollout waits for one to answer, and nothing is generated before v1.
+    router = ServedEngine(create_app(EngineState())).start()
+    config = RolloutConfig(router_url=router.url, nats_url=nats_url, policy=policy)
     rollout = asyncio.create_task(run_rollout(config, registry=registry))
     try:
         async with asyncio.timeout(20):
@@ -47,3 +51,4 @@ async def test_the_rollout_counts_an_invalid_weights_payload_on_its_registry(
         with contextlib.suppress(asyncio.CancelledError):
             await rollout
         await publisher.aclose()
+        router.stop()

@@ -5,7 +5,6 @@ One ``EngineConfig`` from ``--config FILE``, then the flags on top; starlette, u
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -85,16 +84,15 @@ def engine_command(
     except ConfigError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     try:
-        # Checked before anything starts, so a taken port is one line rather than a server log.
-        with socket.create_server((config.host, config.port)):
-            pass
-    except OSError as exc:
-        raise fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}", EXIT_USAGE) from None
-    try:
         from weightbus.refengine.reference import EngineState, create_app
-        from weightbus.refengine.serve import serve_forever
+        from weightbus.refengine.serve import listen, serve_forever
     except ImportError as exc:
         raise fail(f"the reference engine needs the 'engine' extra (starlette, uvicorn): {exc}") from None
+    try:
+        # Bound before anything starts and handed to uvicorn, so a taken port is one line rather than a server log.
+        sock = listen(config.host, config.port)
+    except OSError as exc:
+        raise fail(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}", EXIT_USAGE) from None
     state = EngineState(
         model=_model(config), weight_version=config.weight_version, api_key=api_key, token_delay=config.token_delay
     )
@@ -102,7 +100,7 @@ def engine_command(
     typer.echo(
         f"reference engine ({config.model} model, weight_version {config.weight_version!r}); Ctrl-C to stop", err=True
     )
-    run_async(serve_forever(create_app(state), config.host, config.port))
+    run_async(serve_forever(create_app(state), config.host, config.port, sock=sock))
 
 
 def _model(config: EngineConfig) -> EngineModel | None:

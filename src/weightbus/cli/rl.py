@@ -182,12 +182,20 @@ def rollout_command(
         ),
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seeds the prompt stream." + _r("seed"))] = None,
+    router_wait: Annotated[
+        float,
+        typer.Option("--router-wait", min=0, help="Seconds to wait at start for the router to answer, then exit 1."),
+    ] = 30.0,
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = None,  # type: ignore[assignment]
     quiet: QuietOption = False,
     verbose: VerboseOption = 0,
 ) -> None:
-    """Keep prompt groups in flight through the router, judge drains against the live version, serve batches."""
+    """Keep prompt groups in flight through the router, judge drains against the live version, serve batches.
+
+    Exit codes: 1 the router did not answer within --router-wait, 2 bad arguments or the metrics port cannot be
+    bound, 5 NATS unreachable, 77 permission denied, 130/143 interrupted.
+    """
     setup_logging(verbose)
     config: RolloutConfig = _build(
         RolloutConfig,
@@ -211,7 +219,7 @@ def rollout_command(
     )
     from prometheus_client import CollectorRegistry
 
-    from weightbus.errors import BusConnectError, PermissionDeniedError, TaskLoadError
+    from weightbus.errors import BusConnectError, EngineError, PermissionDeniedError, TaskLoadError
     from weightbus.process.progress import ProgressPrinter
     from weightbus.rl.rollout import RolloutProgress, run_rollout
     from weightbus.rl.task import load_task
@@ -238,7 +246,18 @@ def rollout_command(
             )
 
         try:
-            run_async(run_rollout(config, task=loaded, connection=connection, registry=registry, progress=progress))
+            run_async(
+                run_rollout(
+                    config,
+                    task=loaded,
+                    connection=connection,
+                    registry=registry,
+                    progress=progress,
+                    router_wait_s=router_wait,
+                )
+            )
+        except EngineError as exc:
+            raise fail(str(exc)) from None
         except PermissionDeniedError as exc:
             raise fail(str(exc), EXIT_DENIED) from None
         except BusConnectError as exc:

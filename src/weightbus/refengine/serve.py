@@ -1,6 +1,7 @@
 """Serve an ASGI app (normally the reference engine) over real HTTP with uvicorn.
 
-The socket is bound before the server thread starts, so ``url`` is known and no port race is possible.
+The socket is bound before uvicorn starts (``ServedEngine``, ``serve_forever``), so ``url`` is known, no port race is
+possible, and an address in use is an ``OSError`` at once rather than a uvicorn log line.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["ServedEngine", "serve_forever"]
+__all__ = ["ServedEngine", "listen", "serve_forever"]
 
 
 def _config(app: Any, host: str, port: int, graceful_timeout: float | None, log_level: str | None) -> uvicorn.Config:
@@ -109,9 +110,26 @@ class ServedEngine:
         self.stop()
 
 
-async def serve_forever(app: Any, host: str, port: int, *, log_level: str | None = None) -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, for ``serve_forever``.
+
+    Raises:
+        OSError: the address cannot be bound (in use, unknown host).
+    """
+    return socket.create_server((host, port))
+
+
+async def serve_forever(
+    app: Any, host: str, port: int, *, log_level: str | None = None, sock: socket.socket | None = None
+) -> None:
     """Serve ``app`` on ``host:port`` until uvicorn is told to exit (Ctrl-C / SIGTERM in the main thread).
 
     ``log_level`` None: uvicorn logs at the root logger's level (the command's ``--log-level``, warning by default).
+    ``sock`` is the socket from ``listen(host, port)`` (bound here when None); it is closed on return.
+
+    Raises:
+        OSError: the address cannot be bound.
     """
-    await uvicorn.Server(_config(app, host, port, graceful_timeout=1.0, log_level=log_level)).serve()
+    sock = sock if sock is not None else listen(host, port)
+    with sock:
+        await uvicorn.Server(_config(app, host, port, graceful_timeout=1.0, log_level=log_level)).serve(sockets=[sock])

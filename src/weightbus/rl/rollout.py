@@ -33,6 +33,7 @@ from weightbus.consumers import (
 )
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
+from weightbus.errors import EngineError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import RolloutConfig
@@ -45,11 +46,13 @@ from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 if TYPE_CHECKING:
     from weightbus.bus.nats import NatsBus
 
-__all__ = ["RolloutConfig", "RolloutProgress", "generate_group", "run_rollout"]
+__all__ = ["ROUTER_WAIT_S", "RolloutConfig", "RolloutProgress", "generate_group", "run_rollout", "wait_for_router"]
 
 log = logging.getLogger("weightbus.rl")
 
 _RETRY_DELAY = 0.2
+#: Seconds ``run_rollout`` waits by default for the router to answer before it gives up.
+ROUTER_WAIT_S = 30.0
 _STOP_S = 5.0
 _LAGS_KEPT = 64
 
@@ -372,6 +375,26 @@ class _Rollout:
                 await self.budget.aclose()
 
 
+async def wait_for_router(router_url: str, timeout_s: float, *, interval_s: float = 0.25) -> None:
+    """Return once the router answers HTTP (``GET /workers``, any status); one that never does is an error, not a hang.
+
+    Raises:
+        EngineError: no answer within ``timeout_s`` seconds (the message names the router and the last failure).
+    """
+    last = "no answer"
+    try:
+        async with asyncio.timeout(timeout_s), httpx.AsyncClient(base_url=router_url, timeout=interval_s * 4) as http:
+            while True:
+                try:
+                    await http.get("/workers")
+                    return
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(interval_s)
+    except TimeoutError:
+        raise EngineError(router_url, None, f"GET /workers: no answer within {timeout_s:g} s ({last})") from None
+
+
 async def run_rollout(
     config: RolloutConfig,
     *,
@@ -379,6 +402,7 @@ async def run_rollout(
     connection: ConnectOptions | None = None,
     registry: CollectorRegistry | None = None,
     progress: Callable[[RolloutProgress], None] | None = None,
+    router_wait_s: float = ROUTER_WAIT_S,
 ) -> None:
     """Run until cancelled: producers fill the buffer, drains answer the trainer's batch requests.
 
@@ -388,8 +412,10 @@ async def run_rollout(
         connection: NATS credentials and TLS (None reads the ``WEIGHTBUS_*`` variables).
         registry: where the bus, tracker and drain metrics are registered (a private one when None).
         progress: called after each batch served.
+        router_wait_s: seconds to wait at start for the router to answer (``wait_for_router``).
 
     Raises:
+        EngineError: the router did not answer within ``router_wait_s``.
         BusConnectError: NATS is unreachable.
         PermissionDeniedError: this user may not serve the policy's batch subject (or use the stream).
     """
@@ -402,6 +428,7 @@ async def run_rollout(
         options=connection,
     )
     try:
+        await wait_for_router(config.router_url, router_wait_s)  # after NATS: an unreachable NATS is exit 5 at once
         rollout = _Rollout(config, task, bus, registry, progress)
         # The batch subject first: a refusal of it must end the rollout before anything else runs on the connection.
         started: asyncio.Future[VersionTracker] = asyncio.get_running_loop().create_future()
