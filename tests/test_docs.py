@@ -446,9 +446,11 @@ def _registered_metric_names() -> set[str]:
     from weightbus.bus import BusMetrics
     from weightbus.consumers import StalenessMetrics, TrackerMetrics
     from weightbus.consumers.admission import AdmissionMetrics
+    from weightbus.producers import PublisherMetrics
 
     registry = CollectorRegistry()
     BusMetrics(registry)
+    PublisherMetrics(registry)
     AdmissionMetrics(registry)
     TrackerMetrics(registry)
     StalenessMetrics(registry)
@@ -468,6 +470,7 @@ def test_every_metric_family_is_defined_where_the_names_above_come_from() -> Non
         "weightbus/consumers/tracker/metrics.py",
         "weightbus/consumers/drain/metrics.py",
         "weightbus/consumers/admission/metrics.py",
+        "weightbus/producers/metrics.py",
     }, "a new metrics module: add it to _registered_metric_names"
 
 

@@ -32,7 +32,8 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     ├── ConfigError (ValueError)                  final  a process's config file or flags do not decode into its config
     ├── NoRolloutError (ConnectionError)          retry  no rollout process serves the policy's batch subject
     ├── DemoError (RuntimeError)                  final  a demo process failed to start or died unasked
-    └── InstallError (RuntimeError)               final  an integration found a framework it was not written for
+    ├── InstallError (RuntimeError)               final  an integration found a framework it was not written for
+    └── OptionalDependencyError (ImportError)     final  a feature needs a package the default install leaves out
 
 What the caller does next is each class's ``retryable`` (drawn above as ``retry`` or ``final``), set in every
 class's own body: ``retry`` means the same call may succeed later with nothing changed by the caller (the bus or
@@ -68,6 +69,7 @@ __all__ = [
     "NatsServerStartError",
     "NatsServerVersionError",
     "NoRolloutError",
+    "OptionalDependencyError",
     "OwnerAliveError",
     "PermissionDeniedError",
     "PublishError",
@@ -504,6 +506,22 @@ class InstallError(WeightbusError, RuntimeError):
             f"weightbus cannot install into this {framework} (written against {written_for}); nothing was "
             f"patched:\n{lines}"
         )
+
+
+class OptionalDependencyError(WeightbusError, ImportError):
+    """A feature needs a package that is not a dependency of weightbus, and it is not installed.
+
+    Attributes:
+        package: what to ``pip install``.
+        feature: what needed it.
+    """
+
+    retryable = False
+
+    def __init__(self, package: str, feature: str) -> None:
+        self.package = package
+        self.feature = feature
+        super().__init__(f"{feature} needs {package!r}, which weightbus does not install: pip install {package}")
 
 
 def is_retryable(exc: BaseException) -> bool:

@@ -21,6 +21,7 @@ def test_all_is_sorted_and_complete() -> None:
         "fleet",
         "highwater",
         "lora",
+        "metrics",
         "publisher",
         "stamping",
         "status",

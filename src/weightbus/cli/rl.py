@@ -339,7 +339,9 @@ def trainer_command(
 
         try:
             version = run_async(
-                run_trainer(config, connection=connection, metrics=BusMetrics(registry), progress=progress)
+                run_trainer(
+                    config, connection=connection, metrics=BusMetrics(registry), registry=registry, progress=progress
+                )
             )
         except FencedError as exc:
             raise fail(str(exc), EXIT_FENCED) from None

@@ -1,12 +1,14 @@
 """The trainer side: the fenced version publisher, engine fleets and their stamping, and status reads.
 
 ``VersionPublisher`` (``SyncVersionPublisher`` for sync trainers) owns a policy's counter; ``EngineFleet`` addresses
-the workers; ``stamp_and_verify`` checks them before an announcement; ``push_lora_adapter`` is all or nothing.
+the workers; ``stamp_and_verify`` checks them before an announcement; ``push_lora_adapter`` is all or nothing;
+``PublisherMetrics`` exports the updates' phases and the counter's state.
 """
 
 from weightbus.producers.coverage import pending_label
 from weightbus.producers.fleet import EngineFleet, EngineStamp
 from weightbus.producers.lora import push_lora_adapter
+from weightbus.producers.metrics import PublisherMetrics
 from weightbus.producers.publisher import PublisherState, VersionPublisher
 from weightbus.producers.stamping import stamp_and_verify
 from weightbus.producers.status import EngineReadBack, PolicyStatus, read_status
@@ -18,6 +20,7 @@ __all__ = [
     "EngineReadBack",
     "EngineStamp",
     "PolicyStatus",
+    "PublisherMetrics",
     "PublisherState",
     "SyncPublisherState",
     "SyncUpdate",

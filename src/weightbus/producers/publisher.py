@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Final
 
+from prometheus_client import CollectorRegistry
+
 from weightbus.bus.identity import process_identity
 from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode
@@ -19,6 +21,7 @@ from weightbus.errors import EngineError, FencedError
 from weightbus.producers.counter import FencedCounter
 from weightbus.producers.coverage import Push
 from weightbus.producers.fleet import EngineFleet
+from weightbus.producers.metrics import PublisherMetrics
 from weightbus.producers.update import UpdateTurn, VersionUpdate
 from weightbus.schemas import MAX_VERSION, ClaimStanding, LoraAdapter, WeightUpdated, parse_version
 
@@ -85,6 +88,10 @@ class VersionPublisher:
         floor: the version of the trainer's own checkpoint (as AReaL and verl derive theirs from
             the checkpointed step): ``start()`` resumes above it even when the bus has lost every
             trace of it; None to rely on the bus and the engines alone.
+        metrics: shared metric families (one per registry): each update's phases and this
+            counter's state (docs/operations.md#metrics); built on ``registry`` when None.
+        registry: where to register the metrics when ``metrics`` is None (a private one when both
+            are None).
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
@@ -103,6 +110,8 @@ class VersionPublisher:
         incarnation: str | None = None,
         reserve_next: bool = True,
         floor: int | None = None,
+        metrics: PublisherMetrics | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         if pause is not None and fleet is None:
             raise ValueError("pause needs an engine fleet")
@@ -121,6 +130,8 @@ class VersionPublisher:
         self._pause: PauseMode | None = pause
         self._turn = UpdateTurn()
         self._floor = floor
+        self._metrics = metrics if metrics is not None else PublisherMetrics(registry)
+        self._metrics.watch(self._counter)
 
     # -- identity and state (read-only) ------------------------------------------------------------
 
@@ -259,7 +270,15 @@ class VersionPublisher:
             ValueError: ``lora`` with ``push="full"``, or an unknown ``push``.
         """
         return VersionUpdate(
-            self._counter, self._bus, self._fleet, self._pause, self._turn, lora, push=push, labels=labels
+            self._counter,
+            self._bus,
+            self._fleet,
+            self._pause,
+            self._turn,
+            lora,
+            push=push,
+            labels=labels,
+            metrics=self._metrics,
         )
 
     async def publish_lora(

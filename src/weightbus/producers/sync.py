@@ -13,11 +13,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
+from prometheus_client import CollectorRegistry
+
 from weightbus.bus.options import ConnectOptions
 from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode
 from weightbus.producers.coverage import Push
 from weightbus.producers.fleet import EngineFleet
+from weightbus.producers.metrics import PublisherMetrics
 from weightbus.producers.publisher import VersionPublisher
 from weightbus.producers.update import VersionUpdate
 from weightbus.schemas import ClaimStanding, LoraAdapter
@@ -67,6 +70,8 @@ class SyncVersionPublisher:
         options: credentials and TLS for the NATS connect (``ConnectOptions.from_env()`` when None).
         fleet_factory: an async callable returning the ``EngineFleet``, called on the private loop by
             ``start()`` (engines a framework addresses its own way); closed by ``close()``.
+        registry: where the update phases and the counter's state are exported
+            (``PublisherMetrics``, docs/operations.md#metrics); a private registry when None.
 
     Raises:
         ValueError: neither ``nats_url`` nor ``bus_factory``; more than one of ``engines``, ``router``
@@ -88,6 +93,7 @@ class SyncVersionPublisher:
         floor: int | None = None,
         options: ConnectOptions | None = None,
         fleet_factory: Callable[[], Awaitable[EngineFleet]] | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         if bus_factory is None and nats_url is None:
             raise ValueError("pass nats_url or bus_factory")
@@ -105,6 +111,8 @@ class SyncVersionPublisher:
         self._floor = floor
         self._options = options
         self._fleet_factory = fleet_factory
+        # Built once: a publisher started again after close() registers nothing twice.
+        self._metrics = PublisherMetrics(registry)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._bus: Bus | None = None
@@ -214,6 +222,7 @@ class SyncVersionPublisher:
             fleet=self._fleet,
             pause=self._pause,
             floor=self._floor,
+            metrics=self._metrics,
         )
         return await pub.start(standing=standing, outrank=outrank)
 
@@ -290,6 +299,11 @@ class SyncUpdate:
         self.update: VersionUpdate | None = None
         self._outcome: concurrent.futures.Future[BaseException | None] | None = None
         self._task: concurrent.futures.Future[None] | None = None
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Seconds each phase of the update took (``VersionUpdate.phases``); empty before ``begin()``."""
+        return dict(self.update.phases) if self.update is not None else {}
 
     def begin(self) -> int:
         """Take the number and pause (``VersionUpdate.begin``) in a new task on the loop; return the version.

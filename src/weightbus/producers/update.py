@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
+from typing import TypeVar
 
 from weightbus.bus import subjects
 from weightbus.bus.protocol import Bus
@@ -17,6 +21,7 @@ from weightbus.errors import BusError, EngineError, FencedError, PublishError, P
 from weightbus.producers.counter import FencedCounter
 from weightbus.producers.coverage import Push, cover, pending_label
 from weightbus.producers.fleet import EngineFleet, EngineStamp
+from weightbus.producers.metrics import Outcome, PublisherMetrics
 from weightbus.producers.stamping import (
     alert_uncovered,
     alert_unexpected_labels,
@@ -28,6 +33,8 @@ from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, 
 __all__ = ["UpdateTurn", "VersionUpdate", "quarantine_label"]
 
 log = logging.getLogger("weightbus.producers")
+
+_T = TypeVar("_T")
 
 #: Seconds an engine may take to take its quarantine label: a hung engine must not hold up the rest.
 _CLEANUP_TIMEOUT = 5.0
@@ -69,6 +76,7 @@ class VersionUpdate:
         labels: the block's push carries ``weight_version=str(v)`` to every engine (so it labels
             them itself, and no ``pending:<v>`` relabel is needed); then an engine the push did not
             label is not stamped.
+        metrics: where the update's phases are observed when it ends, or None.
 
     Raises:
         ValueError: ``lora`` with ``push="full"`` (an adapter load leaves the base as it was: the
@@ -85,6 +93,10 @@ class VersionUpdate:
         stamps: the engines' read-backs after a successful exit with a fleet (the covered engines).
         event: the acknowledged ``WeightUpdated`` after a successful exit.
         quarantined: the ``FleetQuarantined`` alert of a failed update with a fleet, else None.
+        phases: seconds each phase took, in the order they ran (``weightbus.producers.metrics.PHASES``:
+            ``take`` and ``pause`` overlap; ``push`` is the block; a failed phase counts up to its
+            failure, and ``quarantine`` and ``resume`` follow a failure); a failed update holds
+            the phases it ran.
     """
 
     def __init__(
@@ -98,6 +110,7 @@ class VersionUpdate:
         *,
         push: Push | None = None,
         labels: bool = False,
+        metrics: PublisherMetrics | None = None,
     ) -> None:
         if push is None:
             push = "delta" if lora is not None else "full"
@@ -122,6 +135,32 @@ class VersionUpdate:
         self._paused = False
         self._pending = False
         self._phase = "new"  # then "beginning", "begun" (or "failed"), then "over"
+        self.phases: dict[str, float] = {}
+        self._metrics = metrics
+        self._pushing: float | None = None  # when the block got the version
+        self._observed = False
+
+    @contextmanager
+    def _timing(self, phase: str) -> Iterator[None]:
+        """Add the time the block takes, raising or not, to ``phases[phase]``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] = self.phases.get(phase, 0.0) + time.perf_counter() - started
+
+    async def _timed(self, phase: str, step: Awaitable[_T]) -> _T:
+        """``await step`` timed as ``phase`` (for steps gathered with others)."""
+        with self._timing(phase):
+            return await step
+
+    def _observe(self) -> None:
+        """Report the phases once, when the update ended (announced if its ``WeightUpdated`` was acknowledged)."""
+        if self._observed or self._metrics is None:
+            return
+        self._observed = True
+        outcome: Outcome = "announced" if self.event is not None else "failed"
+        self._metrics.observe_update(self._counter.state.policy, self.phases, outcome)
 
     def pushed_missing(self, *engines: str) -> None:
         """Say that the block pushed ``engines`` (from ``missing``) the part the declared push lacks for them.
@@ -202,49 +241,59 @@ class VersionUpdate:
                 self._paused = True
                 # The pause first: its HTTP requests go out before the bus read, which then hides behind them.
                 paused, taken = await asyncio.gather(
-                    fleet.pause(self._pause), counter.take(version, self.lora), return_exceptions=True
+                    self._timed("pause", fleet.pause(self._pause)),
+                    self._timed("take", counter.take(version, self.lora)),
+                    return_exceptions=True,
                 )
                 if isinstance(taken, BaseException):
                     raise taken
                 if isinstance(paused, BaseException):
                     raise paused
             else:
-                await counter.take(version, self.lora)
+                with self._timing("take"):
+                    await counter.take(version, self.lora)
             self.version = version
             if fleet is not None:
-                # Before the push: a push that carries weight_version would hide a restarted engine's "default".
-                labels = await fleet.read_versions()
-                known = counter.state  # after the take
-                await alert_unexpected_labels(self._bus, known.policy, known.trainer_id, version, known.version, labels)
-                self._before = {url: label for url, label in labels.items() if isinstance(label, str)}
-                covered = cover(
-                    self._before,
-                    push=self.push,
-                    lora=self.lora is not None,
-                    previous=known.version,
-                    lineage=known.lineage,
-                )
-                self.missing = covered.missing
-                if not self.labels:
-                    await self._mark_pending(fleet, version)
+                with self._timing("relabel"):
+                    # Before the push: a push that carries weight_version would hide a restarted engine's "default".
+                    labels = await fleet.read_versions()
+                    known = counter.state  # after the take
+                    await alert_unexpected_labels(
+                        self._bus, known.policy, known.trainer_id, version, known.version, labels
+                    )
+                    self._before = {url: label for url, label in labels.items() if isinstance(label, str)}
+                    covered = cover(
+                        self._before,
+                        push=self.push,
+                        lora=self.lora is not None,
+                        previous=known.version,
+                        lineage=known.lineage,
+                    )
+                    self.missing = covered.missing
+                    if not self.labels:
+                        await self._mark_pending(fleet, version)
         except BaseException as failure:
             turn.active = False
             self._phase = "failed"  # begin() cleaned up after itself: there is nothing to end
-            if self._pending:
-                # Some engine may carry the pending label, or a failed relabel left it in doubt: quarantine.
-                await self._cleanup("update_failed", failure)
+            try:
+                if self._pending:
+                    # Some engine may carry the pending label, or a failed relabel left it in doubt: quarantine.
+                    await self._cleanup("update_failed", failure)
+                    raise
+                if self._paused:
+                    # Nothing was pushed yet, so the labels still match the weights: resume, no quarantine.
+                    # (A fenced publisher's pause is undone too; see the module docstring.)
+                    assert fleet is not None
+                    self._paused = False
+                    try:
+                        await self._timed("resume", asyncio.shield(fleet.resume()))
+                    except EngineError as exc:
+                        failure.add_note(f"resuming the engines afterwards failed too: {exc}")
                 raise
-            if self._paused:
-                # Nothing was pushed yet, so the labels still match the weights: resume, no quarantine.
-                # (A fenced publisher's pause is undone too; see the module docstring.)
-                assert fleet is not None
-                self._paused = False
-                try:
-                    await asyncio.shield(fleet.resume())
-                except EngineError as exc:
-                    failure.add_note(f"resuming the engines afterwards failed too: {exc}")
-            raise
+            finally:
+                self._observe()
         self._phase = "begun"
+        self._pushing = time.perf_counter()
         log.info("update started", extra={"policy": known.policy, "version": version, "paused": self._paused})
         return version
 
@@ -263,25 +312,27 @@ class VersionUpdate:
             try:
                 engines: tuple[str, ...] = ()
                 if fleet is not None:
-                    await self._leave_out_missing(fleet, self.version)
-                    covered = [url for url in fleet.urls if url not in self.missing]
-                    known = counter.state
-                    self.stamps = await stamp_and_verify(
-                        fleet,
-                        self.version,
-                        bus=self._bus,
-                        policy=known.policy,
-                        trainer_id=known.trainer_id,
-                        lora=self.lora,
-                        previous=known.version,
-                        report_applied=False,
-                        before_stamp=counter.check_owner,
-                        engines=covered,
-                        expect=str(self.version) if self.labels else pending_label(self.version),
-                    )
-                    engines = tuple(s.engine for s in self.stamps)
+                    with self._timing("stamp"):
+                        await self._leave_out_missing(fleet, self.version)
+                        covered = [url for url in fleet.urls if url not in self.missing]
+                        known = counter.state
+                        self.stamps = await stamp_and_verify(
+                            fleet,
+                            self.version,
+                            bus=self._bus,
+                            policy=known.policy,
+                            trainer_id=known.trainer_id,
+                            lora=self.lora,
+                            previous=known.version,
+                            report_applied=False,
+                            before_stamp=counter.check_owner,
+                            engines=covered,
+                            expect=str(self.version) if self.labels else pending_label(self.version),
+                        )
+                        engines = tuple(s.engine for s in self.stamps)
                 # The announcement alone: the only bus round trip between the stamp and the resume.
-                self.event = await counter.announce(self.version, self.lora, engines)
+                with self._timing("announce"):
+                    self.event = await counter.announce(self.version, self.lora, engines)
             except BaseException as failure:
                 if isinstance(failure, FencedError):
                     reason = "fenced"
@@ -297,6 +348,7 @@ class VersionUpdate:
                 await counter.cover_announced()
         finally:
             self._turn.active = False
+            self._observe()
 
     async def abort(self, exc: BaseException) -> None:
         """End the update after ``exc`` (the push failed): quarantine and resume the engines, announce nothing.
@@ -318,11 +370,14 @@ class VersionUpdate:
             await self._cleanup("fenced" if isinstance(exc, FencedError) else "update_failed", exc)
         finally:
             self._turn.active = False
+            self._observe()
 
     def _end(self, phase: str) -> None:
         if self._phase != "begun":
             raise RuntimeError(f"{phase}() belongs to a begun update; this one is {self._phase}")
         self._phase = "over"
+        if self._pushing is not None:
+            self.phases["push"] = time.perf_counter() - self._pushing
 
     async def __aenter__(self) -> int:
         return await self.begin()
@@ -365,7 +420,7 @@ class VersionUpdate:
         else:
             self._paused = False
             # Shielded: the version is announced, so a cancellation here must not leave the fleet paused.
-            resume = asyncio.shield(fleet.resume())
+            resume = asyncio.shield(self._timed("resume", fleet.resume()))
             resumed, reported, covered = await asyncio.gather(resume, applied, marked, return_exceptions=True)
         if isinstance(covered, BaseException):
             raise covered  # cover_announced raises only what is not a bus failure (a cancellation)
@@ -393,9 +448,22 @@ class VersionUpdate:
         assert self.version is not None
         if fleet is None:
             return
-        known = counter.state
-        policy = known.policy
         label = quarantine_label(self.version)
+        with self._timing("quarantine"):
+            await self._quarantine_and_alert(fleet, label, reason, failure)
+        if self._paused:
+            self._paused = False
+            try:
+                await self._timed("resume", fleet.resume())
+            except EngineError as exc:
+                policy = counter.state.policy
+                log.error("resume after a failed update failed", extra={"policy": policy, "error": str(exc)})
+                failure.add_note(f"resuming the engines afterwards failed too: {exc}")
+
+    async def _quarantine_and_alert(self, fleet: EngineFleet, label: str, reason: str, failure: BaseException) -> None:
+        assert self.version is not None
+        known = self._counter.state
+        policy = known.policy
         results = await fleet.relabel(label, timeout=_CLEANUP_TIMEOUT)
         failed = tuple(url for url, err in results.items() if err is not None)
         for url, err in results.items():
@@ -429,10 +497,3 @@ class VersionUpdate:
         except (BusError, TimeoutError) as exc:
             log.error("could not publish the quarantine alert", extra={"policy": policy, "error": repr(exc)})
             failure.add_note(f"the FleetQuarantined alert was not published: {exc!r}")
-        if self._paused:
-            self._paused = False
-            try:
-                await fleet.resume()
-            except EngineError as exc:
-                log.error("resume after a failed update failed", extra={"policy": policy, "error": str(exc)})
-                failure.add_note(f"resuming the engines afterwards failed too: {exc}")

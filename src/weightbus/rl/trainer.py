@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
+from prometheus_client import CollectorRegistry
 
 from weightbus.bus import BusMetrics, connect
 from weightbus.bus.options import ConnectOptions
@@ -205,6 +206,7 @@ async def run_trainer(
     *,
     connection: ConnectOptions | None = None,
     metrics: BusMetrics | None = None,
+    registry: CollectorRegistry | None = None,
     progress: Callable[[TrainerProgress], None] | None = None,
 ) -> int:
     """Train until ``config.steps``; returns the last published version.
@@ -213,6 +215,7 @@ async def run_trainer(
         config: what to run.
         connection: NATS credentials and TLS (None reads the ``WEIGHTBUS_*`` variables).
         metrics: where the connection counts invalid payloads (a private registry when None).
+        registry: where the publisher exports its update phases and counter state (a private one when None).
         progress: called after each step is recorded.
 
     Raises:
@@ -232,7 +235,13 @@ async def run_trainer(
         fleet = await EngineFleet.from_router(config.router_url, http=http)
         # The checkpoint's version is a floor: a bus that lost its history never reissues a number this run used.
         pub = VersionPublisher(
-            bus, config.policy, fleet=fleet, pause="retract", trainer_id=config.trainer_id, floor=trainer.version
+            bus,
+            config.policy,
+            fleet=fleet,
+            pause="retract",
+            trainer_id=config.trainer_id,
+            floor=trainer.version,
+            registry=registry,
         )
         await pub.start()
         version = await trainer.push(pub, fleet)
