@@ -12,7 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-import uuid
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,10 +33,10 @@ _WAIT = 30.0
 _POLL = 0.2  # each look at the screen runs tmux once
 
 
-def _tmux(socket: str, *args: str) -> str:
-    # -L: a tmux server of this test alone (kill-server ends nothing else); -f /dev/null: no user config.
+def _tmux(socket: str, *args: str, check: bool = True) -> str:
+    # -S: a tmux server of this test alone (kill-server ends nothing else); -f /dev/null: no user config.
     done = subprocess.run(
-        ["tmux", "-L", socket, "-f", os.devnull, *args], capture_output=True, text=True, timeout=10, check=True
+        ["tmux", "-S", socket, "-f", os.devnull, *args], capture_output=True, text=True, timeout=10, check=check
     )
     return done.stdout
 
@@ -72,7 +72,9 @@ async def _publish_demo(url: str) -> None:
 
 
 async def test_watch_at_80x24_shows_each_policy_and_the_newest_alert_then_the_outage(tmp_path: Path) -> None:
-    socket = f"weightbus-test-{uuid.uuid4().hex[:12]}"
+    # A short directory of its own: a socket path has a length limit that tmp_path can pass; removed at the end.
+    sockets = Path(tempfile.mkdtemp(prefix="wb-tmux-"))
+    socket = str(sockets / "s")
     server = EmbeddedNats(store_dir=tmp_path / "store", log_file=tmp_path / "nats.log").start()
     started_tmux = False
     try:
@@ -115,5 +117,6 @@ async def test_watch_at_80x24_shows_each_policy_and_the_newest_alert_then_the_ou
         assert _cells(screen, "demo")[:2] == ["demo", "12"] and "latest alert:" in text, text
     finally:
         if started_tmux:
-            _tmux(socket, "kill-server")
+            _tmux(socket, "kill-server", check=False)  # a failure here must not hide the test's own
         server.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
