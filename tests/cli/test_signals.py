@@ -101,7 +101,7 @@ def test_a_signal_ends_each_command_with_the_shared_code(
         "record": (["record", "--nats", nats_url, "--out", str(tmp_path / "r.jsonl")], lambda o, e: "recording" in e),
         "rollout": (
             ["rollout", "--nats", nats_url, "--router", dead_router, "--policy", policy],
-            lambda out, err: "generation failed" in err,
+            lambda out, err: "waiting for the router" in err,  # it waits --router-wait (30 s) for one to answer
         ),
         "trainer": (
             ["trainer", "--nats", nats_url, "--router", silent, "--policy", policy, "--run-dir", str(tmp_path)],

@@ -111,12 +111,21 @@ class ServedEngine:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port``, for ``serve_forever``.
+    """A TCP socket bound to ``host:port``, for ``serve_forever``; uvicorn starts listening on it.
+
+    Bound, not listening: a client connects only once uvicorn serves (and handles Ctrl-C and SIGTERM).
 
     Raises:
         OSError: the address cannot be bound (in use, unknown host).
     """
-    return socket.create_server((host, port))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 async def serve_forever(

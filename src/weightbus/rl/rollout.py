@@ -389,6 +389,8 @@ async def wait_for_router(router_url: str, timeout_s: float, *, interval_s: floa
                     await http.get("/workers")
                     return
                 except httpx.HTTPError as exc:
+                    if last == "no answer":
+                        log.warning("waiting for the router", extra={"router": router_url, "wait_s": timeout_s})
                     last = f"{type(exc).__name__}: {exc}"
                 await asyncio.sleep(interval_s)
     except TimeoutError:
@@ -428,12 +430,13 @@ async def run_rollout(
         options=connection,
     )
     try:
-        await wait_for_router(config.router_url, router_wait_s)  # after NATS: an unreachable NATS is exit 5 at once
         rollout = _Rollout(config, task, bus, registry, progress)
         # The batch subject first: a refusal of it must end the rollout before anything else runs on the connection.
         started: asyncio.Future[VersionTracker] = asyncio.get_running_loop().create_future()
         sub = await rollout.serve(started)
         try:
+            # After NATS and the batch subject (exit 5 and 77 come first), before anything generates.
+            await wait_for_router(config.router_url, router_wait_s)
             async with VersionTracker(bus, config.policy, registry=registry, freeze_heap=config.freeze_heap) as tracker:
                 started.set_result(tracker)
                 await rollout.run(tracker)
