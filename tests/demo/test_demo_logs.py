@@ -25,10 +25,11 @@ _SUPERVISOR = [
     r"training 2 steps, max_staleness 1, on_stale recycle, admission bounded, early abort on",
     r"faults: none \(--no-faults\)",
     r"logs: (?P<logs>\S+) \(one <name>\.log per process\)",
-    rf"step +\d+  v\d+ +reward {_NUM}  staleness avg {_NUM} max (\d+|-)  kept \d+ recycled \d+ dropped \d+  "
+    rf"step +\d+  v\d+ +reward {_NUM}  staleness avg ({_NUM}|-) max (\d+|-) \(judged max (\d+|-)\)  "
+    rf"kept \d+ recycled \d+ dropped \d+  "
     rf"lag ({_NUM}|-) ms  step \d+ ms \(weightbus {_NUM} ms, engines {_NUM} ms\)",
     r"",
-    r"reward .+ \(first quarter\) -> .+ \(last quarter\); final v\d+; .+ of tokens not trained on; \d+ s",
+    r"reward .+ \(first quarter\) -> .+ \(last quarter\); final v\d+; .+ not trained on; \d+ s",
     r"groups filtered for a non-version label .+; regression alerts for the rogue v1: \d+",
     r"step time: weightbus's own .+",
     r"report: \S+report\.json, \S+report\.png",
