@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integrations.miles.test_miles import DataBufferConstructorInput, announce, args, entry
 from weightbus.bus import MemoryBus, serve_metrics
 from weightbus.embedded.server import free_port
+from weightbus.integrations.host.metrics import process_metrics, serving
 from weightbus.integrations.miles import MilesSettings, WeightbusDataBuffer
 from weightbus.integrations.miles.cell import Cell
-from weightbus.integrations.miles.metrics import process_metrics, serving
 
 
 async def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

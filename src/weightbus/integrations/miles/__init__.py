@@ -4,10 +4,11 @@ The trainer half (``patching``, ``trainer``) and the rollout half (``buffer``, `
 (``config``); importing this package never imports miles, torch or ray. The flags: docs/integrations/miles.md.
 """
 
+from weightbus.integrations.host.groups import group_versions_of as miles_group_versions
+from weightbus.integrations.host.groups import to_weightbus_group
 from weightbus.integrations.miles.admission import generate
 from weightbus.integrations.miles.buffer import WeightbusDataBuffer
 from weightbus.integrations.miles.config import MilesSettings, add_arguments
-from weightbus.integrations.miles.groups import miles_group_versions, to_weightbus_group
 from weightbus.integrations.miles.patching import MILES_COMMIT, install, install_fsdp, installed, uninstall
 from weightbus.integrations.miles.trainer import MilesTrainer
 

@@ -15,7 +15,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from weightbus.consumers.admission import Admission, AdmissionMetrics, SharedBudget, Slot
-from weightbus.integrations.miles.config import add_arguments, setting
+from weightbus.integrations.host.settings import setting
+from weightbus.integrations.miles.config import add_arguments
 
 if TYPE_CHECKING:
     from weightbus.bus.protocol import Bus

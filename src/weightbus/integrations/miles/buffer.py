@@ -3,7 +3,7 @@
 miles' contract, weightbus' staleness control: the version from a ``VersionTracker`` (miles' is only a lower bound),
 the strict rule, miles' metric names, the drain engine. docs/integrations/miles.md#the-rollout-half. With
 ``WEIGHTBUS_METRICS_PORT`` set, its tracker, drain, admission and bus metrics are served on the process' registry
-(``integrations.miles.metrics``) until ``aclose``.
+(``integrations.host.metrics``) until ``aclose``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
 from weightbus.errors import TrackerNotReadyError
+from weightbus.integrations.host.groups import group_key, to_weightbus_group
+from weightbus.integrations.host.groups import group_versions_of as miles_group_versions
+from weightbus.integrations.host.metrics import IntegrationMetrics, MetricsLease, process_metrics, serve
+from weightbus.integrations.host.settings import DEFAULT_NATS, metrics_address
+from weightbus.integrations.host.settings import setting as _setting
 from weightbus.integrations.miles.admission import MilesAdmission, check_semaphore, register_buffer
-from weightbus.integrations.miles.config import DEFAULT_NATS, MilesSettings, metrics_address
-from weightbus.integrations.miles.config import setting as _setting
-from weightbus.integrations.miles.groups import group_key, miles_group_versions, to_weightbus_group
-from weightbus.integrations.miles.metrics import MetricsLease, MilesMetrics, process_metrics, serve
+from weightbus.integrations.miles.config import MilesSettings
 from weightbus.rules.source import read_version
 from weightbus.rules.staleness import UNKNOWN_POLICIES
 from weightbus.schemas.rollouts import Group
@@ -99,7 +101,7 @@ class WeightbusDataBuffer:
         recycles = getattr(args, "async_unused_samples_handler", "drop") == "retry"
         address = metrics_address(args, "weightbus_metrics_port", "WEIGHTBUS_METRICS_PORT")
         # Registered only when served: without a port the buffer counts nothing it would not show.
-        self._metrics: MilesMetrics | None = process_metrics() if address is not None else None
+        self._metrics: IntegrationMetrics | None = process_metrics() if address is not None else None
         if metrics is None and self._metrics is not None:
             metrics = self._metrics.drain.for_policy(policy)
         # miles' handler drops or retries by itself; the stage only decides how the window counts them.

@@ -6,7 +6,7 @@ standing outranks the owner's, ``Runtime.standing``), else the ``FencedError`` s
 touches the owner's engines. Taking a number (``enter``) and the ownership read are retried while the
 bus does not answer, for at most ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds; nothing is paused or pushed meanwhile.
 With ``WEIGHTBUS_TRAINER_METRICS_PORT`` set, a cell's connections count on the process' registry, served there
-(``integrations.miles.metrics``) until ``close``.
+(``integrations.host.metrics``) until ``close``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from weightbus.errors import (
     BusError,
     FencedError,
 )
+from weightbus.integrations.host.metrics import MetricsLease, process_metrics, serve
 from weightbus.integrations.miles.config import MilesSettings
 from weightbus.integrations.miles.engines import MilesEngineFleet
-from weightbus.integrations.miles.metrics import MetricsLease, process_metrics, serve
 from weightbus.integrations.miles.plan import Plan
 from weightbus.integrations.miles.proxies import real_handle
 from weightbus.integrations.miles.runtime import Runtime

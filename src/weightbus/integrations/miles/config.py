@@ -1,30 +1,18 @@
-"""The settings both halves of the miles integration read: one name per setting, from ``args`` or the environment.
+"""The settings both halves of the miles integration read, by ``integrations.host.settings``' one lookup.
 
-``args.weightbus_<name>``, else ``WEIGHTBUS_<NAME>``, for both halves alike. Pure: no I/O beyond ``os.environ``.
+Pure: no I/O beyond ``os.environ``.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from weightbus.bus.options import ENV as CONNECT_ENV
 from weightbus.bus.options import ConnectOptions
+from weightbus.integrations.host.settings import DEFAULT_METRICS_HOST, DEFAULT_NATS, metrics_address, seconds, setting
 
-__all__ = ["DEFAULT_METRICS_HOST", "DEFAULT_NATS", "MilesSettings", "add_arguments", "metrics_address", "setting"]
-
-DEFAULT_NATS: Final = "nats://127.0.0.1:4222"
-#: The interface a metrics port binds by default, as ``weightbus rollout --metrics-host``.
-DEFAULT_METRICS_HOST: Final = "127.0.0.1"
-
-
-def setting(args: Any, name: str, env: str, default: str | None = None) -> str | None:
-    """``args.<name>`` when set and not empty, else ``$<env>``, else ``default``."""
-    value = getattr(args, name, None)
-    if value is None or value == "":
-        value = os.environ.get(env) or default
-    return None if value is None else str(value)
+__all__ = ["MilesSettings", "add_arguments"]
 
 
 def add_arguments(parser: Any) -> Any:
@@ -54,37 +42,6 @@ def add_arguments(parser: Any) -> Any:
         help=f"Interface the metrics ports bind (WEIGHTBUS_METRICS_HOST, else {DEFAULT_METRICS_HOST}).",
     )
     return parser
-
-
-def metrics_address(args: Any, name: str, env: str) -> tuple[str, int] | None:
-    """Where a half serves its metrics: ``(host, port)`` from ``args.<name>`` / ``$<env>`` and
-    ``weightbus_metrics_host`` / ``WEIGHTBUS_METRICS_HOST`` (default 127.0.0.1), or None when no port is set.
-
-    Raises:
-        ValueError: a port that is not in 1-65535.
-    """
-    raw = setting(args, name, env)
-    if raw is None:
-        return None
-    try:
-        port = int(raw)
-    except ValueError:
-        raise ValueError(f"{env} (args.{name}) must be a port, not {raw!r}") from None
-    if not 1 <= port <= 65535:
-        raise ValueError(f"{env} (args.{name}) must be a port in 1-65535, not {port}")
-    host = setting(args, "weightbus_metrics_host", "WEIGHTBUS_METRICS_HOST", DEFAULT_METRICS_HOST)
-    return host or DEFAULT_METRICS_HOST, port
-
-
-def _seconds(args: Any, name: str, env: str, default: str) -> float:
-    raw = setting(args, name, env, default)
-    try:
-        value = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{env} (args.{name}) must be a number of seconds, not {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{env} (args.{name}) must be >= 0 seconds, not {value}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +103,8 @@ class MilesSettings:
             policy=policy,
             nats=setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS) or DEFAULT_NATS,
             options=options,
-            connect_timeout=_seconds(args, "weightbus_connect_timeout", "WEIGHTBUS_CONNECT_TIMEOUT", "5"),
-            update_timeout=_seconds(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT", "30"),
+            connect_timeout=seconds(args, "weightbus_connect_timeout", "WEIGHTBUS_CONNECT_TIMEOUT", "5"),
+            update_timeout=seconds(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT", "30"),
             floor=floor,
             trainer_id=setting(args, "weightbus_trainer_id", "WEIGHTBUS_TRAINER_ID"),
             trainer_metrics=metrics_address(args, "weightbus_trainer_metrics_port", "WEIGHTBUS_TRAINER_METRICS_PORT"),

@@ -1,10 +1,10 @@
-"""The miles integration's Prometheus metrics: one registry per process, served on the port a half asks for.
+"""A drop-in's Prometheus metrics: one registry per process, served on the port a half asks for.
 
 One ``CollectorRegistry`` per process (never prometheus-client's global one), each family registered on it once
 (``process_metrics``), every policy a label, so any number of buffers and cells share it. One server per port
 (``serve``): the buffers and cells that ask for the same port share it, and it is closed when the last of them
 lets go. A port that cannot be bound is an error line and the run goes on without it: metrics never stop training.
-docs/integrations/miles.md#metrics.
+Hosts' ports and flags: docs/integrations/miles.md#metrics.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.consumers.drain.metrics import StalenessMetrics
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 
-__all__ = ["MetricsLease", "MilesMetrics", "process_metrics", "serve", "serving"]
+__all__ = ["MetricsLease", "IntegrationMetrics", "process_metrics", "serve", "serving"]
 
-log = logging.getLogger("weightbus.integrations.miles")
+log = logging.getLogger("weightbus.integrations")
 
 
 @dataclass(frozen=True, slots=True)
-class MilesMetrics:
+class IntegrationMetrics:
     """Every metric family the integration exports, on one registry (``process_metrics``).
 
     Attributes:
@@ -44,7 +44,7 @@ class MilesMetrics:
     admission: AdmissionMetrics
 
     @classmethod
-    def on(cls, registry: CollectorRegistry) -> MilesMetrics:
+    def on(cls, registry: CollectorRegistry) -> IntegrationMetrics:
         """Register every family on ``registry`` (once per registry: a second time raises ``ValueError``)."""
         return cls(
             registry=registry,
@@ -62,16 +62,16 @@ class _Served:
 
 
 _lock = threading.Lock()  # the trainer's cells live on threads, the buffers on the RolloutManager's loop
-_metrics: MilesMetrics | None = None
+_metrics: IntegrationMetrics | None = None
 _served: dict[int, _Served] = {}
 
 
-def process_metrics() -> MilesMetrics:
+def process_metrics() -> IntegrationMetrics:
     """This process' metrics, registered on its registry the first time they are asked for."""
     global _metrics
     with _lock:
         if _metrics is None:
-            _metrics = MilesMetrics.on(CollectorRegistry())
+            _metrics = IntegrationMetrics.on(CollectorRegistry())
         return _metrics
 
 

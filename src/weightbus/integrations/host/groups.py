@@ -1,6 +1,7 @@
-"""miles' groups as weightbus sees them: the conversion the staleness rule and the waste accounts read.
+"""A host's groups as weightbus sees them: the conversion the staleness rule and the waste accounts read.
 
-Only the attributes weightbus reads are copied, by name, so any miles ``Sample`` (or stand-in) converts; no miles.
+miles and slime share one ``Sample`` shape; only the attributes weightbus reads are copied, by name, so either
+host's ``Sample`` (or a stand-in) converts; no host is imported.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any, Final
 from weightbus.rules.staleness import group_versions
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
-__all__ = ["group_key", "miles_group_versions", "to_weightbus_group"]
+__all__ = ["group_key", "group_versions_of", "to_weightbus_group"]
 
 _STATUSES: Final = {s.value for s in SampleStatus}
 
@@ -37,7 +38,7 @@ def _convert(sample: Any, fallback_index: int) -> Sample:
 
 
 def to_weightbus_group(group: list[Any], metadata: dict[str, Any] | None = None) -> Group:
-    """A miles group (``list[Sample | list[Sample]]``; a nested list is one trajectory) as a weightbus ``Group``.
+    """A host's group (``list[Sample | list[Sample]]``; a nested list is one trajectory) as a weightbus ``Group``.
 
     Only what the staleness rule and the waste accounts read is carried over: each sample's ``index``,
     ``weight_versions`` (one label per generate call or turn), ``status``, ``response_length`` and a numeric
@@ -60,13 +61,13 @@ def to_weightbus_group(group: list[Any], metadata: dict[str, Any] | None = None)
     return Group(prompt_index=first, samples=flat, trajectories=trajectories, metadata=metadata or {})
 
 
-def miles_group_versions(group: list[Any]) -> Any:
-    """``group_versions`` of a miles group: the oldest and newest version over every sample and turn."""
+def group_versions_of(group: list[Any]) -> Any:
+    """``group_versions`` of a host's group: the oldest and newest version over every sample and turn."""
     return group_versions(to_weightbus_group(group))
 
 
 def group_key(group: list[Any]) -> int | None:
-    """The ``group_index`` of a miles group's first sample (miles' data source gives a group's samples one)."""
+    """The ``group_index`` of a host group's first sample (the hosts' data sources give a group's samples one)."""
     first = group[0] if group else None
     if isinstance(first, list):
         first = first[0] if first else None
