@@ -27,6 +27,8 @@ T = TypeVar("T")
 
 #: The parameters a command's NATS URL may have; a context's ``url`` fills the one left at its default.
 _URL_PARAMS = ("nats", "nats_url")
+#: The parameters a command's ``--config FILE`` may have (``cli.config_flags`` names it ``config_file``).
+_CONFIG_PARAMS = ("config", "config_file")
 #: The parameter through which typer hands the wrapper its context (where each value came from).
 _TYPER_CONTEXT = inspect.Parameter("_typer_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
 
@@ -73,7 +75,7 @@ CONNECTION_FLAGS = (
 
 def _config_file_names_url(kwargs: dict[str, Any]) -> bool:
     """Whether the command's ``--config`` file sets ``nats_url`` (an explicit value, above a context)."""
-    path = kwargs.get("config")
+    path = next((kwargs[name] for name in _CONFIG_PARAMS if kwargs.get(name) is not None), None)
     if path is None:
         return False
     try:
