@@ -142,7 +142,10 @@ def _shape(hint: Any) -> tuple[type, tuple[str, ...], str]:
         elif origin in (typing.Union, types.UnionType):
             (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
         elif origin is Literal:
-            return str, tuple(str(arg) for arg in typing.get_args(hint)), description
+            choices = typing.get_args(hint)
+            if not all(isinstance(choice, str) for choice in choices):
+                raise TypeError(f"a config field of type {hint!r} has no flag type (choices are strings)")
+            return str, choices, description
         elif hint in (bool, int, float, str):
             return hint, (), description
         else:
