@@ -17,6 +17,7 @@ import typer
 
 from weightbus.bus.options import ENV, NATS_CONTEXT_ENV, NATS_ENV, ConnectOptions, NatsContext, load_context
 from weightbus.cli.checks import check_nats_url
+from weightbus.cli.config_flags import CONFIG_FILE_PARAM
 from weightbus.cli.exits import EXIT_USAGE, fail
 from weightbus.errors import BusConfigError
 
@@ -27,6 +28,8 @@ T = TypeVar("T")
 
 #: The parameters a command's NATS URL may have; a context's ``url`` fills the one left at its default.
 _URL_PARAMS = ("nats", "nats_url")
+#: The parameters a command's ``--config FILE`` may have (``cli.config_flags`` names it ``CONFIG_FILE_PARAM``).
+_CONFIG_PARAMS = ("config", CONFIG_FILE_PARAM)
 #: The parameter through which typer hands the wrapper its context (where each value came from).
 _TYPER_CONTEXT = inspect.Parameter("_typer_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
 
@@ -73,7 +76,7 @@ CONNECTION_FLAGS = (
 
 def _config_file_names_url(kwargs: dict[str, Any]) -> bool:
     """Whether the command's ``--config`` file sets ``nats_url`` (an explicit value, above a context)."""
-    path = kwargs.get("config")
+    path = next((kwargs[name] for name in _CONFIG_PARAMS if kwargs.get(name) is not None), None)
     if path is None:
         return False
     try:

@@ -1,65 +1,45 @@
-"""``weightbus demo``: supervise the fully-async RL loop as separate processes (what ``make demo`` runs)."""
+"""``weightbus demo``: supervise the fully-async RL loop as separate processes (what ``make demo`` runs).
+
+Its flags are ``DemoConfig``'s fields (``cli.config_flags``), plus the comparisons, which run several configs.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
+import msgspec
 import typer
 
 from weightbus.cli._common import VerboseOption, fail, setup_logging
+from weightbus.cli.config_flags import ConfigFlags, Flag
 from weightbus.cli.exits import signal_exit_code
+from weightbus.demo.config import DemoConfig
 
 if TYPE_CHECKING:
     from weightbus.rl.report import DemoResult
 
-__all__ = ["demo_command", "register"]
+__all__ = ["DEMO_FLAGS", "demo_command", "register"]
 
 #: What the demo's processes import: the reference engine's server, torch, safetensors and the router.
 _EXTRAS = ("starlette", "uvicorn", "torch", "safetensors", "sglang_router")
 
 
+#: One flag per field of ``DemoConfig``, but its policy (internal to the demo's own NATS, so no ``--policy``
+#: with ``WEIGHTBUS_POLICY`` to leak in from the shell); ``out_dir`` is ``--out``, ``cap`` ``--admission-cap`` as on
+#: ``weightbus rollout``.
+DEMO_FLAGS: Final = ConfigFlags(
+    DemoConfig,
+    {"out_dir": Flag(("--out",), path=True), "cap": Flag(("--admission-cap",)), "policy": None},
+    config_file=False,
+)
+
+
+@DEMO_FLAGS
 def demo_command(
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Training steps.")] = 80,
-    max_staleness: Annotated[int, typer.Option("--max-staleness", min=0, help="Largest staleness kept.")] = 1,
-    on_stale: Annotated[str, typer.Option("--on-stale", help="recycle or drop groups that are not kept.")] = "recycle",
-    seed: Annotated[int, typer.Option("--seed", help="Weights, sampling and prompts.")] = 0,
-    out: Annotated[Path, typer.Option("--out", help="Where report.json and report.png go.")] = Path("demo-report"),
-    no_faults: Annotated[
-        bool, typer.Option("--no-faults", help="A clean run: inject no fault but those given a step below.")
-    ] = False,
-    failover_at: Annotated[
-        int | None, typer.Option("--failover-at", min=1, help="SIGKILL the trainer after STEP; a new one resumes.")
-    ] = None,
-    kill_nats_at: Annotated[
-        int | None, typer.Option("--kill-nats-at", min=1, help="Kill nats-server after STEP; restart it on its store.")
-    ] = None,
-    restart_rollout_at: Annotated[
-        int | None, typer.Option("--restart-rollout-at", min=1, help="SIGKILL the rollout after STEP; restart it.")
-    ] = None,
-    restart_engine_at: Annotated[
-        int | None, typer.Option("--restart-engine-at", min=1, help="SIGKILL engine 0 after STEP; it boots 'default'.")
-    ] = None,
-    lora_rank: Annotated[
-        int | None, typer.Option("--lora-rank", min=1, help="Train and push a LoRA adapter of this rank.")
-    ] = None,
-    admission: Annotated[
-        str,
-        typer.Option(
-            "--admission",
-            help="Pace generation: bounded (by the staleness budget), cap (a fixed number of groups running), "
-            "or off (generate, then judge).",
-        ),
-    ] = "bounded",
-    early_abort: Annotated[
-        bool,
-        typer.Option(
-            "--early-abort/--no-early-abort",
-            help="Abort groups at the engines once they are certain to exceed the bound; recycle their prompts.",
-        ),
-    ] = True,
+    config: DemoConfig,
     compare_admission: Annotated[
         str | None,
         typer.Option(
@@ -95,10 +75,6 @@ def demo_command(
     on every engine, a fault was not survived, a restarted engine was not alerted).
     """
     setup_logging(verbose)
-    if on_stale not in ("recycle", "drop"):
-        raise fail("--on-stale must be recycle or drop", 2)
-    if admission not in ("off", "cap", "bounded"):
-        raise fail("--admission must be off, cap or bounded", 2)
     compare_bounds = None if compare_admission is None else _bounds(compare_admission, "--compare-admission")
     if repeats > 1 and compare_bounds is None:
         raise fail("--repeats only applies to --compare-admission", 2)
@@ -109,32 +85,16 @@ def demo_command(
             "pip install 'weightbus[engine,rl]'",
             2,
         )
-    from weightbus.demo import DemoConfig, run_demo
+    from weightbus.demo import run_demo
     from weightbus.errors import DemoError
 
+    out = Path(config.out_dir or ".")
     if compare_bounds is not None:
-        _compare_admission(compare_bounds, steps=steps, on_stale=on_stale, seed=seed, out=out, repeats=repeats)
+        _compare_admission(compare_bounds, config, out=out, repeats=repeats)
         return
     if compare_staleness is not None:
-        bounds = _bounds(compare_staleness, "--compare-staleness")
-        _compare(bounds, steps=steps, on_stale=on_stale, seed=seed, out=out, admission=admission)
+        _compare(_bounds(compare_staleness, "--compare-staleness"), config, out=out)
         return
-
-    config = DemoConfig(
-        steps=steps,
-        max_staleness=max_staleness,
-        on_stale=on_stale,  # type: ignore[arg-type]
-        seed=seed,
-        out_dir=str(out),
-        faults=not no_faults,
-        failover_at=failover_at,
-        kill_nats_at=kill_nats_at,
-        restart_rollout_at=restart_rollout_at,
-        restart_engine_at=restart_engine_at,
-        lora_rank=lora_rank,
-        admission=admission,  # type: ignore[arg-type]
-        early_abort=early_abort,
-    )
     try:
         result = run_demo(config, emit=typer.echo)
     except DemoError as exc:
@@ -146,6 +106,13 @@ def demo_command(
     _print_summary(result)
     typer.echo(f"report: {out / 'report.json'}, {out / 'report.png'}")
     _verdict(result)
+
+
+def _trial(config: DemoConfig, **changes: object) -> DemoConfig:
+    """One run of a comparison: ``config`` with ``changes``, and no fault (a trade-off compares settings, not
+    recoveries)."""
+    no_faults = dict.fromkeys(("failover_at", "kill_nats_at", "restart_rollout_at", "restart_engine_at"))
+    return msgspec.structs.replace(config, faults=False, **no_faults, **changes)
 
 
 def _print_summary(result: DemoResult) -> None:
@@ -216,23 +183,15 @@ def _bounds(text: str, flag: str) -> list[int]:
     return bounds
 
 
-def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path, admission: str) -> None:
-    from weightbus.demo import DemoConfig, run_demo
+def _compare(bounds: list[int], base: DemoConfig, *, out: Path) -> None:
+    from weightbus.demo import run_demo
     from weightbus.errors import DemoError
     from weightbus.rl.writers import write_tradeoff
 
     results = {}
     for bound in bounds:
         typer.echo(f"== max_staleness {bound}")
-        config = DemoConfig(
-            steps=steps,
-            max_staleness=bound,
-            on_stale=on_stale,  # type: ignore[arg-type]
-            seed=seed,
-            out_dir=str(out / f"staleness-{bound}"),
-            faults=False,  # the trade-off compares bounds, not recoveries
-            admission=admission,  # type: ignore[arg-type]
-        )
+        config = _trial(base, max_staleness=bound, out_dir=str(out / f"staleness-{bound}"))
         try:
             results[bound] = run_demo(config, emit=lambda line: None)
         except DemoError as exc:
@@ -255,10 +214,10 @@ def _compare(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Pa
         raise typer.Exit(1)
 
 
-def _compare_admission(bounds: list[int], *, steps: int, on_stale: str, seed: int, out: Path, repeats: int) -> None:
+def _compare_admission(bounds: list[int], base: DemoConfig, *, out: Path, repeats: int) -> None:
     """Each repeat runs every bound and mode once, so the modes compared at a bound ran minutes apart at most;
     ``off`` is the filter alone (no admission, no early abort), as before admission."""
-    from weightbus.demo import DemoConfig, run_demo
+    from weightbus.demo import run_demo
     from weightbus.errors import DemoError
     from weightbus.rl.writers import ADMISSION_MODES, write_admission_tradeoff
 
@@ -268,14 +227,12 @@ def _compare_admission(bounds: list[int], *, steps: int, on_stale: str, seed: in
             for mode in ADMISSION_MODES:
                 typer.echo(f"== repeat {repeat + 1}/{repeats}, max_staleness {bound}, admission {mode}")
                 suffix = "" if repeats == 1 else f"-r{repeat + 1}"
-                config = DemoConfig(
-                    steps=steps,
+                config = _trial(
+                    base,
                     max_staleness=bound,
-                    on_stale=on_stale,  # type: ignore[arg-type]
-                    seed=seed + repeat,
+                    seed=base.seed + repeat,
                     out_dir=str(out / f"admission-{mode}-{bound}{suffix}"),
-                    faults=False,  # the trade-off compares admission, not recoveries
-                    admission=mode,  # type: ignore[arg-type]
+                    admission=mode,
                     early_abort=mode != "off",
                 )
                 try:

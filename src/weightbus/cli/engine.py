@@ -1,66 +1,34 @@
 """``weightbus engine``: run the CPU reference engine (SGLang 0.5.23's weight and generate routes) until Ctrl-C.
 
-One ``EngineConfig`` from ``--config FILE``, then the flags on top; starlette, uvicorn and torch load after parsing.
+One ``EngineConfig`` from ``--config FILE``, then the flags on top (one per field: ``cli.config_flags``); starlette,
+uvicorn and torch load after parsing.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Final
 
-import msgspec
 import typer
 
 from weightbus.cli._common import EXIT_USAGE, check_port, fail, run_async
-from weightbus.errors import ConfigError
+from weightbus.cli.config_flags import ConfigFlags, Flag
 from weightbus.refengine.config import EngineConfig
-from weightbus.rl.config import load_config, make_config
 
 if TYPE_CHECKING:
     from weightbus.refengine.model import EngineModel
 
-__all__ = ["engine_command", "register"]
+__all__ = ["ENGINE_FLAGS", "engine_command", "register"]
 
 
-def _d(name: str) -> str:
-    (field,) = (f for f in msgspec.structs.fields(EngineConfig) if f.name == name)
-    return f" (default: {field.default})"
+#: One flag per field of ``EngineConfig``; the port is checked as every command's port is.
+ENGINE_FLAGS: Final = ConfigFlags(EngineConfig, {"port": Flag(callback=check_port)})
 
 
+@ENGINE_FLAGS
 def engine_command(
-    config_file: Annotated[
-        Path | None,
-        typer.Option("--config", exists=True, help="JSON file of the engine's config (flags given override it)."),
-    ] = None,
-    port: Annotated[
-        int | None, typer.Option("--port", help="HTTP port (SGLang's default)." + _d("port"), callback=check_port)
-    ] = None,
-    host: Annotated[str | None, typer.Option("--host", help="Interface to bind." + _d("host"))] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            help="hash: pure-Python; torch: tiny torch LM; policy: the RL loop's WindowLM (safetensors, sampling)."
-            + _d("model"),
-        ),
-    ] = None,
-    seed: Annotated[
-        int | None, typer.Option("--seed", help="Initial weights of the policy model (as the trainer's).")
-    ] = None,
-    sampling_seed: Annotated[
-        int | None, typer.Option("--sampling-seed", help="Seed of the policy model's sampler.")
-    ] = None,
-    weight_version: Annotated[
-        str | None,
-        typer.Option(
-            "--weight-version", help="Boot weight_version label, as SGLang's --weight-version." + _d("weight_version")
-        ),
-    ] = None,
+    config: EngineConfig,
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="WEIGHTBUS_API_KEY", help="Require Bearer auth.")
-    ] = None,
-    token_delay: Annotated[
-        float | None, typer.Option("--token-delay", help="Seconds per generated token." + _d("token_delay"))
     ] = None,
 ) -> None:
     """Serve a reference SGLang engine on HOST:PORT that tracks weight_version like SGLang 0.5.23.
@@ -68,21 +36,6 @@ def engine_command(
     Exit codes: 0 stopped, 1 the engine extra is missing, 2 bad arguments or HOST:PORT cannot be bound,
     130/143 interrupted.
     """
-    try:
-        base = load_config(config_file, EngineConfig) if config_file is not None else None
-        config = make_config(
-            EngineConfig,
-            base,
-            port=port,
-            host=host,
-            model=model,
-            seed=seed,
-            sampling_seed=sampling_seed,
-            weight_version=weight_version,
-            token_delay=token_delay,
-        )
-    except ConfigError as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
     try:
         from weightbus.refengine.reference import EngineState, create_app
         from weightbus.refengine.serve import listen, serve_forever

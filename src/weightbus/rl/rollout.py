@@ -36,7 +36,7 @@ from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.errors import EngineError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
-from weightbus.rl.config import RolloutConfig
+from weightbus.rl.config import ROUTER_WAIT_S, RolloutConfig
 from weightbus.rl.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
 from weightbus.rl.task import Task, load_task
 from weightbus.rules.source import version_or_none
@@ -51,8 +51,6 @@ __all__ = ["ROUTER_WAIT_S", "RolloutConfig", "RolloutProgress", "generate_group"
 log = logging.getLogger("weightbus.rl")
 
 _RETRY_DELAY = 0.2
-#: Seconds ``run_rollout`` waits by default for the router to answer before it gives up.
-ROUTER_WAIT_S = 30.0
 _STOP_S = 5.0
 _LAGS_KEPT = 64
 
