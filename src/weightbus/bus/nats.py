@@ -18,6 +18,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 
+from weightbus.backoff import Backoff, retry_async
 from weightbus.bus import _natspy
 from weightbus.bus import stream as _stream
 from weightbus.bus._cancel import honouring_cancel
@@ -43,6 +44,18 @@ T = TypeVar("T")
 _WRONG_LAST_SEQUENCE: Final = 10071
 _STREAM_NOT_FOUND: Final = 10059
 _NO_JETSTREAM_ANSWER = (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError)
+
+#: What a publish retries (nothing answered in time, or the client's buffer is full while it reconnects).
+_UNANSWERED: Final = (nats.errors.TimeoutError, nats.errors.OutboundBufferLimitError)
+
+
+def _unanswered(exc: Exception) -> bool:
+    return isinstance(exc, _UNANSWERED)
+
+
+def _timed_out(exc: Exception) -> bool:
+    return isinstance(exc, nats.errors.TimeoutError)
+
 
 # Kept importable from here (tests and older callers).
 _NatsSubscription = NatsSubscription
@@ -132,6 +145,7 @@ class NatsBus:
         self.stream = stream
         self._publish_timeout = publish_timeout
         self._publish_attempts = max(1, publish_attempts)
+        self._retries = Backoff(first_s=0.1, cap_s=2.0, attempts=self._publish_attempts)
         self.subscriptions: list[NatsSubscription] = []
         """The live subscriptions (each adds and removes itself), ended by ``close``."""
         self.direct = False
@@ -242,19 +256,13 @@ class NatsBus:
         hdrs: dict[str, Any] = {**(headers or {}), "Nats-Msg-Id": msg_id}
         if expected is not None:
             hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expected)
-        delay = 0.1
-        for attempt in range(1, self._publish_attempts + 1):
+
+        async def once() -> PublishAck:
             try:
                 ack = await self._denials.guard(
                     Denials.publish_to(subject),
                     self.js.publish(subject, data, timeout=self._publish_timeout, headers=dict(hdrs)),
                     subject=subject,
-                )
-                return PublishAck(ack.seq, bool(ack.duplicate))
-            except nats.errors.TimeoutError:
-                log.warning(
-                    "publish timed out; retrying with the same Nats-Msg-Id",
-                    extra={"subject": subject, "msg_id": msg_id, "attempt": attempt},
                 )
             except nats.js.errors.NoStreamResponseError:
                 raise PublishError(
@@ -271,15 +279,22 @@ class NatsBus:
                 raise PublishError(subject, f"JetStream refused it: {exc.description or exc}") from None
             except nats.errors.ConnectionClosedError:
                 raise PublishError(subject, "the NATS connection is closed") from None
-            except nats.errors.OutboundBufferLimitError:
-                log.warning(
-                    "outbound buffer full while disconnected; retrying",
-                    extra={"subject": subject, "msg_id": msg_id, "attempt": attempt},
-                )
-            if attempt < self._publish_attempts:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        raise PublishError(subject, f"no acknowledgement after {self._publish_attempts} attempts (msg id {msg_id!r})")
+            return PublishAck(ack.seq, bool(ack.duplicate))
+
+        def retrying(exc: Exception, attempt: int, wait: float) -> None:
+            what = (
+                "outbound buffer full while disconnected; retrying"
+                if isinstance(exc, nats.errors.OutboundBufferLimitError)
+                else "publish timed out; retrying with the same Nats-Msg-Id"
+            )
+            log.warning(what, extra={"subject": subject, "msg_id": msg_id, "attempt": attempt, "retry_in": wait})
+
+        try:
+            return await retry_async(once, self._retries, retry_on=_unanswered, on_retry=retrying)
+        except _UNANSWERED:
+            raise PublishError(
+                subject, f"no acknowledgement after {self._publish_attempts} attempts (msg id {msg_id!r})"
+            ) from None
 
     async def _landed(self, subject: str, msg_id: str) -> int | None:
         """The sequence of the last message on ``subject`` if it carries ``msg_id`` (a retry that did land)."""
@@ -310,16 +325,10 @@ class NatsBus:
             StreamNotFoundError: the stream was deleted (seen on a bus that reads with direct gets).
             BusError: JetStream did not answer, is not enabled, or refused the read.
         """
-        delay = 0.1
-        for attempt in range(1, self._publish_attempts + 1):
-            try:
-                return await self._last_seq_once(subject)
-            except nats.errors.TimeoutError:
-                if attempt == self._publish_attempts:
-                    break
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        raise BusError(f"JetStream did not answer a read of the last sequence on {subject!r}")
+        try:
+            return await retry_async(lambda: self._last_seq_once(subject), self._retries, retry_on=_timed_out)
+        except nats.errors.TimeoutError:
+            raise BusError(f"JetStream did not answer a read of the last sequence on {subject!r}") from None
 
     async def _last_seq_once(self, subject: str) -> int:
         try:

@@ -13,12 +13,13 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 import msgspec
 from prometheus_client import CollectorRegistry
 
+from weightbus.backoff import Backoff
 from weightbus.bus import BusMetrics, connect, subjects
 from weightbus.bus.identity import process_identity
 from weightbus.bus.options import ConnectOptions
@@ -50,7 +51,8 @@ __all__ = ["ROUTER_WAIT_S", "RolloutConfig", "RolloutProgress", "generate_group"
 
 log = logging.getLogger("weightbus.rl")
 
-_RETRY_DELAY = 0.2
+#: The waits after a failed generation, one producer's failures in a row: 0.2 s growing to 1 s, jittered.
+_RETRY: Final = Backoff(first_s=0.2, cap_s=1.0)
 _STOP_S = 5.0
 _LAGS_KEPT = 64
 
@@ -219,6 +221,7 @@ class _Rollout:
             await self.announced.wait()
         async with httpx.AsyncClient(base_url=self.config.router_url, timeout=30.0) as http:
             inflight = self._inflight(tracker, http)
+            failures = 0  # generations failed in a row
             while True:
                 group = self.retry.get_nowait() if not self.retry.empty() else Group(prompt_index=next(self.prompts))
                 prompt = group.metadata.get("prompt") or self.task.prompt(self.rng)
@@ -230,11 +233,15 @@ class _Rollout:
                             http, self.config, self.task, group, prompt, self.next_index, self.adapter, flight, inflight
                         )
                     except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-                        log.warning("generation failed; retrying the group", extra={"error": repr(exc)})
+                        failures += 1
+                        wait = _RETRY.delay(failures)
+                        log.warning(
+                            "generation failed; retrying the group", extra={"error": repr(exc), "retry_in": wait}
+                        )
                         slot.release("recycled")
                         group.metadata["prompt"] = prompt
                         group.reset_for_retry()
-                        await asyncio.sleep(_RETRY_DELAY)
+                        await asyncio.sleep(wait)
                         self.retry.put_nowait(group)
                         continue
                     finally:
@@ -244,6 +251,7 @@ class _Rollout:
                         slot.release("aborted")  # never enters the buffer; its prompt asks for a new slot
                     else:
                         self.accepted.accept(slot, group)  # it counts until a drain keeps or routes it
+                failures = 0
                 self.generated += sum(s.response_length for s in group.samples)
                 group.started_at = started
                 group.generated_at = time.time()

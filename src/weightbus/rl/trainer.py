@@ -5,7 +5,6 @@ The counter is the bus's (a replacement resumes it); a step's ``steps.jsonl`` li
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -18,6 +17,7 @@ import httpx
 import msgspec
 from prometheus_client import CollectorRegistry
 
+from weightbus.backoff import Backoff, retry_async
 from weightbus.bus import BusMetrics, connect
 from weightbus.bus.options import ConnectOptions
 from weightbus.errors import EngineError, WeightbusError
@@ -38,8 +38,10 @@ log = logging.getLogger("weightbus.rl")
 
 _BATCH_TIMEOUT = 5.0
 _BATCH_RETRY_DELAY = 0.2
+_BATCH_RETRY_CAP = 1.0
 _PUSH_PATIENCE = 60.0
 _PUSH_RETRY_DELAY = 0.5
+_PUSH_RETRY_CAP = 2.0
 
 
 class TrainerProgress(msgspec.Struct, kw_only=True, frozen=True):
@@ -143,15 +145,18 @@ class _Trainer:
         next update lands), so a retry pushes the next number. Only a retryable error is retried, for at most
         ``_PUSH_PATIENCE`` seconds; a final one (fenced, denied, an exhausted counter, ...) is raised at once.
         """
-        deadline = time.monotonic() + _PUSH_PATIENCE
-        while True:
-            try:
-                return await self._push_once(pub, fleet)
-            except WeightbusError as exc:
-                if not exc.retryable or time.monotonic() > deadline:
-                    raise
-                log.warning("push failed; retrying", extra={"error": str(exc), "version": pub.state.next_version})
-                await asyncio.sleep(_PUSH_RETRY_DELAY)
+
+        def retrying(exc: Exception, attempt: int, wait: float) -> None:
+            log.warning(
+                "push failed; retrying", extra={"error": str(exc), "version": pub.state.next_version, "retry_in": wait}
+            )
+
+        return await retry_async(
+            lambda: self._push_once(pub, fleet),
+            Backoff(first_s=_PUSH_RETRY_DELAY, cap_s=_PUSH_RETRY_CAP, deadline_s=_PUSH_PATIENCE),
+            on_retry=retrying,
+            clock=time.monotonic,  # this module's clock: a test stands a fake one in for the patience
+        )
 
     async def _push_once(self, pub: VersionPublisher, fleet: EngineFleet) -> int:
         config, meter = self.config, self.meter
@@ -313,19 +318,31 @@ async def _train_step(
     }
 
 
+def _batch_retryable(exc: Exception) -> bool:
+    # A rollout restarting, NATS restarting, or a reply cut by a crash (a plain ValueError): ask again. A final
+    # error (a refused subject, a bad policy id) would fail every time: the error axis says so.
+    if isinstance(exc, WeightbusError):
+        return exc.retryable
+    return isinstance(exc, TimeoutError | ValueError)
+
+
 async def _batch(bus: NatsBus, config: TrainerConfig, min_version: int, trainer_id: str) -> BatchReply:
     request = BatchRequest(size=config.batch, min_version=min_version, trainer_id=trainer_id, patience_s=_BATCH_TIMEOUT)
+    backoff = Backoff(first_s=_BATCH_RETRY_DELAY, cap_s=_BATCH_RETRY_CAP)
+
+    def retrying(exc: Exception, attempt: int, wait: float) -> None:
+        log.warning(
+            "no batch from the rollout; asking again",
+            extra={"policy": config.policy, "error": repr(exc), "retry_in": wait},
+        )
+
     while True:
-        try:
-            reply = await request_batch(bus, config.policy, request, timeout=_BATCH_TIMEOUT)
-        except (TimeoutError, ValueError, WeightbusError) as exc:
-            # A rollout restarting, NATS restarting, or a reply cut by a crash (a plain ValueError): ask again. A
-            # final error (a refused subject, a bad policy id) would fail every time: the error axis says so.
-            if isinstance(exc, WeightbusError) and not exc.retryable:
-                raise
-            log.warning("no batch from the rollout; asking again", extra={"policy": config.policy, "error": repr(exc)})
-            await asyncio.sleep(_BATCH_RETRY_DELAY)
-            continue
+        reply = await retry_async(
+            lambda: request_batch(bus, config.policy, request, timeout=_BATCH_TIMEOUT),
+            backoff,
+            retry_on=_batch_retryable,
+            on_retry=retrying,
+        )
         if reply.error is None:
             return reply
         log.warning("the rollout could not drain; asking again", extra={"error": reply.error})

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from weightbus.backoff import Backoff
 from weightbus.bus import subjects
 from weightbus.bus.history import read_subject_history
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped, Subscription
@@ -51,7 +52,8 @@ class BudgetUser(Protocol):
 
 #: Seconds ``close`` waits for its tasks to end after cancelling them.
 _CLOSE_S: Final = 5.0
-_RETRY_S: Final = 0.2
+#: The waits after a failed ledger write or a lost subscription: 0.2 s growing to 1 s, jittered.
+_RETRY: Final = Backoff(first_s=0.2, cap_s=1.0)
 #: Seconds a writer whose publish was refused waits for its subscription to deliver what landed first.
 _CATCH_UP_S: Final = 2.0
 #: Own records kept to recognise them on the subscription (a publish that timed out may still have landed).
@@ -254,15 +256,21 @@ class SharedBudget:
     async def _follow(self, sub: Subscription) -> None:
         # The ledger's changes are judged in order here; a lost subscription is made again from the retained
         # history (what is judged already is skipped by sequence), so no ledger goes unjudged.
+        failures = 0
         while True:
             try:
                 async with sub:
                     async for item in sub:
+                        failures = 0  # the subscription delivers again: the next loss waits from the start
                         self._seen(item)
                 return
             except BusError as exc:
-                log.warning("admission ledger subscription lost; resubscribing", extra={"error": repr(exc)})
-            await asyncio.sleep(_RETRY_S)
+                failures += 1
+                wait = _RETRY.delay(failures)
+                log.warning(
+                    "admission ledger subscription lost; resubscribing", extra={"error": repr(exc), "retry_in": wait}
+                )
+            await asyncio.sleep(wait)
             sub = self._bus.subscribe(self._subject, deliver=Deliver.ALL, include_invalid=True)
 
     def _seen(self, item: Envelope | Skipped, *, check_drops: bool = True) -> None:
@@ -497,6 +505,7 @@ class SharedBudget:
     # -- writing -------------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        failures = 0  # ledger writes failed in a row
         while True:
             now = time.monotonic()
             due = now >= self._renew_at
@@ -512,9 +521,12 @@ class SharedBudget:
                 try:
                     await self._write(target, demand)
                 except BusError as exc:
-                    log.warning("admission ledger write failed; retrying", extra={"error": repr(exc)})
-                    await asyncio.sleep(_RETRY_S)
+                    failures += 1
+                    wait = _RETRY.delay(failures)
+                    log.warning("admission ledger write failed; retrying", extra={"error": repr(exc), "retry_in": wait})
+                    await asyncio.sleep(wait)
                     continue
+                failures = 0
                 self._wanted = False
             timeout = max(0.0, self._renew_at - time.monotonic())
             change = self._next_change()

@@ -17,6 +17,7 @@ from types import TracebackType
 
 from prometheus_client import CollectorRegistry
 
+from weightbus.backoff import Backoff, retry_async
 from weightbus.bus import subjects
 from weightbus.bus.identity import process_identity
 from weightbus.bus.protocol import Bus, Deliver, Envelope, Skipped
@@ -35,6 +36,10 @@ from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightU
 __all__ = ["TrackerStatus", "VersionChange", "VersionTracker"]
 
 log = logging.getLogger("weightbus.consumers")
+
+
+def _not_regression(exc: Exception) -> bool:
+    return not isinstance(exc, VersionRegressionError)
 
 
 class TrackerStatus(StrEnum):
@@ -66,9 +71,9 @@ class VersionTracker:
         metrics: shared metric families (one per registry); built on ``registry`` when None.
         registry: where to register the metrics when ``metrics`` is None (a private one when both are None).
         observer: names this tracker in the alerts it publishes (``<hostname>:<pid>`` by default).
-        retry_delay: first backoff before resubscribing after a failure, in seconds (doubles up to
-            ``max_retry_delay``).
-        max_retry_delay: the longest backoff, in seconds.
+        retry_delay: the ceiling of the first wait before resubscribing after a failure, in seconds (doubles
+            up to ``max_retry_delay``; each wait is drawn below its ceiling, ``weightbus.backoff``).
+        max_retry_delay: the longest wait, in seconds.
         max_pending_changes: bound of each ``changes()`` iterator's queue.
         ready_timeout: seconds ``async with`` waits for readiness before raising ``TrackerNotReadyError``.
         check_interval: seconds of silence after which the subscription's health is checked against
@@ -83,7 +88,8 @@ class VersionTracker:
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
-        ValueError: ``regression`` is not a mode, or both ``metrics`` and ``registry`` were given.
+        ValueError: ``regression`` is not a mode, both ``metrics`` and ``registry`` were given, or a retry delay
+            is negative.
     """
 
     def __init__(
@@ -116,8 +122,7 @@ class VersionTracker:
         self._m = self.metrics.for_policy(self.policy)
         self._alerts = TrackerAlerts(bus, self.policy, self.observer, self.mode)
         self._high_water = HighWaterWatch(bus, self.policy, self.observer, self._m)
-        self._retry_delay = retry_delay
-        self._max_retry_delay = max_retry_delay
+        self._backoff = Backoff(first_s=retry_delay, cap_s=max_retry_delay)
         self._check_interval = check_interval
         self._on_change = on_change
         self._state = TrackerState()
@@ -260,32 +265,12 @@ class VersionTracker:
             VersionRegressionError: ``raise`` mode saw a live lower version (also delivered to waiters).
         """
         self._running = True
-        delay = self._retry_delay
         try:
-            while True:
-                try:
-                    await self._follow()
-                    log.info("weights subscription ended", extra={"policy": self.policy})
-                    return
-                except VersionRegressionError:
-                    raise
-                except Exception as exc:
-                    # Deliberate fault tolerance: a dead follower would freeze ``current`` silently, which is
-                    # the failure this class exists to prevent; a fresh subscription re-learns the version.
-                    self.deaf_reason = repr(exc)
-                    self._set_status(TrackerStatus.DEAF)
-                    self._m.count_resubscribe()
-                    log.error(
-                        "weights subscription lost; the tracker is not ready until it is back",
-                        extra={
-                            "policy": self.policy,
-                            "error": repr(exc),
-                            "slow_consumer": isinstance(exc, SlowConsumerError),
-                            "retry_in": delay,
-                        },
-                    )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self._max_retry_delay)
+            # Deliberate fault tolerance: a dead follower would freeze ``current`` silently, which is the failure
+            # this class exists to prevent; a fresh subscription re-learns the version. Only a regression in
+            # ``raise`` mode ends it. The waits grow for the tracker's life (a resubscription does not reset them).
+            await retry_async(self._follow, self._backoff, retry_on=_not_regression, on_retry=self._lost)
+            log.info("weights subscription ended", extra={"policy": self.policy})
         except VersionRegressionError as exc:
             self._error = exc
             self._feed.fail(exc)
@@ -293,6 +278,20 @@ class VersionTracker:
         finally:
             self._running = False
             self._finish()
+
+    def _lost(self, exc: Exception, attempt: int, wait: float) -> None:
+        self.deaf_reason = repr(exc)
+        self._set_status(TrackerStatus.DEAF)
+        self._m.count_resubscribe()
+        log.error(
+            "weights subscription lost; the tracker is not ready until it is back",
+            extra={
+                "policy": self.policy,
+                "error": repr(exc),
+                "slow_consumer": isinstance(exc, SlowConsumerError),
+                "retry_in": wait,
+            },
+        )
 
     async def _follow(self) -> None:
         cursor = self._cursor
