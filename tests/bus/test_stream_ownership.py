@@ -55,6 +55,7 @@ async def test_connect_creates_a_missing_stream_with_the_replicas_asked(server: 
     assert info.config.storage == StorageType.FILE
     assert info.config.max_msgs_per_subject == 256 and info.config.duplicate_window == 120
     assert info.config.num_replicas == 1
+    assert info.config.max_consumers == 10_000  # not the server's default (1,000 on nats-server 2.15)
 
 
 async def test_connect_leaves_an_operator_stream_alone(server: EmbeddedNats, admin) -> None:
@@ -115,6 +116,7 @@ async def test_admin_command_upgrades_and_check_reports(server: EmbeddedNats, ad
     assert config.max_msgs_per_subject == 256 and config.duplicate_window == 120
     assert config.deny_delete and config.deny_purge
     assert config.max_bytes == 50_000_000  # an operator's limit is kept
+    assert config.max_consumers == 10_000  # none was set: the server's default (1,000) is raised
 
     again = _cli("create", "--nats", server.url)
     assert again.returncode == 0 and again.stdout.startswith("unchanged:"), again.stderr
@@ -144,3 +146,56 @@ async def test_admin_command_creates_a_missing_stream(server: EmbeddedNats, admi
 def test_check_of_a_missing_stream_is_one_line(server: EmbeddedNats) -> None:
     out = _cli("check", "--nats", server.url)
     assert out.returncode == 1 and "does not exist" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+async def test_the_admin_command_keeps_a_consumer_limit_the_operator_set(server: EmbeddedNats, admin) -> None:
+    await admin.add_stream(operator_stream(max_consumers=50))
+    done = _cli("create", "--nats", server.url)
+    assert done.returncode == 0, done.stderr
+    assert (await admin.stream_info("WEIGHTBUS")).config.max_consumers == 50
+
+
+async def test_a_tracker_past_the_streams_consumer_limit_is_deaf_and_says_why_then_subscribes_once_one_leaves(
+    server: EmbeddedNats, admin
+) -> None:
+    # nats-server 2.15 caps a stream that sets no limit at 1,000 consumers; every tracker holds one. The
+    # tracker past the limit must not look ready, must say what to raise, and must get in once there is room.
+    from prometheus_client import CollectorRegistry
+
+    from tests._builders import wait_until
+    from weightbus.consumers import VersionTracker
+    from weightbus.consumers.tracker.metrics import TrackerMetrics
+    from weightbus.errors import TrackerNotReadyError
+    from weightbus.producers import VersionPublisher
+
+    await admin.add_stream(operator_stream(max_consumers=4))
+    bus = await connect(server.url)
+    metrics = TrackerMetrics(CollectorRegistry())
+    trackers: list[VersionTracker] = []
+    try:
+        pub = await VersionPublisher(bus, "p-limit").start()
+        async with pub.update():
+            pass
+
+        def deaf() -> list[VersionTracker]:
+            return [t for t in trackers if t.deaf_reason is not None and not t.ready]
+
+        # History reads hold short-lived consumers too, so the limit is reached after a few trackers.
+        while not deaf():
+            assert len(trackers) < 8, "four consumers should not hold eight trackers"
+            tracker = VersionTracker(bus, "p-limit", metrics=metrics, retry_delay=0.05, max_retry_delay=0.2)
+            trackers.append(await tracker.start())
+            await wait_until(lambda t=tracker: t.ready or t.deaf_reason is not None, 20, "ready or deaf")
+        shut_out = deaf()[0]
+        with pytest.raises(TrackerNotReadyError, match="max_consumers"):
+            shut_out.current  # noqa: B018  # reading the version of a deaf tracker is an error, not a guess
+        assert "max_consumers" in (shut_out.deaf_reason or "") and "weightbus stream create" in (
+            shut_out.deaf_reason or ""
+        )
+        for tracker in [t for t in trackers if t.ready]:
+            await tracker.aclose()  # room again: the one shut out gets in by itself
+        assert await shut_out.wait_ready(30) == 1
+    finally:
+        for tracker in trackers:
+            await tracker.aclose()
+        await bus.aclose()

@@ -51,6 +51,8 @@ log = logging.getLogger("weightbus.bus")
 _SEQ_TOKEN_V1: Final = 5
 _SEQ_TOKEN_V2: Final = 7
 
+#: JetStream's "maximum consumers limit reached".
+_CONSUMER_LIMIT: Final = 10026
 _DELIVER: Final = {
     Deliver.LAST_PER_SUBJECT: DeliverPolicy.LAST_PER_SUBJECT,
     Deliver.NEW: DeliverPolicy.NEW,
@@ -108,7 +110,16 @@ class NatsSubscription(QueueSubscription):
                         pending_bytes_limit=0,
                     ),
                 )
-            except (nats.errors.Error, nats.js.errors.Error) as exc:
+            except nats.js.errors.APIError as exc:
+                if exc.err_code == _CONSUMER_LIMIT:
+                    raise BusError(
+                        f"cannot subscribe to {self.pattern!r}: stream {self._bus.stream} has all the consumers it "
+                        f"allows (its max_consumers; nats-server 2.15 gives a stream that sets none 1,000); every "
+                        "tracker, drain, watch and follow holds one: raise it with `weightbus stream create` "
+                        "(which sets 10,000 where none is set) or `nats stream edit --max-consumers`"
+                    ) from None
+                raise BusError(f"cannot subscribe to {self.pattern!r}: {exc!r}") from None
+            except nats.errors.Error as exc:
                 raise BusError(f"cannot subscribe to {self.pattern!r}: {exc!r}") from None
             self._source = self._js_sub
             pending = _natspy.delivery_queue(self._js_sub)

@@ -21,6 +21,7 @@ from weightbus.errors import BusConnectError, StreamConfigError, StreamNotFoundE
 __all__ = [
     "DEFAULT_DUPLICATE_WINDOW",
     "DEFAULT_HISTORY",
+    "MAX_CONSUMERS",
     "StreamRequirements",
     "check",
     "create_or_upgrade",
@@ -34,6 +35,9 @@ log = logging.getLogger("weightbus.bus")
 
 DEFAULT_HISTORY: Final = 256
 DEFAULT_DUPLICATE_WINDOW: Final = 120.0
+#: The consumers the stream allows: each tracker, drain, ``watch`` or ``follow`` holds one (an ordered consumer).
+#: nats-server 2.15 gives a stream that sets none (or -1) 1,000, so the 1,001st tracker could never subscribe.
+MAX_CONSUMERS: Final = 10_000
 _ALL: Final = f"{PREFIX}.>"
 _STREAM_NOT_FOUND: Final = 10059
 _NO_JETSTREAM: Final = "JetStream is not enabled on this server (start it with -js)"
@@ -74,6 +78,7 @@ def stream_config(
         # Reads of a subject's last message (the fence's and the tracker's health checks) are answered by
         # any replica, without a round through the stream leader.
         allow_direct=True,
+        max_consumers=MAX_CONSUMERS,
     )
 
 
@@ -228,6 +233,8 @@ async def create_or_upgrade(
         deny_delete=old.deny_delete or deny_delete,
         deny_purge=old.deny_purge or deny_purge,
         allow_direct=True,
+        # Unset (0 or -1) is the server's default, 1,000 on nats-server 2.15; a limit the operator set is kept.
+        max_consumers=old.max_consumers if (old.max_consumers or 0) > 0 else MAX_CONSUMERS,
     )
     if new == old:
         return "unchanged", info
