@@ -71,6 +71,7 @@ bench: venv $(BENCH_STAMP)
 	$(BIN)/python bench/drain.py && \
 	$(BIN)/python bench/update.py && \
 	$(BIN)/python bench/propagation.py && \
+	$(BIN)/python bench/fanout.py && \
 	$(BIN)/python bench/demo_overhead.py && \
 	$(BIN)/python bench/admission.py && \
 	echo "make bench: all benchmarks took $$(( $$(date +%s) - start )) s"

@@ -36,6 +36,7 @@ __all__ = [
     "Workers",
     "ensure_raw_stream",
     "ensure_weightbus_stream",
+    "publish_weightbus",
     "quantiles",
     "run_trial",
 ]
@@ -136,12 +137,13 @@ class RedisServer:
 
 
 class Workers:
-    """The subscriber processes, started once; a trial uses the first M."""
+    """The subscriber processes (``worker``, the propagation benchmark's by default), started once; a trial uses
+    the first M."""
 
-    def __init__(self, count: int, log_dir: Path, gc_freeze: bool) -> None:
+    def __init__(self, count: int, log_dir: Path, gc_freeze: bool, worker: Path = WORKER) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         self.logs = [log_dir / f"worker-{i}.log" for i in range(count)]
-        args = [sys.executable, str(WORKER)] + (["--gc-freeze"] if gc_freeze else [])
+        args = [sys.executable, str(worker)] + (["--gc-freeze"] if gc_freeze else [])
         try:
             for i in range(count):
                 with open(self.logs[i], "w") as log:
@@ -169,7 +171,11 @@ class Workers:
 
     def command(self, m: int, cmd: dict[str, Any]) -> None:
         """Send ``cmd`` to the first ``m`` workers and wait until each says it is subscribed."""
-        for proc in self.procs[:m]:
+        self.command_each(m, [cmd] * m)
+
+    def command_each(self, m: int, cmds: list[dict[str, Any]]) -> None:
+        """Send ``cmds[i]`` to worker ``i`` of the first ``m`` and wait until each says it is subscribed."""
+        for proc, cmd in zip(self.procs[:m], cmds, strict=True):
             assert proc.stdin is not None
             proc.stdin.write(json.dumps(cmd) + "\n")
             proc.stdin.flush()
@@ -198,7 +204,7 @@ def _pace(start: float, i: int, interval: float) -> float:
     return max(0.0, start + i * interval - time.monotonic())
 
 
-async def _publish_weightbus(url: str, policy: str, n: int, interval: float) -> tuple[list[int], list[float]]:
+async def publish_weightbus(url: str, policy: str, n: int, interval: float) -> tuple[list[int], list[float]]:
     bus = await connect(url, name="bench-publisher")
     sent: list[int] = []
     calls: list[float] = []
@@ -329,7 +335,7 @@ def run_trial(
     env["http"].version = 0  # before the subscribers' first poll: a fresh trial starts from nothing
     workers.command(m, cmd)
     if row in ("weightbus", "jetstream_events"):
-        sent, calls = run_loop(_publish_weightbus(env["nats"], cmd["policy"], n, args.interval))
+        sent, calls = run_loop(publish_weightbus(env["nats"], cmd["policy"], n, args.interval))
     elif row in ("nats_core", "jetstream"):
         sent, calls = run_loop(_publish_nats(env["nats"], cmd["subject"], n, args.interval, row == "jetstream"))
     elif row == "redis":

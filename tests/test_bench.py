@@ -112,3 +112,25 @@ def test_admission_pooled_pools_the_committed_runs_pair_by_pair(tmp_path: Path) 
         diffs = [d for run in runs for d in run[bound]["bounded"]["reward_vs_off_each"]]
         assert pooled[bound]["bounded"]["pairs"] == len(diffs)
         assert abs(pooled[bound]["bounded"]["reward_vs_off"] - sum(diffs) / len(diffs)) < 1e-12
+
+
+def test_fanout_delivers_every_version_to_every_follower_on_one_server_and_the_cluster(tmp_path: Path) -> None:
+    _run(
+        "fanout.py",
+        *("--trackers", "16", "--processes", "4", "--versions", "5", "--interval", "0.05", "--repeats", "1"),
+        *("--out", str(tmp_path)),
+        timeout=240,
+    )
+    result = json.loads((tmp_path / "fanout.json").read_text())
+    trials = result["trials"]
+    assert {(t["server"], t["layout"], t["row"]) for t in trials} == {
+        (server, layout, row)
+        for server in ("single", "cluster")
+        for layout in ("coroutines", "processes")
+        for row in ("weightbus", "jetstream")
+    }
+    for t in trials:
+        assert t["error"] is None and t["lost"] == 0, t
+        assert t["followers"] == 16 and t["deliveries"] == 16 * 5 and t["server_cpu_s"] >= 0
+    report = (tmp_path / "fanout.md").read_text()
+    assert report.count("| single | coroutines |") == 3  # two rows and the ratio
