@@ -133,8 +133,8 @@ class HostTrainer:
         rank0 = runtime.rank() == 0
         session: Session | None = None
         if rank0:
-            session = Session(self.cell(updater), updater, runtime, self.plan(updater, kind, runtime))
             try:
+                session = Session(self.cell(updater), updater, runtime, self.plan(updater, kind, runtime))
                 session.enter()
             except BaseException as exc:
                 runtime.share(f"{type(exc).__name__}: {exc}")  # the other ranks raise instead of waiting
