@@ -6,16 +6,14 @@ succeeded)`` when the rollout function's module defines them: re-exported from w
 user of that branch patches nothing. The number that counts is the bus's (the trainer half takes it from the
 fenced counter); after a successful update the hook reads the newest announced version once and, when slime's
 count differs (a resume or a failover restarts slime's at 0), says so loudly (an error line and
-``weightbus_host_version_mismatch_total``) and answers the bus's number. slime main has neither hook.
+``weightbus_host_version_mismatches_total``) and answers the bus's number. slime main has neither hook.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Final
-
-from prometheus_client import Counter
+from typing import Any
 
 from weightbus.bus import subjects
 from weightbus.bus.history import read_subject_history
@@ -26,23 +24,6 @@ from weightbus.integrations.slime.trainer import SLIME
 from weightbus.schemas import WeightUpdated
 
 __all__ = ["after_weight_update", "announced_version", "before_weight_update"]
-
-_lock = threading.Lock()
-_mismatches: Counter | None = None
-_HELP: Final = "Updates after which the host's own version count differed from the bus's announced version."
-
-
-def _mismatch_counter() -> Counter:
-    global _mismatches
-    with _lock:
-        if _mismatches is None:
-            _mismatches = Counter(
-                "weightbus_host_version_mismatch",
-                _HELP,
-                ["policy", "host"],
-                registry=process_metrics().registry,
-            )
-        return _mismatches
 
 
 def announced_version(settings: SlimeSettings) -> int | None:
@@ -116,7 +97,7 @@ def after_weight_update(policy_version: int, succeeded: bool, *args: Any, **kwar
         )
         return None
     if bus != policy_version:
-        _mismatch_counter().labels(settings.policy, "slime").inc()
+        process_metrics().drain.for_policy(settings.policy).version_mismatched()
         SLIME.log.error(
             "slime's policy_version %s is not the bus's version %s: weightbus' number is the one samples carry",
             policy_version,
