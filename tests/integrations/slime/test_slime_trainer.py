@@ -41,12 +41,37 @@ _TOUCH = ("/pause_generation", "/continue_generation", "/update_weight_version",
 
 
 class Engines:
-    """Reference engines over real HTTP (slime's external engines: every job finds them)."""
+    """Reference engines over real HTTP (slime's external engines: every job finds them).
+
+    ``watch(nats_url, policy)`` records, at every resume of every engine, its label and the newest version on
+    the bus then (``resumes``).
+    """
 
     def __init__(self, n: int) -> None:
         self.states = [EngineState() for _ in range(n)]
-        self.servers = [ServedEngine(create_app(s)).start() for s in self.states]
+        self.resumes: list[tuple[str, int | None]] = []
+        self._watching: tuple[str, str] | None = None
+        self.servers = [ServedEngine(self._watched(create_app(s), s)).start() for s in self.states]
         self.urls = [s.url for s in self.servers]
+
+    def _watched(self, app: Any, state: EngineState) -> Any:
+        async def watched(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and scope["path"] == "/continue_generation" and self._watching is not None:
+                newest = max(await asyncio.to_thread(announced, *self._watching), default=None)
+                self.resumes.append((state.weight_version, newest))
+            await app(scope, receive, send)
+
+        return watched
+
+    def watch(self, nats_url: str, policy: str) -> None:
+        self._watching = (nats_url, policy)
+
+    def assert_announced_before_resumed(self) -> None:
+        """No engine resumed carrying a number the bus had not announced yet."""
+        assert self.resumes
+        for label, newest in self.resumes:
+            if label.isdigit():
+                assert newest is not None and int(label) <= newest, (label, newest)
 
     def labels(self) -> list[str]:
         return [s.weight_version for s in self.states]
@@ -151,6 +176,7 @@ def test_restarts_never_reuse_a_number_and_the_job_before_is_fenced_twice_over(
     nats_url: str, slime_env: str, engines: Engines, jobs: Jobs, with_weightbus: bool
 ) -> None:
     hook = INSTALL if with_weightbus else None
+    engines.watch(nats_url, slime_env)
     first = jobs.run(custom_megatron_init_path=hook, start_rollout_id=0, num_rollout=2)
     weights_first = engines.fingerprints()
     # The job restarts from its rollout-2 checkpoint: a new driver, new actors (slime hands them
@@ -179,6 +205,7 @@ def test_restarts_never_reuse_a_number_and_the_job_before_is_fenced_twice_over(
     assert (counts(first), counts(second), counts(third)) == ([1, 2, 3], [5, 6, 7, 8], [10, 11, 12])
     assert announced(nats_url, slime_env) == numbers
     assert engines.labels() == [str(numbers[-1])] * 2
+    engines.assert_announced_before_resumed()
 
 
 @pytest.mark.slow
@@ -202,18 +229,24 @@ def test_update_weight_start_version_is_a_floor_never_the_source(
 
 
 @pytest.mark.slow
-def test_a_merged_lora_push_through_the_colocated_updater_is_stamped_and_announced(
+def test_a_merged_lora_push_through_the_colocated_updater_is_stamped_and_announced_across_a_restart(
     nats_url: str, slime_env: str, engines: Engines, jobs: Jobs
 ) -> None:
     # slime has no adapter push (slime#1865 merges the adapters and pushes full weights): each rank loads
-    # its own colocated engine, so rank 1's loads carry the number rank 0 shared.
-    group = jobs.run(colocate=True, enable_lora=True, num_rollout=2)
-    assert counts(group) == [1, 2, 3]
-    assert engines.labels() == ["3", "3"]
+    # its own colocated engine, so rank 1's loads carry the number rank 0 shared, across a restart too.
+    engines.watch(nats_url, slime_env)
+    first = jobs.run(colocate=True, enable_lora=True, num_rollout=2)
+    second = jobs.run(colocate=True, enable_lora=True, start_rollout_id=2, num_rollout=3)
+    assert counts(first) == [1, 2, 3] and counts(second) == [5, 6]  # every rank: the bus's number
+    assert engines.labels() == ["6", "6"]
     events = [e for e in bus_events(nats_url, subjects.weights(slime_env)) if isinstance(e, WeightUpdated)]
-    assert [e.version for e in events] == [1, 2, 3]
+    assert [e.version for e in events] == [1, 2, 3, 5, 6]
     for event in events:
         assert event.lora is None and sorted(event.engines) == sorted(engines.urls)  # both engines stamped
+    engines.assert_announced_before_resumed()
+    # weightbus pauses as slime's own pause_generation() does: SGLang's default, abort
+    modes = {r.body.get("mode") for s in engines.states for r in s.recorded("/pause_generation")}
+    assert modes == {"abort"}
 
 
 # -- a restarted engine -------------------------------------------------------------------------------------
@@ -256,8 +289,10 @@ def test_the_disk_delta_names_its_files_by_slime_count_and_labels_by_the_bus(
     )
     assert announced(nats_url, slime_env)[2:] and min(announced(nats_url, slime_env)[2:]) > 2
     assert engines.labels() == [str(announced(nats_url, slime_env)[-1])] * 2
-    assert_fenced(first, engines)
-    assert second is not None
+    chain = {p.name: sorted(q.name for q in p.iterdir()) for p in disk.iterdir()}
+    assert_fenced(first, engines)  # before it writes a file
+    assert {p.name: sorted(q.name for q in p.iterdir()) for p in disk.iterdir()} == chain
+    assert counts(second)[-1] == announced(nats_url, slime_env)[-1]
 
 
 # -- the install: all or nothing ----------------------------------------------------------------------------

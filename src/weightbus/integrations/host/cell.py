@@ -83,7 +83,7 @@ class Cell:
             nats_url=None if s.trainer_metrics is not None else s.nats,
             bus_factory=self._connect if s.trainer_metrics is not None else None,
             trainer_id=s.trainer_id or process_identity(self.host.name),
-            pause=getattr(self.args, "pause_generation_mode", None) or "retract",
+            pause=getattr(self.args, "pause_generation_mode", None) or self.host.pause,
             connect_timeout=s.connect_timeout,
             floor=s.floor,
             options=s.options,

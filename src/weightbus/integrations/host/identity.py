@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from weightbus.engines.sglang import PauseMode
 from weightbus.integrations.host.engines import EngineReach
 
 __all__ = ["Host"]
@@ -23,11 +24,15 @@ class Host:
         name: ``"miles"``, ``"slime"``: log lines, ``<name>:<hostname>:<pid>`` trainer ids, ``InstallError``.
         commit: the host commit the patches were written against (full hash).
         reach: how its engine handles become the fleet's engines.
+        pause: the pause mode weightbus' pause uses when ``args.pause_generation_mode`` does not say (the one
+            the host's own pause uses: miles' ``retract``; slime's ``pause_generation()`` sends SGLang's
+            default, ``abort``).
     """
 
     name: str
     commit: str
     reach: EngineReach
+    pause: PauseMode = "retract"
 
     @property
     def log(self) -> logging.Logger:

@@ -22,8 +22,9 @@ __all__ = ["SLIME", "SLIME_COMMIT", "SlimeTrainer"]
 SLIME_COMMIT: Final = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 
 #: slime as the shared trainer half sees it: its ``SGLangEngine`` handle has no relabel method, so weightbus
-#: reaches each engine at its ``get_url()`` with its own client.
-SLIME: Final = Host("slime", SLIME_COMMIT, http_engines)
+#: reaches each engine at its ``get_url()`` with its own client; its ``pause_generation()`` sends no mode
+#: (SGLang's default, ``abort``: slime's fully-async rollout recycles aborted groups): weightbus pauses alike.
+SLIME: Final = Host("slime", SLIME_COMMIT, http_engines, pause="abort")
 
 
 class SlimeTrainer(HostTrainer):
