@@ -31,7 +31,7 @@ from weightbus.bus.nats import connect
 from weightbus.errors import InstallError
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
-from weightbus.schemas import EngineOutOfSync, WeightUpdated
+from weightbus.schemas import EngineOutOfSync, FleetQuarantined, WeightUpdated
 
 pytestmark = pytest.mark.nats
 
@@ -51,17 +51,32 @@ class Engines:
         self.states = [EngineState() for _ in range(n)]
         self.resumes: list[tuple[str, int | None]] = []
         self._watching: tuple[str, str] | None = None
-        self.servers = [ServedEngine(self._watched(create_app(s), s)).start() for s in self.states]
+        self._fail: dict[int, tuple[str, int, str]] = {}  # engine -> (path, nth request from now, message)
+        self.servers = [ServedEngine(self._watched(create_app(s), s, i)).start() for i, s in enumerate(self.states)]
         self.urls = [s.url for s in self.servers]
 
-    def _watched(self, app: Any, state: EngineState) -> Any:
+    def _watched(self, app: Any, state: EngineState, index: int) -> Any:
         async def watched(scope: Any, receive: Any, send: Any) -> None:
+            failing = self._fail.get(index)
+            if scope["type"] == "http" and failing is not None and scope["path"] == failing[0]:
+                path, nth, message = failing
+                self._fail[index] = (path, nth - 1, message)
+                state.fail_weight_updates = message if nth == 1 else None
             if scope["type"] == "http" and scope["path"] == "/continue_generation" and self._watching is not None:
                 newest = max(await asyncio.to_thread(announced, *self._watching), default=None)
                 self.resumes.append((state.weight_version, newest))
             await app(scope, receive, send)
 
         return watched
+
+    def fail(self, engine: int, path: str, nth: int, message: str) -> None:
+        """The ``nth`` request to ``path`` from now on engine ``engine`` fails with ``message`` (only that one)."""
+        self._fail[engine] = (path, nth, message)
+
+    def heal(self) -> None:
+        self._fail.clear()
+        for state in self.states:
+            state.fail_weight_updates = None
 
     def watch(self, nats_url: str, policy: str) -> None:
         self._watching = (nats_url, policy)
@@ -268,6 +283,33 @@ def test_an_engine_restarted_to_default_is_alerted_before_the_full_push_covers_i
     }  # never silently re-stamped
     assert engines.labels() == ["2", "2"]  # the whole model reached it: stamped with the other
     assert announced(nats_url, slime_env) == [1, 2]
+
+
+# -- a failed push -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_push_that_fails_halfway_leaves_the_engines_quarantined_and_its_number_used_up(
+    nats_url: str, slime_env: str, engines: Engines, jobs: Jobs
+) -> None:
+    first = jobs.run(num_rollout=0)
+    assert engines.labels() == ["1", "1"]
+    # Engine 1 fails the second bucket: engine 0 already took the first, labelled "2" by slime's payload.
+    engines.fail(1, "/update_weights_from_distributed", 2, "CUDA error: an illegal memory access")
+    with pytest.raises(RayTaskError, match="illegal memory access"):
+        first.update_weights()
+    assert engines.labels() == ["quarantine:2", "quarantine:2"]  # not on a number, not even engine 0
+    assert all(s.pause_mode is None for s in engines.states)  # resumed: their samples are refused, not lost
+    assert announced(nats_url, slime_env) == [1]
+    found = bus_events(nats_url, subjects.alerts(slime_env))
+    quarantined = [(a.version, a.label, a.reason) for a in found if isinstance(a, FleetQuarantined)]
+    assert quarantined == [(2, "quarantine:2", "update_failed")]
+
+    # slime's job is gone (its other rank waits at a barrier forever); the restarted job goes on above 2.
+    engines.heal()
+    second = jobs.run(num_rollout=0)
+    assert counts(second)[0] > 2 and engines.labels() == [str(counts(second)[0])] * 2
+    assert announced(nats_url, slime_env) == [1, counts(second)[0]]
 
 
 # -- the disk delta -----------------------------------------------------------------------------------------
