@@ -36,7 +36,7 @@ def run_original(updater: Any, original: Callable[[Any], None], session: Session
 
 
 class Session:
-    """Rank 0's side of one update: the ``SyncUpdate`` and what miles' engine calls turn into."""
+    """Rank 0's side of one update: the ``SyncUpdate`` and what the host's engine calls turn into."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class Session:
                 # the run's first sync; engines that serve an announced version were never reset, and
                 # a reload would take them back to the boot weights: they keep what they serve.
                 return handle.get_weight_version.remote()
-            # Otherwise miles' reload of the boot checkpoint keeps miles' "0": version 0 is the
+            # Otherwise the host's reload of the boot checkpoint keeps the host's "0": version 0 is the
             # pre-training baseline, what the reload loads (judged the oldest there is).
             return method.remote(*args, **kwargs)
         if name == "pull_weights" and self.update is None and not self.fence_checked:
