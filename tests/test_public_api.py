@@ -96,6 +96,7 @@ def test_event_and_staleness_path_stays_light() -> None:
     code = (
         "import sys, weightbus, weightbus.bus, weightbus.schemas, weightbus.rules, weightbus.consumers,"
         " weightbus.producers, weightbus.engines, weightbus.embedded, weightbus.integrations.miles,"
+        " weightbus.integrations.slime,"
         " weightbus.rl, weightbus.rl.task, weightbus.rl.batches, weightbus.refengine;"
         "heavy = [m for m in ('torch', 'starlette', 'uvicorn', 'sglang') if m in sys.modules];"
         "print(','.join(heavy))"

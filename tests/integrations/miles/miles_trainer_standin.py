@@ -56,13 +56,14 @@ import types
 import uuid
 from argparse import Namespace
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.integrations.ray_standin import ActorHandle, get, put
 
 __all__ = [
     "ActorHandle",
@@ -92,68 +93,7 @@ log = logging.getLogger("tests.miles_trainer_standin")
 
 LORA_ADAPTER_NAME = "miles_lora"
 
-# -- ray --------------------------------------------------------------------------------------------------
-
-
-class RayTaskError(RuntimeError):
-    """What ``ray.get`` raises for a task that failed (the cause is chained)."""
-
-
-class ObjectRef:
-    def __init__(self, future: Future[Any]) -> None:
-        self.future = future
-
-
-class _ActorId:
-    def __init__(self) -> None:
-        self._hex = uuid.uuid4().hex[:16]
-
-    def hex(self) -> str:
-        return self._hex
-
-
-class _ActorMethod:
-    def __init__(self, actor: ActorHandle, name: str) -> None:
-        self._actor, self._name = actor, name
-
-    def remote(self, *args: Any, **kwargs: Any) -> ObjectRef:
-        fn = getattr(self._actor._obj, self._name)
-        return ObjectRef(self._actor._executor.submit(fn, *args, **kwargs))
-
-    def options(self, **_: Any) -> _ActorMethod:
-        return self
-
-
-class ActorHandle:
-    """A Ray actor handle: ``handle.method.remote(...)`` runs on the actor's thread, one call at a time."""
-
-    def __init__(self, obj: Any) -> None:
-        self._obj = obj
-        self._actor_id = _ActorId()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"actor-{type(obj).__name__}")
-
-    def __getattr__(self, name: str) -> _ActorMethod:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return _ActorMethod(self, name)
-
-    def kill(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _get(refs: Any, timeout: float | None = 30.0) -> Any:
-    if isinstance(refs, list):
-        return [_get(r, timeout) for r in refs]
-    try:
-        return refs.future.result(timeout)
-    except Exception as exc:
-        raise RayTaskError(f"the task failed: {type(exc).__name__}: {exc}") from exc
-
-
-def _put(value: Any) -> ObjectRef:
-    future: Future[Any] = Future()
-    future.set_result(value)
-    return ObjectRef(future)
+# -- ray (the handles and refs: tests.integrations.ray_standin) ----------------------------------------------
 
 
 class _RuntimeContext:
@@ -168,8 +108,8 @@ class _RuntimeContext:
 DEFAULT_JOB_ID = "01000000"
 
 ray = types.ModuleType("ray")
-ray.get = _get  # type: ignore[attr-defined]
-ray.put = _put  # type: ignore[attr-defined]
+ray.get = get  # type: ignore[attr-defined]
+ray.put = put  # type: ignore[attr-defined]
 ray.get_runtime_context = _RuntimeContext  # type: ignore[attr-defined]
 
 

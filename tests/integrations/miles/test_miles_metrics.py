@@ -19,9 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integrations.miles.test_miles import DataBufferConstructorInput, announce, args, entry
 from weightbus.bus import MemoryBus, serve_metrics
 from weightbus.embedded.server import free_port
+from weightbus.integrations.host.cell import Cell
 from weightbus.integrations.host.metrics import process_metrics, serving
 from weightbus.integrations.miles import MilesSettings, WeightbusDataBuffer
-from weightbus.integrations.miles.cell import Cell
+from weightbus.integrations.miles.trainer import MILES
 
 
 async def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -157,7 +158,7 @@ async def test_both_halves_in_one_process_serve_one_port(
     monkeypatch.setenv("WEIGHTBUS_TRAINER_METRICS_PORT", str(port))
     settings = MilesSettings.from_args(Namespace(weightbus_policy=policy))
     assert settings.trainer_metrics == ("127.0.0.1", port)
-    cells = [Cell(settings, Namespace()), Cell(settings, Namespace())]  # two updaters of rank 0
+    cells = [Cell(MILES, settings, Namespace()), Cell(MILES, settings, Namespace())]  # two updaters of rank 0
     try:
         for cell in cells:
             cell.publisher.connect()

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 import weightbus.errors as errors
-import weightbus.integrations.miles.cell as miles_cell
+import weightbus.integrations.host.cell as miles_cell
 from weightbus.errors import BusError, WeightbusError
+from weightbus.integrations.miles.trainer import MILES
 
 _BUS_ERRORS = sorted(
     (c for c in vars(errors).values() if inspect.isclass(c) and issubclass(c, BusError)),
@@ -60,7 +61,7 @@ def _retrying(failures: list[BaseException], timeout: float = 60.0) -> tuple[Any
             raise planned.pop(0)
         return "taken"
 
-    cell = SimpleNamespace(settings=SimpleNamespace(policy="p", update_timeout=timeout))
+    cell = SimpleNamespace(host=MILES, settings=SimpleNamespace(policy="p", update_timeout=timeout))
     result = miles_cell.Cell._retrying(cell, attempt, "taking a version", "nothing was pushed")  # type: ignore[arg-type]
     return result, attempts
 

@@ -57,8 +57,8 @@ from weightbus.bus.nats import connect
 from weightbus.consumers import VersionTracker
 from weightbus.embedded.server import EmbeddedNats, free_port
 from weightbus.errors import BusConnectError, BusError, FencedError, InstallError
+from weightbus.integrations.host.engines import engine_name
 from weightbus.integrations.miles import MILES_COMMIT, WeightbusDataBuffer, install, install_fsdp, uninstall
-from weightbus.integrations.miles.engines import engine_name
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
 from weightbus.schemas import EngineOutOfSync, FleetQuarantined, PublisherClaimed, WeightUpdated
@@ -456,7 +456,7 @@ async def test_an_engine_restarted_to_default_is_alerted_and_stamped_only_when_t
     await run(cell.update_weights, engines_info(ref_engines.handles, new=True))
     ref_engines.restart(1)  # miles reconnects it (has_new_engines) at the next update
     info = engines_info(ref_engines.handles, new=True)
-    restarted = engine_name(ref_engines.handles[1], 1)
+    restarted = engine_name(ref_engines.handles[1], 1, "miles")
     if lora:  # miles unloads the adapter it loaded before, and the restarted engine has none: the push fails
         with pytest.raises(Exception, match="is not loaded"):
             await run(cell.update_weights, info)

@@ -131,6 +131,12 @@ class StalenessMetrics:
             ["policy"],
             registry=registry,
         )
+        self.version_mismatches = Counter(
+            f"{prefix}_host_version_mismatches",
+            "Updates after which the host's own version count was not the bus's announced version (the bus's won).",
+            ["policy"],
+            registry=registry,
+        )
         self.drain_current_version = Gauge(
             f"{prefix}_drain_current_version",
             "The version the last drain judged against (unset until one is known).",
@@ -236,6 +242,7 @@ class DrainMetrics:
         self._behind = families.tracker_behind.labels(policy)
         self._current = families.drain_current_version.labels(policy)
         self._regressions = families.version_regressions.labels(policy)
+        self._mismatches = families.version_mismatches.labels(policy)
         self._report_failures = families.report_failures.labels(policy)
         self._reports_dropped = families.reports_dropped.labels(policy)
 
@@ -260,6 +267,10 @@ class DrainMetrics:
     def version_regressed(self) -> None:
         """Count one regression of the host's own version (``weightbus_host_version_regressions_total``)."""
         self._regressions.inc()
+
+    def version_mismatched(self) -> None:
+        """Count one update after which the host's count was not the bus's (``*_host_version_mismatches_total``)."""
+        self._mismatches.inc()
 
     def set_current(self, current: int | None) -> None:
         """Record the version a drain judged against (left unchanged when None)."""

@@ -1,111 +1,19 @@
-"""The settings both halves of the miles integration read, by ``integrations.host.settings``' one lookup.
+"""The settings both halves of the miles integration read: ``integrations.host.settings``' under miles' name.
 
 Pure: no I/O beyond ``os.environ``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from weightbus.bus.options import ENV as CONNECT_ENV
-from weightbus.bus.options import ConnectOptions
-from weightbus.integrations.host.settings import DEFAULT_METRICS_HOST, DEFAULT_NATS, metrics_address, seconds, setting
+from weightbus.integrations.host.settings import DropInSettings, add_arguments
 
 __all__ = ["MilesSettings", "add_arguments"]
 
 
-def add_arguments(parser: Any) -> Any:
-    """Add weightbus' metrics flags to miles' ``argparse`` parser, and return it.
+class MilesSettings(DropInSettings):
+    """What both halves need to reach the bus, and what the trainer half needs to publish (``DropInSettings``).
 
-    ``--weightbus-metrics-port``, ``--weightbus-trainer-metrics-port``, ``--weightbus-metrics-host``: the
-    ``args`` attributes ``metrics_address`` reads. miles calls it as the generate function's ``add_arguments``
-    (with ``--custom-generate-function-path weightbus.integrations.miles.generate``); a launcher can pass it
-    to miles' ``parse_args(add_custom_arguments=...)``.
-    """
-    group = parser.add_argument_group("weightbus")
-    group.add_argument(
-        "--weightbus-metrics-port",
-        type=int,
-        default=None,
-        help="Serve the rollout half's Prometheus metrics on this port (WEIGHTBUS_METRICS_PORT).",
-    )
-    group.add_argument(
-        "--weightbus-trainer-metrics-port",
-        type=int,
-        default=None,
-        help="Serve the trainer half's Prometheus metrics on this port, on rank 0 (WEIGHTBUS_TRAINER_METRICS_PORT).",
-    )
-    group.add_argument(
-        "--weightbus-metrics-host",
-        default=None,
-        help=f"Interface the metrics ports bind (WEIGHTBUS_METRICS_HOST, else {DEFAULT_METRICS_HOST}).",
-    )
-    return parser
-
-
-@dataclass(frozen=True, slots=True)
-class MilesSettings:
-    """What both halves need to reach the bus, and what the trainer half needs to publish.
-
-    Attributes:
-        policy: the policy id (``weightbus_policy`` / ``WEIGHTBUS_POLICY``; required).
-        nats: the NATS URL (``weightbus_nats`` / ``WEIGHTBUS_NATS``).
-        options: credentials and TLS (``weightbus_creds``, ``weightbus_token``, ``weightbus_user``,
-            ``weightbus_password``, ``weightbus_nkey_seed``, ``weightbus_tls_ca``, ``weightbus_tls_cert``,
-            ``weightbus_tls_key``, else the ``WEIGHTBUS_*`` variables of ``weightbus.bus.options``).
-        connect_timeout: seconds the first connect may take (``WEIGHTBUS_CONNECT_TIMEOUT``, 5).
-        update_timeout: seconds ``update_weights`` keeps retrying to take a number while the bus
-            does not answer, before it raises (``WEIGHTBUS_UPDATE_TIMEOUT``, 30).
-        floor: the version of the checkpoint the trainer resumed from (``WEIGHTBUS_FLOOR``): the
-            counter resumes above it even when the bus lost its history; None to rely on the bus.
-        trainer_id: the trainer's readable name on the bus (``WEIGHTBUS_TRAINER_ID``; default
-            ``miles:<host>:<pid>``).
-        trainer_metrics: where rank 0 serves the trainer half's metrics (``weightbus_trainer_metrics_port`` /
-            ``WEIGHTBUS_TRAINER_METRICS_PORT``, with ``WEIGHTBUS_METRICS_HOST``); None: not served.
+    The trainer's readable name defaults to ``miles:<hostname>:<pid>``.
     """
 
-    policy: str
-    nats: str
-    options: ConnectOptions
-    connect_timeout: float = 5.0
-    update_timeout: float = 30.0
-    floor: int | None = None
-    trainer_id: str | None = None
-    trainer_metrics: tuple[str, int] | None = None
-
-    @classmethod
-    def from_args(cls, args: Any) -> MilesSettings:
-        """The settings for ``args`` (miles' namespace; None for the environment alone).
-
-        Raises:
-            ValueError: no policy, a timeout or floor that is not a number, or a metrics port that is not a port.
-            BusConfigError: credentials or TLS settings that cannot work together.
-        """
-        policy = setting(args, "weightbus_policy", "WEIGHTBUS_POLICY")
-        if not policy:
-            raise ValueError(
-                "set the policy to publish and follow: args.weightbus_policy or the WEIGHTBUS_POLICY "
-                "environment variable"
-            )
-        overrides = {field: getattr(args, f"weightbus_{field}", None) or None for field in CONNECT_ENV}
-        overrides.pop("replicas", None)
-        options = ConnectOptions.from_env(**overrides)
-        raw_floor = setting(args, "weightbus_floor", "WEIGHTBUS_FLOOR")
-        floor: int | None = None
-        if raw_floor is not None:
-            try:
-                floor = int(raw_floor)
-            except ValueError:
-                why = f"WEIGHTBUS_FLOOR (args.weightbus_floor) must be a version, not {raw_floor!r}"
-                raise ValueError(why) from None
-        return cls(
-            policy=policy,
-            nats=setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS) or DEFAULT_NATS,
-            options=options,
-            connect_timeout=seconds(args, "weightbus_connect_timeout", "WEIGHTBUS_CONNECT_TIMEOUT", "5"),
-            update_timeout=seconds(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT", "30"),
-            floor=floor,
-            trainer_id=setting(args, "weightbus_trainer_id", "WEIGHTBUS_TRAINER_ID"),
-            trainer_metrics=metrics_address(args, "weightbus_trainer_metrics_port", "WEIGHTBUS_TRAINER_METRICS_PORT"),
-        )
+    __slots__ = ()

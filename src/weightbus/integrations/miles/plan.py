@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import msgspec
 
-from weightbus.integrations.miles.runtime import Runtime
-from weightbus.producers.coverage import Push
+from weightbus.integrations.host.plan import Plan
+from weightbus.integrations.host.runtime import Runtime
 from weightbus.schemas import LoraAdapter
 
 __all__ = ["Kind", "Plan", "plan_update"]
@@ -27,16 +26,7 @@ _MULTI_LORA: Final = "miles.utils.multi_lora"
 Kind = Literal["mixin", "delta", "tensor", "fsdp"]
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """How one update maps onto ``VersionUpdate``."""
-
-    push: Push
-    labels: bool
-    lora: LoraAdapter | None
-
-
-def plan_update(updater: Any, kind: Kind, runtime: Runtime, labelling: Collection[type]) -> Plan:
+def plan_update(updater: Any, kind: str, runtime: Runtime, labelling: Collection[type]) -> Plan:
     """How ``updater``'s update maps onto the protocol.
 
     ``labelling``: the updater classes whose full push carries ``weight_version`` (``MilesTrainer.labelling``).

@@ -1,7 +1,7 @@
-"""``Cell``: rank 0's publisher for one miles weight updater, and its fleet over the engines miles connected.
+"""``Cell``: rank 0's publisher for one host weight updater, and its fleet over the engines the host connected.
 
 One publisher per claim of the policy's counter. Every path checks ownership (``check_owner``) before
-it touches anything shared; a cell that was fenced claims again only if miles picked it again (its
+it touches anything shared; a cell that was fenced claims again only if the host picked it again (its
 standing outranks the owner's, ``Runtime.standing``), else the ``FencedError`` stands and it never
 touches the owner's engines. Taking a number (``enter``) and the ownership read are retried while the
 bus does not answer, for at most ``WEIGHTBUS_UPDATE_TIMEOUT`` seconds; nothing is paused or pushed meanwhile.
@@ -11,7 +11,6 @@ With ``WEIGHTBUS_TRAINER_METRICS_PORT`` set, a cell's connections count on the p
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -22,47 +21,48 @@ from weightbus.errors import (
     BusError,
     FencedError,
 )
+from weightbus.integrations.host.engines import HandleFleet
+from weightbus.integrations.host.identity import Host
 from weightbus.integrations.host.metrics import MetricsLease, process_metrics, serve
-from weightbus.integrations.miles.config import MilesSettings
-from weightbus.integrations.miles.engines import MilesEngineFleet
-from weightbus.integrations.miles.plan import Plan
-from weightbus.integrations.miles.proxies import real_handle
-from weightbus.integrations.miles.runtime import Runtime
+from weightbus.integrations.host.plan import Plan
+from weightbus.integrations.host.proxies import real_handle
+from weightbus.integrations.host.runtime import Runtime
+from weightbus.integrations.host.settings import DropInSettings
 from weightbus.producers.sync import SyncUpdate, SyncVersionPublisher
 
 __all__ = ["Cell", "FleetHolder"]
-
-log = logging.getLogger("weightbus.integrations.miles")
 
 _T = TypeVar("_T")
 
 
 class FleetHolder:
-    """A cell's fleet, built on the publisher's loop from the handles miles connected."""
+    """A cell's fleet, built on the publisher's loop from the handles the host connected."""
 
-    def __init__(self) -> None:
-        self.fleet: MilesEngineFleet | None = None
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.fleet: HandleFleet | None = None
         self.handles: list[Any] = []
         self.ray_get: Callable[[Any], Any] | None = None
 
-    async def build(self) -> MilesEngineFleet:
+    async def build(self) -> HandleFleet:
         assert self.ray_get is not None
-        self.fleet = await MilesEngineFleet.build(self.handles, self.ray_get)
+        self.fleet = await HandleFleet.build(self.handles, self.ray_get, reach=self.host.reach, host=self.host.name)
         return self.fleet
 
 
 class Cell:
-    """Rank 0's publisher for one weight updater, and its fleet over miles' engines.
+    """Rank 0's publisher for one weight updater, and its fleet over the host's engines.
 
-    One publisher per claim: a cell that was fenced and that miles picked again (its standing, see
+    One publisher per claim: a cell that was fenced and that the host picked again (its standing, see
     ``Runtime.standing``, outranks the owner's claim) claims again with a new publisher; one that
-    miles did not pick stays fenced.
+    the host did not pick stays fenced.
     """
 
-    def __init__(self, settings: MilesSettings, args: Any) -> None:
+    def __init__(self, host: Host, settings: DropInSettings, args: Any) -> None:
+        self.host = host
         self.settings = settings
         self.args = args
-        self._holder = FleetHolder()
+        self._holder = FleetHolder(host)
         self.publisher = self._publisher(self._holder)
         address = settings.trainer_metrics
         self._served: MetricsLease | None = serve(address, "trainer") if address is not None else None
@@ -82,8 +82,8 @@ class Cell:
             s.policy,
             nats_url=None if s.trainer_metrics is not None else s.nats,
             bus_factory=self._connect if s.trainer_metrics is not None else None,
-            trainer_id=s.trainer_id or process_identity("miles"),
-            pause=getattr(self.args, "pause_generation_mode", None) or "retract",
+            trainer_id=s.trainer_id or process_identity(self.host.name),
+            pause=getattr(self.args, "pause_generation_mode", None) or self.host.pause,
             connect_timeout=s.connect_timeout,
             floor=s.floor,
             options=s.options,
@@ -107,16 +107,16 @@ class Cell:
         handles = getattr(updater, "rollout_engines", None)
         if handles is None:
             raise RuntimeError(
-                f"{type(updater).__name__}.rollout_engines is not set: miles connects its engines "
+                f"{type(updater).__name__}.rollout_engines is not set: {self.host.name} connects its engines "
                 "(connect_rollout_engines) before update_weights"
             )
         more = getattr(updater, "distributed_rollout_engines", None) or ()
-        # Inside miles' update (the disk delta enters at its pause) the updater holds our proxies.
+        # Inside the host's update (the disk delta enters at its pause) the updater holds our proxies.
         holder.handles = [real_handle(h) for h in (*handles, *more)]
         holder.ray_get = runtime.ray_get
 
     def ready(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
-        """The publisher, started (claimed) and pointed at the engines miles connected now."""
+        """The publisher, started (claimed) and pointed at the engines the host connected now."""
         holder = self._holder
         self._point(holder, updater, runtime)
         pub = self.publisher
@@ -130,13 +130,13 @@ class Cell:
     def check_owner(self, updater: Any, runtime: Runtime) -> None:
         """Own the counter or raise ``FencedError`` (``owned``: fenced, or claimed again); retried while the bus is out.
 
-        The one check every path makes before it touches anything shared (the disk delta's before miles
-        writes a file and before the first pull, ``enter``'s before the pause), so a cell miles picked
+        The one check every path makes before it touches anything shared (the disk delta's before the host
+        writes a file and before the first pull, ``enter``'s before the pause), so a cell the host picked
         again after another took the counter claims again wherever it first looks, and a zombie stays
         fenced wherever it first looks.
 
         Raises:
-            FencedError: fenced, and miles did not pick this cell after the owner.
+            FencedError: fenced, and the host did not pick this cell after the owner.
         """
         self._retrying(lambda: self.owned(updater, runtime), "reading the bus", "nothing was written or pushed")
 
@@ -147,7 +147,7 @@ class Cell:
         while True:
             try:
                 return attempt()
-            except BusError as exc:  # the bus only: an engine's failure fails miles' update, as without weightbus
+            except BusError as exc:  # the bus only: an engine's failure fails the host's update, as without weightbus
                 if not exc.retryable:
                     exc.add_note(f"weightbus does not retry {doing} after a {type(exc).__name__}; {untouched}")
                     raise
@@ -156,7 +156,7 @@ class Cell:
                         f"weightbus gave up {doing} after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); {untouched}"
                     )
                     raise
-                log.warning(
+                self.host.log.warning(
                     f"the bus did not answer while {doing}; retrying (nothing is written or pushed meanwhile)",
                     extra={"policy": self.settings.policy, "error": str(exc), "retry_in": delay},
                 )
@@ -164,7 +164,7 @@ class Cell:
                 delay = min(delay * 2, 5.0)
 
     def owned(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
-        """``ready``, and the counter's owner: claimed again if miles picked this cell after the owner.
+        """``ready``, and the counter's owner: claimed again if the host picked this cell after the owner.
 
         One read of the weights subject first (before anything pauses the owner's engines). A fenced
         cell claims again only through ``start(outrank=True)``: the bus's history, read by the claim
@@ -173,7 +173,7 @@ class Cell:
         stands: a zombie never touches the owner's engines.
 
         Raises:
-            FencedError: fenced, and miles did not pick this cell after the owner.
+            FencedError: fenced, and the host did not pick this cell after the owner.
         """
         pub = self.ready(updater, runtime)
         try:
@@ -185,14 +185,16 @@ class Cell:
     def _claim_again(self, updater: Any, runtime: Runtime, fenced: FencedError) -> SyncVersionPublisher:
         standing = runtime.standing()
         if standing is None:
-            fenced.add_note("miles' standing of this cell (quorum id, alive rank) is unknown: it stays fenced")
+            fenced.add_note(
+                f"{self.host.name} says nothing of this cell's standing (quorum id, alive rank): it stays fenced"
+            )
             raise fenced
-        try:  # reads only: a cell miles did not pick learns it without touching an engine
+        try:  # reads only: a cell the host did not pick learns it without touching an engine
             self.publisher.call(lambda p: p.check_outranks(standing))
         except FencedError as refused:
             refused.add_note(f"this cell stays fenced since {fenced}")
             raise refused from None
-        holder = FleetHolder()
+        holder = FleetHolder(self.host)
         self._point(holder, updater, runtime)
         fresh = self._publisher(holder)
         try:
@@ -202,8 +204,8 @@ class Cell:
             raise refused from None
         old, self.publisher, self._holder = self.publisher, fresh, holder
         old.close()
-        log.warning(
-            "miles picked this cell again after another took the counter: claimed it again",
+        self.host.log.warning(
+            f"{self.host.name} picked this cell again after another took the counter: claimed it again",
             extra={
                 "policy": self.settings.policy,
                 "quorum": standing.term,
@@ -219,7 +221,7 @@ class Cell:
 
         def attempt() -> SyncUpdate:
             # A cell that lost the counter raises here, before it pauses the owner's engines, unless
-            # miles picked it again after the owner (then it claims again); the take checks again.
+            # the host picked it again after the owner (then it claims again); the take checks again.
             pub = self.owned(updater, runtime)
             update = pub.update(lora=plan.lora, push=plan.push, labels=plan.labels)
             update.begin()  # its end (commit or abort) runs in the same task on the publisher's loop

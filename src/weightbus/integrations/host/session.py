@@ -1,10 +1,11 @@
-"""``Session``: rank 0's side of one miles update: its ``SyncUpdate``, and what miles' engine calls turn into.
+"""``Session``: rank 0's side of one host update: its ``SyncUpdate``, and what the host's engine calls turn into.
 
-For the length of miles' ``update_weights`` rank 0's engine handles are proxies (module ``proxies``)
-whose calls go through ``Session.intercept``: miles' ``pause_generation`` becomes weightbus' pause
+For the length of the host's ``update_weights`` rank 0's engine handles are proxies (module ``proxies``)
+whose calls go through ``Session.intercept``: the host's ``pause_generation`` becomes weightbus' pause
 (taken with the number), its ``update_weight_version`` is dropped (weightbus stamps and reads back),
 and its first ``continue_generation`` ends the update (stamp, verify, announce, then resume). An
-exception out of miles' update aborts it (quarantine and resume); the update ends once, either way.
+exception out of the host's update aborts it (quarantine and resume); the update ends once, either way.
+miles and slime drive their engines with the same calls (slime's disk delta is miles' too).
 """
 
 from __future__ import annotations
@@ -12,17 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from weightbus.integrations.miles.cell import Cell
-from weightbus.integrations.miles.plan import Plan
-from weightbus.integrations.miles.proxies import proxied
-from weightbus.integrations.miles.runtime import Runtime
+from weightbus.integrations.host.cell import Cell
+from weightbus.integrations.host.plan import Plan
+from weightbus.integrations.host.proxies import proxied
+from weightbus.integrations.host.runtime import Runtime
 from weightbus.producers.sync import SyncUpdate
 
 __all__ = ["Session", "run_original"]
 
 
 def run_original(updater: Any, original: Callable[[Any], None], session: Session | None) -> None:
-    """Run miles' ``update_weights`` with rank 0's engine calls through ``session``, and end the update."""
+    """Run the host's ``update_weights`` with rank 0's engine calls through ``session``, and end the update."""
     try:
         with proxied(updater, session, _INTERCEPTED):
             original(updater)
@@ -31,11 +32,11 @@ def run_original(updater: Any, original: Callable[[Any], None], session: Session
             session.abort(exc)
         raise
     if session is not None:
-        session.commit()  # miles never resumed (no continue_generation): close the update now
+        session.commit()  # the host never resumed (no continue_generation): close the update now
 
 
 class Session:
-    """Rank 0's side of one update: the ``SyncUpdate`` and what miles' engine calls turn into."""
+    """Rank 0's side of one update: the ``SyncUpdate`` and what the host's engine calls turn into."""
 
     def __init__(
         self,
@@ -86,21 +87,21 @@ class Session:
             exc.add_note(f"weightbus' quarantine after the failed update failed too: {cleanup!r}")
 
     def intercept(self, name: str, handle: Any, method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """What miles' call ``handle.<name>.remote(*args, **kwargs)`` does during this update."""
+        """What the host's call ``handle.<name>.remote(*args, **kwargs)`` does during this update."""
         if self.baseline:
             if name == "update_weights_from_disk" and self.keep:
                 # --check-weight-update-equal reloads the boot checkpoint to undo the checker's reset at
                 # the run's first sync; engines that serve an announced version were never reset, and
                 # a reload would take them back to the boot weights: they keep what they serve.
                 return handle.get_weight_version.remote()
-            # Otherwise miles' reload of the boot checkpoint keeps miles' "0": version 0 is the
+            # Otherwise the host's reload of the boot checkpoint keeps the host's "0": version 0 is the
             # pre-training baseline, what the reload loads (judged the oldest there is).
             return method.remote(*args, **kwargs)
         if name == "pull_weights" and self.update is None and not self.fence_checked:
             self.fence_checked = True  # the files are written; the engines are not touched yet: check again
             self.cell.check_owner(self.updater, self.runtime)
         if self.closed and name in _LOADS:
-            raise RuntimeError(f"miles called {name} after the update was announced; it was not sent")
+            raise RuntimeError(f"the host called {name} after the update was announced; it was not sent")
         if self.update is None and self.lazy and name in _STARTS:
             self.enter()  # the disk delta's pause, or a load that comes first: take, pause, mark pending
         if name == "pause_generation":
@@ -109,7 +110,7 @@ class Session:
             return handle.get_weight_version.remote()  # weightbus stamps, and reads back
         if name == "continue_generation":
             if self.update is None:
-                raise RuntimeError("miles resumed its engines in an update weightbus never entered")
+                raise RuntimeError("the host resumed its engines in an update weightbus never entered")
             self.commit()  # once: stamp, announce, then the resume; the later calls find it done
             return handle.get_weight_version.remote()
         if name == "update_weights_from_disk":

@@ -1,4 +1,4 @@
-"""Engine handles whose calls go through an update: rank 0's handles for the length of miles' ``update_weights``.
+"""Engine handles whose calls go through an update: rank 0's handles for the length of a host's ``update_weights``.
 
 ``proxied`` swaps the updater's ``rollout_engines`` (and ``distributed_rollout_engines``) for proxies
 and puts the real handles back afterwards, whatever happens; a proxy hands the calls named in
@@ -63,7 +63,7 @@ def real_handle(handle: Any) -> Any:
 
 @contextmanager
 def proxied(updater: Any, session: Interceptor | None, names: frozenset[str]) -> Iterator[None]:
-    """Rank 0's engine handles as proxies for the length of miles' update (other ranks: unchanged)."""
+    """Rank 0's engine handles as proxies for the length of the host's update (other ranks: unchanged)."""
     if session is None:
         yield
         return
