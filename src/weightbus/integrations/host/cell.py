@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from weightbus.backoff import Backoff, retry_sync
 from weightbus.bus.identity import process_identity
 from weightbus.bus.protocol import Bus
 from weightbus.errors import (
@@ -142,26 +143,29 @@ class Cell:
 
     def _retrying(self, attempt: Callable[[], _T], doing: str, untouched: str) -> _T:
         timeout = self.settings.update_timeout
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while True:
-            try:
-                return attempt()
-            except BusError as exc:  # the bus only: an engine's failure fails the host's update, as without weightbus
-                if not exc.retryable:
-                    exc.add_note(f"weightbus does not retry {doing} after a {type(exc).__name__}; {untouched}")
-                    raise
-                if time.monotonic() + delay > deadline:
-                    exc.add_note(
-                        f"weightbus gave up {doing} after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); {untouched}"
-                    )
-                    raise
-                self.host.log.warning(
-                    f"the bus did not answer while {doing}; retrying (nothing is written or pushed meanwhile)",
-                    extra={"policy": self.settings.policy, "error": str(exc), "retry_in": delay},
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+
+        def warn(exc: Exception, _attempt: int, wait: float) -> None:
+            self.host.log.warning(
+                f"the bus did not answer while {doing}; retrying (nothing is written or pushed meanwhile)",
+                extra={"policy": self.settings.policy, "error": str(exc), "retry_in": wait},
+            )
+
+        try:
+            # The bus only: an engine's failure fails the host's update, as it would without weightbus.
+            return retry_sync(
+                attempt,
+                Backoff(first_s=0.2, cap_s=5.0, deadline_s=timeout),
+                retry_on=_bus_retryable,
+                clock=time.monotonic,
+                sleep=time.sleep,
+                on_retry=warn,
+            )
+        except BusError as exc:
+            if exc.retryable:
+                exc.add_note(f"weightbus gave up {doing} after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); {untouched}")
+            else:
+                exc.add_note(f"weightbus does not retry {doing} after a {type(exc).__name__}; {untouched}")
+            raise
 
     def owned(self, updater: Any, runtime: Runtime) -> SyncVersionPublisher:
         """``ready``, and the counter's owner: claimed again if the host picked this cell after the owner.
@@ -228,3 +232,7 @@ class Cell:
             return update
 
         return self._retrying(attempt, "taking a version", "nothing was pushed")
+
+
+def _bus_retryable(exc: Exception) -> bool:
+    return isinstance(exc, BusError) and exc.retryable
