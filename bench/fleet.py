@@ -549,7 +549,7 @@ def _markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=lambda s: sorted(int(x) for x in s.split(",")), default=[1, 8, 64, 256])
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--delay", type=float, default=0.005, help="seconds every engine takes to answer")
     parser.add_argument("--slow", type=float, default=2.0, help="seconds the slow engine takes to answer")
