@@ -35,6 +35,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from weightbus.consumers import FullyAsyncBuffer, StalenessMetrics, StalenessStage
+from weightbus.consumers.drain.window import DrainWindow
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 SAMPLES_PER_GROUP = 8
@@ -120,10 +121,28 @@ def scan_floor(n: int, repeat: int = 3) -> dict[str, float]:
     stage = StalenessStage(
         max_staleness=MAX_STALENESS, on_stale="drop", metrics=StalenessMetrics(CollectorRegistry()).for_policy("b")
     )
+
+    def add_many(gs: list[Group]) -> None:  # the scan, and keeping or counting stale each group
+        window = DrainWindow(stage)
+        window.begin(CURRENT).add_many(gs)
+
+    def take_many(gs: list[Group]) -> None:  # and routing the stale ones (their waste)
+        window = DrainWindow(stage)
+        window.take_many(window.begin(CURRENT), gs)
+
+    def take_close(gs: list[Group]) -> None:  # and settling the kept ones (the bias account's buckets)
+        window = DrainWindow(stage)
+        tally = window.begin(CURRENT)
+        window.take_many(tally, gs)
+        window.close(tally)
+
     loops = {
         "walk_samples": _walk,
         "scan_labels": _labels_only,
         "scan_labels_tokens_rewards": _with_accounts,
+        "tally_add_many": add_many,
+        "window_take_many": take_many,
+        "window_take_many_close": take_close,
         "judge": lambda gs: stage.judge(gs, CURRENT),
     }
     out: dict[str, float] = {}
@@ -172,7 +191,10 @@ def profile(n: int, top: int = 20) -> str:
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
     # Paths relative to the checkout, so the committed file does not name this machine's directories.
     root = str(Path(__file__).resolve().parents[1]) + "/"
-    return out.getvalue().replace(root, "").replace(sys.prefix + "/", "")
+    text = out.getvalue().replace(root, "")
+    for prefix in {sys.prefix, sys.base_prefix}:
+        text = text.replace(prefix + "/", "")
+    return text
 
 
 def bench_buffer(n: int, repeat: int) -> dict[str, float]:
