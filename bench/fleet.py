@@ -15,10 +15,11 @@ read-back, one for the resume). Per phase: ``VersionUpdate.phases`` (``weightbus
 The fake server times and counts every request itself (arrival, answer, open connections, requests in flight).
 
 Then, on the N = 256 fleet: one engine answering after ``--slow`` seconds, then one answering 500 to every route
-(what the update does, and what the other 255 engines see), and the same fleet with ``max_connections=64``
-(connections bounded below the fleet: waves). Results: ``bench/results/fleet.json`` and ``fleet.md``.
+(what the update does, and what the other 255 engines see), and the same fleet with ``max_in_flight=64``
+(requests in flight bounded below the fleet: waves); before the rounds, one step of the biggest fleet through its
+own clients and through one shared httpx pool. Results: ``bench/results/fleet.json`` and ``fleet.md``.
 
-Usage: python bench/fleet.py [--sizes 1,8,64,256] [--rounds N] [--delay S] [--slow S] [--quick]
+Usage: python bench/fleet.py [--sizes 1,8,64,256] [--rounds N] [--delay S] [--slow S] [--fault-rounds N]
 """
 
 from __future__ import annotations
@@ -293,10 +294,15 @@ async def _run(args: argparse.Namespace, nats_url: str, server: _Server, receipt
         for n in sizes:
             pub = VersionPublisher(bus, f"fleet-{n}", fleet=fleets[n], pause="retract", metrics=metrics)
             pubs[n] = await pub.start()
-        await server.reset_peaks()
-        before = await server.stats()
+        # Before the rounds, in a fresh process (the rounds' records make a large heap).
+        out["clients"] = await _clients(fleets[max(sizes)], args.shared_repeats)
         records: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+        before: dict[str, int] = {}
         for i in range(args.warmup + args.rounds):
+            if i == args.warmup:
+                # After the warm-up: connections idle longer than httpx's keep-alive expiry (5 s) reopen there.
+                await server.reset_peaks()
+                before = await server.stats()
             order = sizes[i % len(sizes) :] + sizes[: i % len(sizes)]
             for n in order:
                 record = await _one_update(pubs[n], fleets[n], server)
@@ -385,6 +391,35 @@ async def _run(args: argparse.Namespace, nats_url: str, server: _Server, receipt
     finally:
         await bus.aclose()
     return out
+
+
+async def _clients(fleet: EngineFleet, repeats: int) -> dict[str, Any]:
+    """What one engine request costs this process, and one step of the fleet through one shared httpx pool.
+
+    The fleet's own clients (a small pool per engine) and one ``httpx.AsyncClient`` for every engine, its pool as
+    large as the fleet, take one ``read_versions`` step each, in turn; the process's CPU time is read around each.
+    """
+    n = len(fleet.urls)
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    own: list[dict[str, float]] = []
+    shared: list[dict[str, float]] = []
+    async with httpx.AsyncClient(timeout=30, limits=limits) as http:
+        pooled = EngineFleet([SGLangClient(u, http=http) for u in fleet.urls])
+        await pooled.read_versions()  # its connections open outside the timing
+        await fleet.read_versions()
+        for _ in range(repeats):
+            for target, rows in ((fleet, own), (pooled, shared)):
+                c0, t0 = cpu(), time.perf_counter()
+                labels = await target.read_versions()
+                failed = sum(isinstance(v, EngineError) for v in labels.values())
+                rows.append({"wall_s": time.perf_counter() - t0, "cpu_us_per_request": 1e6 * (cpu() - c0) / n})
+                rows[-1]["failed"] = failed
+    return {"engines": n, "own_pools": own, "one_shared_pool": shared}
 
 
 def _convergence(receipts: list[dict[str, Any]], policy: str, version: int, engines: int) -> dict[str, Any]:
@@ -501,13 +536,26 @@ def _markdown(result: dict[str, Any]) -> str:
         "## Connections and memory",
         "",
         f"* {conn['engines']} engines over the {len(sizes)} fleets: peak {conn['peak_open']} open connections, "
-        f"{conn['accepted_during_rounds']} accepted during the rounds (keep-alive: each engine's connection is "
-        f"reused), peak {conn['peak_requests_in_flight']} requests in flight at the server.",
+        f"{conn['accepted_during_rounds']} accepted during the measured rounds (keep-alive: each engine's "
+        f"connection is reused), peak {conn['peak_requests_in_flight']} requests in flight at the server.",
         f"* Building the {len(sizes)} fleets (`EngineFleet(urls)`: a small pool per engine, one TLS context): "
         f"{1000 * sc['build_s']:.1f} ms, +{sc['rss_added_mib']:.1f} MiB. One `httpx.AsyncClient` with its own "
         f"TLS context per engine (the previous `EngineFleet(urls)`), {cpe['engines']} engines: "
         f"{1000 * cpe['build_s']:,.0f} ms, +{cpe['rss_added_mib']:.1f} MiB.",
         f"* Peak RSS of the publisher process: {raw['peak_rss_mib']:.1f} MiB.",
+    ]
+    cl = raw["clients"]
+
+    def steps(rows: list[dict[str, float]]) -> str:
+        return ", ".join(
+            f"{1000 * r['wall_s']:,.0f} ms ({r['cpu_us_per_request']:.0f} µs CPU a request, {r['failed']:.0f} failed)"
+            for r in rows
+        )
+
+    lines += [
+        f"* One `read_versions` step of {cl['engines']} engines through the fleet's own clients: "
+        f"{steps(cl['own_pools'])}; through one `httpx.AsyncClient` whose pool holds {cl['engines']} "
+        f"connections: {steps(cl['one_shared_pool'])}.",
     ]
     b = raw["bounded"]
     pause = [r["phases"]["pause"] for r in b["rounds"]]
@@ -554,6 +602,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.005, help="seconds every engine takes to answer")
     parser.add_argument("--slow", type=float, default=2.0, help="seconds the slow engine takes to answer")
     parser.add_argument("--fault-rounds", type=int, default=2)
+    parser.add_argument("--shared-repeats", type=int, default=3, help="steps through one shared httpx pool")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--subscribe", help=argparse.SUPPRESS)
     parser.add_argument("--receipts", type=Path, help=argparse.SUPPRESS)
