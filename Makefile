@@ -65,11 +65,12 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev,engine,rl,bench]"
 	touch $(BENCH_STAMP)
 
-# All benchmarks, about 10 minutes on 2 cores; results in bench/results/ (json, md, png).
+# All benchmarks, about 11 minutes on 2 cores; results in bench/results/ (json, md, png).
 bench: venv $(BENCH_STAMP)
 	@start=$$(date +%s); \
-	$(BIN)/python bench/drain.py && \
+	$(BIN)/python bench/drain.py --profile && \
 	$(BIN)/python bench/update.py && \
+	$(BIN)/python bench/fleet.py && \
 	$(BIN)/python bench/propagation.py && \
 	$(BIN)/python bench/fanout.py && \
 	$(BIN)/python bench/demo_overhead.py && \

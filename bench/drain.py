@@ -8,16 +8,23 @@ one ``GET /model_info`` per drained group; here that is a sync ``httpx.Client`` 
 against a local stdlib ``ThreadingHTTPServer`` answering ``{"weight_version": "10"}``, plus the same
 comparison. Results go to stdout and ``bench/results/drain.json``. Stdlib, weightbus and httpx only.
 
-Usage: python bench/drain.py [--groups N] [--http-groups M] [--repeat R] [--out DIR]
+``--profile`` also writes ``drain-profile.txt``: cProfile's top functions for one ``judge`` and one buffer
+``drain`` of the same groups (docs/benchmarks.md#staleness-stage says where the time goes).
+
+Usage: python bench/drain.py [--groups N] [--http-groups M] [--repeat R] [--out DIR] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import json
+import math
 import os
 import platform
+import pstats
 import sys
 import threading
 import time
@@ -28,6 +35,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from weightbus.consumers import FullyAsyncBuffer, StalenessMetrics, StalenessStage
+from weightbus.consumers.drain.window import DrainWindow
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 
 SAMPLES_PER_GROUP = 8
@@ -68,6 +76,125 @@ def bench_stage(n: int, repeat: int) -> dict[str, float]:
         best = min(best, time.perf_counter() - start)
         kept = judgement.stats.kept
     return {"groups": n, "seconds": best, "groups_per_s": n / best, "kept": kept}
+
+
+def _walk(groups: list[Group]) -> None:
+    for group in groups:
+        for _ in group.samples:
+            pass
+
+
+def _labels_only(groups: list[Group]) -> None:
+    # The drain's scan before the waste and bias accounts: the cached label summary of each sample.
+    for group in groups:
+        lo, hi, flags = math.inf, -1, 0
+        for sample in group.samples:
+            f, o, n = sample._v
+            if o < lo:
+                lo = o
+            if n > hi:
+                hi = n
+            flags |= f
+
+
+def _with_accounts(groups: list[Group]) -> None:
+    # The scan with the accounts' inputs: response tokens and rewards (DrainTally.add_many's loop).
+    for group in groups:
+        lo, hi, flags, tokens, rewarded, reward_sum = math.inf, -1, 0, 0, 0, 0.0
+        for sample in group.samples:
+            f, o, n = sample._v
+            if o < lo:
+                lo = o
+            if n > hi:
+                hi = n
+            flags |= f
+            tokens += sample.response_length
+            r = sample.reward
+            if r is not None:
+                reward_sum += r
+                rewarded += 1
+
+
+def scan_floor(n: int, repeat: int = 3) -> dict[str, float]:
+    """ns per group (best of ``repeat``) of the bare loops the judgement cannot do without, beside ``judge``."""
+    groups = build_groups(n)
+    stage = StalenessStage(
+        max_staleness=MAX_STALENESS, on_stale="drop", metrics=StalenessMetrics(CollectorRegistry()).for_policy("b")
+    )
+
+    def add_many(gs: list[Group]) -> None:  # the scan, and keeping or counting stale each group
+        window = DrainWindow(stage)
+        window.begin(CURRENT).add_many(gs)
+
+    def take_many(gs: list[Group]) -> None:  # and routing the stale ones (their waste)
+        window = DrainWindow(stage)
+        window.take_many(window.begin(CURRENT), gs)
+
+    def take_close(gs: list[Group]) -> None:  # and settling the kept ones (the bias account's buckets)
+        window = DrainWindow(stage)
+        tally = window.begin(CURRENT)
+        window.take_many(tally, gs)
+        window.close(tally)
+
+    loops = {
+        "walk_samples": _walk,
+        "scan_labels": _labels_only,
+        "scan_labels_tokens_rewards": _with_accounts,
+        "tally_add_many": add_many,
+        "window_take_many": take_many,
+        "window_take_many_close": take_close,
+        "judge": lambda gs: stage.judge(gs, CURRENT),
+    }
+    out: dict[str, float] = {}
+    for name, loop in loops.items():
+        best = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            loop(groups)
+            best = min(best, time.perf_counter() - start)
+        out[f"{name}_ns_per_group"] = 1e9 * best / n
+    return out
+
+
+def profile(n: int, top: int = 20) -> str:
+    """cProfile's top functions (by own time) for one ``judge`` and one buffer ``drain`` of ``n`` groups."""
+    out = io.StringIO()
+    groups = build_groups(n)
+    stage = StalenessStage(
+        max_staleness=MAX_STALENESS, on_stale="drop", metrics=StalenessMetrics(CollectorRegistry()).for_policy("b")
+    )
+    stage.judge(groups, CURRENT)  # warm
+    prof = cProfile.Profile()
+    prof.enable()
+    stage.judge(groups, CURRENT)
+    prof.disable()
+    floor = scan_floor(n)
+    out.write(f"## ns per group of {SAMPLES_PER_GROUP} samples, best of 3, side by side (no profiler)\n\n")
+    for name, ns in floor.items():
+        out.write(f"{name:>40}: {ns:8.0f} ns\n")
+    out.write(f"\n## StalenessStage.judge of {n:,} groups of {SAMPLES_PER_GROUP}\n")
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+
+    async def drain_once() -> None:
+        metrics = StalenessMetrics(CollectorRegistry()).for_policy("b")
+        stage = StalenessStage(max_staleness=MAX_STALENESS, on_stale="drop", metrics=metrics)
+        buffer = FullyAsyncBuffer(n, stage=stage)
+        for group in build_groups(n):
+            await buffer.put(group)
+        prof.enable()
+        await buffer.drain(n - n // 4, CURRENT)
+        prof.disable()
+
+    prof = cProfile.Profile()
+    asyncio.run(drain_once())
+    out.write(f"## FullyAsyncBuffer.drain of {n:,} buffered groups of {SAMPLES_PER_GROUP}\n")
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    # Paths relative to the checkout, so the committed file does not name this machine's directories.
+    root = str(Path(__file__).resolve().parents[1]) + "/"
+    text = out.getvalue().replace(root, "")
+    for prefix in {sys.prefix, sys.base_prefix}:
+        text = text.replace(prefix + "/", "")
+    return text
 
 
 def bench_buffer(n: int, repeat: int) -> dict[str, float]:
@@ -142,6 +269,7 @@ def main() -> None:
     parser.add_argument("--http-groups", type=int, default=2_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS.parent, help="directory for drain.json")
+    parser.add_argument("--profile", action="store_true", help="also write drain-profile.txt")
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
@@ -171,6 +299,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / RESULTS.name).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out / RESULTS.name}")
+    if args.profile:
+        (args.out / "drain-profile.txt").write_text(profile(min(args.groups, 50_000)))
+        print(f"wrote {args.out / 'drain-profile.txt'}")
 
 
 if __name__ == "__main__":

@@ -68,12 +68,49 @@ def test_update_phases_account_for_every_engine_request(tmp_path: Path) -> None:
     assert summary["update"]["wall_p50_ms"] >= summary["update"]["engine_http_p50_ms"] > 0
 
 
+def test_fleet_measures_each_size_side_by_side_and_the_faulty_engines(tmp_path: Path) -> None:
+    _run(
+        "fleet.py",
+        *("--sizes", "1,4", "--rounds", "2", "--warmup", "1", "--slow", "0.2", "--fault-rounds", "1"),
+        *("--out", str(tmp_path)),
+    )
+    result = json.loads((tmp_path / "fleet.json").read_text())
+    assert result["machine"]["nproc"] >= 1 and result["machine"]["cpu_model"]
+    by_size = result["summary"]["by_size"]
+    for n in ("1", "4"):
+        row = by_size[n]
+        assert row["converged"] == "2/2"  # every engine's WeightApplied reached the subscriber process
+        assert row["requests_per_update"] == {
+            "/continue_generation": int(n),
+            "/model_info": 2 * int(n),
+            "/pause_generation": int(n),
+            "/update_weight_version": int(n),
+            "/update_weights_from_disk": int(n),
+        }
+        assert set(row["phases"]) == {"take", "pause", "relabel", "push", "stamp", "announce", "resume"}
+        assert 0 < row["control_p50_ms"] < row["update_wall_p50_ms"]
+    assert result["summary"]["ratio_biggest_over_smallest"]["control"] > 0
+    raw = result["raw"]
+    assert raw["connections"]["accepted_during_rounds"] == 0  # keep-alive: no reconnect per step
+    (slow,) = raw["faults"]["slow"]["rounds"]
+    assert slow["announced"] and slow["phases"]["pause"] >= 0.2  # a step waits for its slowest engine
+    (failing,) = raw["faults"]["failing"]["rounds"]
+    assert failing["error"].startswith("EngineError") and not failing["announced"]
+    assert failing["resumed_others"] >= 3  # the engines it paused were resumed
+    assert raw["faults"]["failing"]["next_update_after_repair"]["announced"]
+    (bounded,) = raw["bounded"]["rounds"]
+    assert bounded["peak_control_in_flight"] <= raw["bounded"]["max_in_flight"] == 1
+    assert "N = 4 / N = 1" in (tmp_path / "fleet.md").read_text()
+
+
 def test_drain_reports_groups_per_second_and_the_ratio(tmp_path: Path) -> None:
-    _run("drain.py", "--groups", "2000", "--http-groups", "50", "--repeat", "1", "--out", str(tmp_path))
+    _run("drain.py", "--groups", "2000", "--http-groups", "50", "--repeat", "1", "--out", str(tmp_path), "--profile")
     result = json.loads((tmp_path / "drain.json").read_text())
     assert result["stage"]["groups_per_s"] > 0 and result["http_poll"]["groups_per_s"] > 0
     assert result["ratio"] == pytest.approx(result["stage"]["groups_per_s"] / result["http_poll"]["groups_per_s"])
     assert result["stage"]["kept"] == 1500  # a quarter of the groups are too stale
+    profile = (tmp_path / "drain-profile.txt").read_text()
+    assert "judge_ns_per_group" in profile and "tally.py" in profile and "FullyAsyncBuffer.drain" in profile
 
 
 def test_demo_overhead_keeps_each_steps_split_from_a_real_demo_run(tmp_path: Path) -> None:

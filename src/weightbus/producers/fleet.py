@@ -2,6 +2,9 @@
 
 Workers, not routers. Only an engine reading ``expect`` is stamped, and it counts only when it reads back ``str(v)``;
 engines are addressed concurrently, every failure reported (the first raised, the others as notes), none retried.
+A fleet built from URLs gives each engine its own small HTTP pool (one TLS context for all), never one pool for
+hundreds of engines (httpcore scans its whole pool on every request); at most ``max_in_flight`` engine requests
+of the fleet are in flight at once (a larger fleet is addressed in waves).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import httpx
 
@@ -18,9 +21,15 @@ from weightbus.engines.router import discover_workers
 from weightbus.engines.sglang import PauseMode, SGLangClient
 from weightbus.errors import EngineError, EngineOutOfSyncError
 
-__all__ = ["EngineFleet", "EngineStamp", "first_with_notes"]
+__all__ = ["DEFAULT_MAX_IN_FLIGHT", "EngineFleet", "EngineStamp", "first_with_notes"]
 
 log = logging.getLogger("weightbus.producers")
+
+#: The most engine requests a fleet has in flight at once (each holds one connection): one per engine up to this.
+DEFAULT_MAX_IN_FLIGHT: Final = 256
+#: Each engine's pool in a fleet built from URLs: the fleet's request, and one beside it (the trainer's push through
+#: ``fleet.clients``, a status read); one connection kept alive between the steps of an update.
+_ENGINE_LIMITS: Final = httpx.Limits(max_connections=2, max_keepalive_connections=1)
 
 _T = TypeVar("_T")
 
@@ -56,13 +65,20 @@ class EngineFleet:
 
     Args:
         engines: ``SGLangClient`` objects, or objects with the same methods (borrowed, not closed by
-            ``aclose``), or worker URLs (a client is created for each and closed by ``aclose``).
-        http: a shared ``httpx.AsyncClient`` for the clients created from URLs (borrowed).
+            ``aclose``), or worker URLs (a client is created for each; see ``http`` and ``max_in_flight``).
+        http: a shared ``httpx.AsyncClient`` for the clients created from URLs (borrowed). One pool for
+            many engines is slow with httpcore 1.0 (each request scans the pool: 256 engines on one client
+            took seconds per step here) and can close a connection under a queued request
+            (encode/httpcore#1110): for more than a few dozen engines, leave it out.
         api_key: bearer token for the clients created from URLs.
         timeout: per-request seconds for the clients created from URLs.
+        max_in_flight: the most engine requests the fleet's own steps (pause, resume, relabel, read,
+            stamp, load) have in flight at once; more engines than this are addressed in waves. Without
+            ``http``, each engine's client keeps at most 2 connections (1 alive between requests), all
+            sharing one TLS context; ``aclose`` closes them.
 
     Raises:
-        ValueError: no engines, or the same URL twice.
+        ValueError: no engines, the same URL twice, or ``max_in_flight`` below 1.
     """
 
     def __init__(
@@ -72,21 +88,32 @@ class EngineFleet:
         http: httpx.AsyncClient | None = None,
         api_key: str | None = None,
         timeout: float = 30.0,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         if not engines:
             raise ValueError("an engine fleet needs at least one engine")
-        self._owned: list[SGLangClient] = []
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._owned_http: list[httpx.AsyncClient] = []
+        tls = None
+        if http is None and any(isinstance(engine, str) for engine in engines):
+            # One TLS context for the fleet: building one costs ~20 ms and ~1 MiB (256 engines: 6 s, 210 MiB).
+            tls = httpx.create_ssl_context()
         clients: list[SGLangClient] = []
         for engine in engines:
             if isinstance(engine, str):
-                client = SGLangClient(engine, http=http, api_key=api_key, timeout=timeout)
-                self._owned.append(client)
-                clients.append(client)
+                own = http
+                if tls is not None:
+                    own = httpx.AsyncClient(timeout=timeout, verify=tls, limits=_ENGINE_LIMITS)
+                    self._owned_http.append(own)
+                clients.append(SGLangClient(engine, http=own, api_key=api_key, timeout=timeout))
             else:
                 # An SGLangClient, or an object with its engine surface (an RL framework's engine handles).
                 clients.append(engine)
         urls = [c.url for c in clients]
         if len(set(urls)) != len(urls):
+            # The clients made above opened no connection: dropping them unclosed leaks nothing.
             raise ValueError(f"an engine appears twice in the fleet: {urls}")
         self.clients: tuple[SGLangClient, ...] = tuple(clients)
 
@@ -98,6 +125,7 @@ class EngineFleet:
         http: httpx.AsyncClient | None = None,
         api_key: str | None = None,
         timeout: float = 30.0,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> EngineFleet:
         """The workers listed by a router's ``GET /workers``; the router itself is never sent weight routes.
 
@@ -105,7 +133,7 @@ class EngineFleet:
             EngineError: the router failed or lists no workers.
         """
         urls = await discover_workers(router_url, http=http, timeout=timeout)
-        return cls(urls, http=http, api_key=api_key, timeout=timeout)
+        return cls(urls, http=http, api_key=api_key, timeout=timeout, max_in_flight=max_in_flight)
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -116,9 +144,9 @@ class EngineFleet:
         return f"EngineFleet({list(self.urls)!r})"
 
     async def aclose(self) -> None:
-        """Close the clients this fleet created from URLs."""
-        for client in self._owned:
-            await client.aclose()
+        """Close the HTTP clients this fleet created for its URLs."""
+        owned, self._owned_http = self._owned_http, []
+        await asyncio.gather(*(client.aclose() for client in owned))
 
     async def __aenter__(self) -> EngineFleet:
         return self
@@ -138,7 +166,7 @@ class EngineFleet:
         self, op: str, call: Callable[[SGLangClient], Awaitable[_T]], clients: Sequence[SGLangClient] | None = None
     ) -> list[_T | EngineError]:
         clients = self.clients if clients is None else clients
-        results = await asyncio.gather(*(call(c) for c in clients), return_exceptions=True)
+        results = await asyncio.gather(*(self._limited(call, c) for c in clients), return_exceptions=True)
         out: list[_T | EngineError] = []
         for client, result in zip(clients, results, strict=True):
             if isinstance(result, EngineError):
@@ -149,6 +177,11 @@ class EngineFleet:
             else:
                 out.append(result)
         return out
+
+    async def _limited(self, call: Callable[[SGLangClient], Awaitable[_T]], client: SGLangClient) -> _T:
+        """``call(client)`` once one of the fleet's ``max_in_flight`` slots is free."""
+        async with self._slots:
+            return await call(client)
 
     async def _all(self, op: str, call: Callable[[SGLangClient], Awaitable[object]]) -> None:
         errors = [r for r in await self._each(op, call) if isinstance(r, EngineError)]
@@ -167,7 +200,9 @@ class EngineFleet:
             return
         paused = [c for c, r in zip(self.clients, results, strict=True) if not isinstance(r, EngineError)]
         first = first_with_notes(errors, "pause")
-        undo = await asyncio.gather(*(c.continue_generation() for c in paused), return_exceptions=True)
+        undo = await asyncio.gather(
+            *(self._limited(lambda c: c.continue_generation(), c) for c in paused), return_exceptions=True
+        )
         for client, result in zip(paused, undo, strict=True):
             if isinstance(result, BaseException):
                 first.add_note(f"and resuming {client.url} after the failed pause failed too: {result}")
@@ -196,7 +231,9 @@ class EngineFleet:
             return
         first = first_with_notes(errors, "load_lora_adapter")
         loaded = [c for c, r in zip(self.clients, results, strict=True) if not isinstance(r, EngineError)]
-        undo = await asyncio.gather(*(c.unload_lora_adapter(name) for c in loaded), return_exceptions=True)
+        undo = await asyncio.gather(
+            *(self._limited(lambda c: c.unload_lora_adapter(name), c) for c in loaded), return_exceptions=True
+        )
         for client, result in zip(loaded, undo, strict=True):
             if isinstance(result, BaseException):
                 first.add_note(f"and unloading the partial load from {client.url} failed too: {result}")
@@ -323,10 +360,15 @@ class EngineFleet:
                 return EngineStamp(client.url, expected, None, exc, before=before)
             return EngineStamp(client.url, expected, read_back, before=before)
 
-        labels = await asyncio.gather(*(_read(c) for c in clients))
+        labels = await asyncio.gather(*(self._limited(_read, c) for c in clients))
         if before_stamp is not None and any(label != expected for label in labels):
             await before_stamp()
-        return list(await asyncio.gather(*(_one(c, label) for c, label in zip(clients, labels, strict=True))))
+        before = dict(zip((c.url for c in clients), labels, strict=True))
+
+        async def _stamp(client: SGLangClient) -> EngineStamp:
+            return await _one(client, before[client.url])
+
+        return list(await asyncio.gather(*(self._limited(_stamp, c) for c in clients)))
 
 
 def first_with_notes(errors: list[EngineError], op: str) -> EngineError:

@@ -89,7 +89,9 @@ async def stamp_and_verify(
     first = first_with_notes(errors, "stamp")
     if bus is not None and policy is not None:
         alerts = subjects.alerts(policy)
-        for s in bad:
+
+        async def _alert(s: EngineStamp) -> None:
+            assert bus is not None and policy is not None
             alert = EngineOutOfSync(
                 policy=policy,
                 engine=s.engine,
@@ -106,6 +108,9 @@ async def stamp_and_verify(
                 # The engine fault is what the caller must act on; a lost alert is reported with it.
                 log.error("could not publish the out-of-sync alert", extra={"policy": policy, "error": str(exc)})
                 first.add_note(f"the EngineOutOfSync alert for {s.engine} was not published: {exc}")
+
+        # Concurrently: a fleet that failed whole must not wait one bus round trip per engine.
+        await asyncio.gather(*(_alert(s) for s in bad))
     raise first
 
 
@@ -156,11 +161,15 @@ async def alert_unexpected_labels(
     if previous is None:
         return []
     allowed = {str(version), str(previous)}
-    flagged: list[str] = []
-    for engine, label in labels.items():
-        if isinstance(label, EngineError) or label in allowed or label.startswith((QUARANTINE_PREFIX, PENDING_PREFIX)):
-            continue
-        flagged.append(engine)
+    flagged = [
+        engine
+        for engine, label in labels.items()
+        if not (
+            isinstance(label, EngineError) or label in allowed or label.startswith((QUARANTINE_PREFIX, PENDING_PREFIX))
+        )
+    ]
+
+    async def _one(engine: str, label: str) -> None:
         log.error(
             "engine carries an unexpected label (restarted?)",
             extra={"policy": policy, "engine": engine, "label": label, "previous": previous, "version": version},
@@ -178,6 +187,9 @@ async def alert_unexpected_labels(
             await bus.publish(subjects.alerts(policy), alert, msg_id=f"{policy}:unexpected:{version}:{engine}:{label}")
         except PublishError as exc:
             log.error("could not publish the unexpected-label alert", extra={"policy": policy, "error": str(exc)})
+
+    # Concurrently: a fleet restarted whole (every engine "default") must not wait one round trip per engine.
+    await asyncio.gather(*(_one(engine, str(labels[engine])) for engine in flagged))
     return flagged
 
 
