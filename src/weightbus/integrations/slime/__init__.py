@@ -1,3 +1,6 @@
 """weightbus for slime (THUDM/slime): both halves of a drop-in. See docs/integrations/slime.md."""
 
-__all__: list[str] = []
+from weightbus.integrations.slime.abort import generate, request_id
+from weightbus.integrations.slime.rollout import GatedDataBuffer, SlimeRollout, generate_rollout
+
+__all__ = ["GatedDataBuffer", "SlimeRollout", "generate", "generate_rollout", "request_id"]
