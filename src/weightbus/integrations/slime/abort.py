@@ -19,7 +19,7 @@ from typing import Any, Final
 from weightbus.integrations.host.settings import setting
 from weightbus.integrations.slime.rollout import active_rollout
 
-__all__ = ["DEFAULT_GENERATE", "generate", "request_id"]
+__all__ = ["DEFAULT_GENERATE", "forget_functions", "generate", "request_id"]
 
 log = logging.getLogger("weightbus.integrations.slime")
 
@@ -36,6 +36,11 @@ def request_id() -> str | None:
     through ``slime.rollout.sglang_rollout.post``) adds ``"rid": request_id()`` to its payload to be abortable.
     """
     return _RID.get()
+
+
+def forget_functions() -> None:
+    """Forget the generate functions loaded so far (a reloaded slime loads them again)."""
+    _inner.clear()
 
 
 def _generate_function(args: Any) -> Callable[..., Any]:

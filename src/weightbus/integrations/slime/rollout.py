@@ -13,6 +13,7 @@ trained, recycled, dropped (counted) or still in slime's worker. The session liv
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import copy
 import logging
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
     from weightbus.bus.protocol import Bus
 
-__all__ = ["DEFAULT_ROLLOUT", "GatedDataBuffer", "SlimeRollout", "active_rollout", "generate_rollout"]
+__all__ = ["DEFAULT_ROLLOUT", "GatedDataBuffer", "SlimeRollout", "active_rollout", "generate_rollout", "shutdown"]
 
 log = logging.getLogger("weightbus.integrations.slime")
 
@@ -365,7 +366,7 @@ class SlimeRollout:
     def finish(self) -> dict[str, float]:
         """Close the drain window of one rollout: its metrics (slime logs them with the rollout's), one report."""
         state = "current" if self.tracker is not None and self.tracker.ready else "given"
-        return self.window.finish(None, version_state=state).metrics
+        return self.window.finish(self._held, version_state=state).metrics
 
     def carry(self, kept: list[list[Any]]) -> None:
         """Groups a failed rollout call had kept: the next call returns them first (nothing drained is lost)."""
@@ -492,6 +493,30 @@ def active_rollout() -> SlimeRollout | None:
     return _active
 
 
+def shutdown(timeout: float = 10.0) -> None:
+    """Close every session of this process on its loop (pending drain reports are published), and forget them.
+
+    Registered with ``atexit``; tests call it between runs. A session whose loop is gone is only forgotten.
+    """
+    global _active
+    with _lock:
+        sessions = list(_sessions.values())
+        _sessions.clear()
+        _buffers.clear()
+        _inner_rollout.clear()
+        _active = None
+    for session in sessions:
+        if session.loop.is_closed() or not session.loop.is_running():
+            continue
+        try:
+            asyncio.run_coroutine_threadsafe(session.aclose(), session.loop).result(timeout)
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            log.error("a slime rollout session did not close in %.0f s", timeout, extra={"policy": session.policy})
+
+
+atexit.register(shutdown)
+
+
 def _session(args: Any) -> SlimeRollout:
     global _active
     from slime.utils.async_utils import get_async_loop  # type: ignore[import-not-found]
@@ -559,7 +584,7 @@ def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: b
         if collected:
             run(session.hold(collected))
         raise
-    metrics = session.finish()
+    metrics = session.call(session.finish)  # on the session's loop: the drain report is published there
     kept.sort(key=lambda group: _first_index(group))
     return RolloutFnTrainOutput(samples=kept, metrics=metrics)
 
