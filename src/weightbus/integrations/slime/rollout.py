@@ -142,6 +142,7 @@ class SlimeRollout:
         self._carried: list[list[Any]] = []  # kept by a rollout call that failed later: the next call's first
         self._follow: asyncio.Task[None] | None = None
         self._waiting_logged = False
+        self._closed = False
         self.handed_out = 0
         """Groups handed to slime's worker so far."""
         self.recycled: list[list[Any]] = []
@@ -204,6 +205,7 @@ class SlimeRollout:
 
     async def aclose(self) -> None:
         """Return the shared budget's slots, publish pending reports, stop following, close what was opened."""
+        self._closed = True  # slime's worker may outlive the session: it is handed nothing more
         follow, self._follow = self._follow, None
         if follow is not None:
             follow.cancel()
@@ -258,11 +260,15 @@ class SlimeRollout:
     def hand_out(self, num_samples: int) -> list[list[Any]]:
         """Up to ``num_samples`` prompt groups from the data source, each with a slot; [] while none is free."""
         out: list[list[Any]] = []
+        if self._closed:
+            return out
         for _ in range(num_samples):
             slot = None
             if self.gate is not None:
                 slot = self.gate.try_acquire()
                 if slot is None:
+                    if self._budget is not None:
+                        self._budget.wanted()  # as a waiting acquire would: the shared budget lends more
                     if not self._waiting_logged:
                         self._waiting_logged = True
                         log.info(

@@ -20,7 +20,13 @@ class AsyncLoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def stop(self):
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        # Stand-in only (tests): a rollout still waiting is cancelled, so the thread blocked in run() returns.
+        def cancel_all():
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.call_soon(self.loop.stop)
+
+        self.loop.call_soon_threadsafe(cancel_all)
         self._thread.join(timeout=5)
 
 
