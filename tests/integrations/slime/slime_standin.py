@@ -57,6 +57,30 @@ def slime_modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         _forget()
 
 
+def release() -> None:
+    """Cancel what runs on slime's background loop: a thread blocked in slime's ``run()`` returns (a failed test)."""
+    import slime.utils.async_utils as au  # type: ignore[import-not-found]
+
+    loop = au.async_loop.loop if au.async_loop is not None else None
+    if loop is not None and loop.is_running():
+
+        def cancel_all() -> None:
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+
+        loop.call_soon_threadsafe(cancel_all)
+
+
+async def in_thread(fn: Any, *args: Any, timeout: float = 60) -> Any:
+    """``fn(*args)`` in a thread (slime's blocking calls), within ``timeout``; a failure releases slime's loop first,
+    so that the thread ends and the test's loop can close."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout)
+    except BaseException:
+        release()
+        raise
+
+
 def make_args(**overrides: Any) -> argparse.Namespace:
     """slime's namespace, the flags the rollout side reads (defaults as slime's, where it has them)."""
     settings: dict[str, Any] = dict(

@@ -55,7 +55,7 @@ async def test_admission_holds_the_top_up_while_the_horizon_is_full_and_resumes(
 
     await announce(nats_bus, slime_env, 1)
     manager = RolloutManager(_args(rollout))
-    first = await asyncio.wait_for(asyncio.to_thread(manager.generate, 0), 30)
+    first = await standin.in_thread(manager.generate, 0, timeout=30)
     assert all(oldest(g) == 1 for g in first)
     if rollout == SLIME_ROLLOUT:
         # The control: slime's own gate lets its pool and its queue fill, past anything the bound allows.
@@ -75,7 +75,7 @@ async def test_admission_holds_the_top_up_while_the_horizon_is_full_and_resumes(
         await announce(nats_bus, slime_env, version)
     standin.ENGINE.version = 3
     await wait_until(lambda: _served(manager) > ALLOWANCE, 10, "the top-up to resume")
-    second = await asyncio.wait_for(asyncio.to_thread(manager.generate, 1), 30)
+    second = await standin.in_thread(manager.generate, 1, timeout=30)
     assert [3 - oldest(g) for g in second if 3 - oldest(g) > BOUND] == []
     assert gate.used <= gate.allowance
 
@@ -128,7 +128,7 @@ async def test_admission_through_a_nats_restart_admits_nothing_on_a_guess_and_lo
         manager = RolloutManager(_args(WEIGHTBUS_ROLLOUT))
         for step in range(steps):
             version = step + 1
-            groups = await asyncio.wait_for(asyncio.to_thread(manager.generate, step), 60)
+            groups = await standin.in_thread(manager.generate, step, timeout=60)
             trained += [(version, g) for g in groups]
             standin.ENGINE.version = version + 1
             if step == restart_after:

@@ -9,7 +9,6 @@ through slime's own rollout function as well (the control), where the checks fai
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -46,7 +45,7 @@ async def _train(bus: NatsBus, policy: str, rollout: str, steps: int = STEPS) ->
     manager = RolloutManager(args)
     trained: list[tuple[int, Any]] = []
     for step in range(steps):
-        groups = await asyncio.wait_for(asyncio.to_thread(manager.generate, step), 60)
+        groups = await standin.in_thread(manager.generate, step, timeout=60)
         trained += [(standin.ENGINE.version, group) for group in groups]
         # The training step: meanwhile slime's worker fills its queue with groups of the weights trained now.
         await wait_until(lambda: _worker().queue_size() >= QUEUE, 10, "slime's queue to fill")
