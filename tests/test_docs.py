@@ -37,6 +37,7 @@ PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 # needs something a test cannot have.
 NO_RUN = {
     "miles": "needs a miles training job (Ray, Megatron, GPUs)",
+    "slime": "needs a slime training job (Ray, Megatron, GPUs)",
     "recursive": "`make demo` / `make test`: the suite itself",
     "deployment": "a production server or cluster: fixed ports, named hosts, /var/lib",
 }
@@ -45,6 +46,7 @@ NO_RUN_BLOCKS = {
     ("README.md", "recursive"): 1,
     ("README.md", "miles"): 1,
     ("docs/integrations/miles.md", "miles"): 1,
+    ("docs/integrations/slime.md", "slime"): 1,
     ("docs/operations.md", "deployment"): 2,
 }
 KINDS = {"python", "bash", "json", "toml", "yaml", "text"}
