@@ -37,8 +37,9 @@ WEIGHTBUS_GENERATE = "weightbus.integrations.slime.generate"
 class Router:
     """A router stand-in: ``GET /workers`` lists the engine, ``/generate`` is forwarded (all but the 2nd cut short)."""
 
-    def __init__(self, engine_url: str) -> None:
+    def __init__(self, engine_url: str, long: int = LONG) -> None:
         self.engine_url = engine_url
+        self.long = long
         self.seen = self.answered = 0
         self.long_rid: str | None = None
         self.long_running = False
@@ -54,7 +55,8 @@ class Router:
         self.seen += 1
         long = self.seen == 2
         if long:
-            self.long_rid, self.long_running = body.get("rid", ""), True  # slime's own limit: LONG tokens
+            self.long_rid, self.long_running = body.get("rid", ""), True
+            body["sampling_params"]["max_new_tokens"] = self.long
         else:
             body["sampling_params"]["max_new_tokens"] = SHORT
         async with httpx.AsyncClient(timeout=None) as http:
@@ -134,3 +136,55 @@ async def test_a_request_that_cannot_be_fresh_is_aborted_and_its_group_recycled(
     [back] = source.added
     assert back[0].group_index == 0 and all(s.weight_versions == [] for s in back)
     assert group[0].group_index == 0 and oldest(group) == 2
+
+
+@pytest.mark.parametrize("generate", [WEIGHTBUS_GENERATE, None])
+async def test_a_call_that_spans_an_update_is_labelled_by_its_oldest_tokens(
+    nats_bus: NatsBus,
+    nats_url: str,
+    policy: str,
+    monkeypatch: pytest.MonkeyPatch,
+    engines: tuple[EngineState, Router, ServedEngine],
+    generate: str | None,
+) -> None:
+    # The bound is wide (no abort): the long request runs through the update and answers with version spans
+    # [v1, v2]. slime keeps only "2"; weightbus' generate function adds the oldest, so the group is judged by it.
+    from slime.ray.rollout import RolloutManager
+
+    state, router, served = engines
+    router.long = 100  # 1 s
+    monkeypatch.setenv("WEIGHTBUS_NATS", nats_url)
+    monkeypatch.setenv("WEIGHTBUS_POLICY", policy)
+    monkeypatch.setenv("WEIGHTBUS_MAX_STALENESS", "5")
+    args = make_args(
+        rollout_batch_size=1,
+        n_samples_per_prompt=2,
+        sglang_server_concurrency=2,
+        sglang_router_port=served.port,
+        rollout_max_response_len=LONG,
+        custom_generate_function_path=generate,
+    )
+    await announce(nats_bus, policy, 1)
+    manager = RolloutManager(args)
+    rollout = asyncio.ensure_future(standin.in_thread(manager.generate, 0, timeout=30))
+    try:
+        await wait_until(lambda: router.long_running and router.answered >= 1, 10, "the long one to run")
+    except BaseException:
+        standin.release()
+        raise
+    async with httpx.AsyncClient() as http:
+        body = {"new_version": "2", "abort_all_requests": False}
+        (await http.post(f"{router.engine_url}/update_weight_version", json=body)).raise_for_status()
+    await announce(nats_bus, policy, 2)
+    [group] = await rollout
+    step = 0
+    while group[0].group_index != 0:
+        step += 1
+        assert step < 1000, "group 0 never came"
+        [group] = await standin.in_thread(manager.generate, step, timeout=30)
+    [long] = [s for s in group if s.response_length > SHORT]
+    assert "2" in long.weight_versions  # the engine's version when it answered
+    if generate is None:
+        assert long.weight_versions == ["2"]  # the control: slime's label says v2 for tokens made at v1
+        return
+    assert min(int(label) for label in long.weight_versions) == 1

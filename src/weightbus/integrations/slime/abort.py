@@ -2,7 +2,8 @@
 
 It calls the wrapped generate function (``WEIGHTBUS_GENERATE_FUNCTION``, by default slime's) with the sample
 unchanged, while the request it sends carries weightbus' ``rid``: slime's payload has no ``rid`` field, so slime's
-``post`` in ``slime.rollout.sglang_rollout`` is wrapped once to add it to ``/generate`` bodies that have none. A
+``post`` in ``slime.rollout.sglang_rollout`` is wrapped once to add it to ``/generate`` bodies that have none (and to
+read the answer's per-token version spans, which slime drops: the oldest becomes one more of the sample's labels). A
 group that ``rules.abort`` finds certain to be stale has its unfinished requests aborted by rid on every engine
 (``consumers.inflight``); they come back ``ABORTED``, slime's worker hands the group back, and the drain engine
 counts and recycles it. Only certainty aborts; a failed abort changes nothing. docs/integrations/slime.md.
@@ -16,8 +17,10 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, Final
 
+from weightbus.consumers.inflight import oldest_label
 from weightbus.integrations.host.settings import setting
 from weightbus.integrations.slime.rollout import active_rollout
+from weightbus.schemas.rollouts import parse_version
 
 __all__ = ["DEFAULT_GENERATE", "forget_functions", "generate", "request_id"]
 
@@ -26,6 +29,8 @@ log = logging.getLogger("weightbus.integrations.slime")
 #: slime's own generate function, wrapped unless ``WEIGHTBUS_GENERATE_FUNCTION`` names another.
 DEFAULT_GENERATE: Final = "slime.rollout.sglang_rollout.generate"
 _RID: ContextVar[str | None] = ContextVar("weightbus_slime_rid", default=None)
+# The oldest version each answer of the request names, its per-token spans included (slime keeps only the last).
+_OLDEST: ContextVar[list[int] | None] = ContextVar("weightbus_slime_oldest", default=None)
 _inner: dict[str, Callable[..., Any]] = {}
 
 
@@ -69,7 +74,13 @@ def _name_requests() -> None:
         rid = _RID.get()
         if rid is not None and isinstance(payload, dict) and url.endswith("/generate") and "rid" not in payload:
             payload = {**payload, "rid": rid}
-        return await original(url, payload, *args, **kwargs)
+        out = await original(url, payload, *args, **kwargs)
+        seen = _OLDEST.get()
+        if seen is not None and isinstance(out, dict) and isinstance(out.get("meta_info"), dict):
+            label = oldest_label(out["meta_info"])
+            if label is not None:
+                seen.append(label)
+        return out
 
     post.__weightbus_rid__ = True  # type: ignore[attr-defined]
     post.__wrapped__ = original  # type: ignore[attr-defined]
@@ -81,6 +92,18 @@ async def _call(fn: Callable[..., Any], args: Any, sample: Any, sampling_params:
     if "evaluation" in inspect.signature(fn).parameters:
         return await fn(args, sample, sampling_params, evaluation=evaluation)
     return await fn(args, sample, sampling_params)
+
+
+def _label_oldest(samples: list[Any], oldest: int) -> None:
+    """Give each sample the oldest version its answers named: slime keeps one label per call, the engine's at the
+    end, and a call that spanned an update would be judged fresher than its first tokens."""
+    for sample in samples:
+        labels = getattr(sample, "weight_versions", None)
+        if not isinstance(labels, list):
+            continue
+        known = [v for v in (parse_version(str(label)) for label in labels) if v is not None]
+        if not known or oldest < min(known):
+            labels.append(str(oldest))
 
 
 async def generate(args: Any, sample: Any, sampling_params: Any, evaluation: bool = False) -> Any:
@@ -97,12 +120,16 @@ async def generate(args: Any, sample: Any, sampling_params: Any, evaluation: boo
         return await _call(inner, args, sample, sampling_params, evaluation)
     flight, index = found
     _name_requests()
-    token = _RID.set(flight.rids[index])
+    seen: list[int] = []
+    token, spans = _RID.set(flight.rids[index]), _OLDEST.set(seen)
     try:
         out = await _call(inner, args, sample, sampling_params, evaluation)
     finally:
         _RID.reset(token)
+        _OLDEST.reset(spans)
     samples = out if isinstance(out, list) else [out]
+    if seen:
+        _label_oldest(samples, min(seen))
     labels = [label for s in samples for label in (getattr(s, "weight_versions", None) or [])]
     session.post(lambda: session.finished(flight, index, labels))
     return out
