@@ -13,10 +13,10 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus.memory import MemoryBus
+from weightbus.consumers.inflight import EngineAborter, InFlightGroups, oldest_label
 from weightbus.refengine.engine_state import EngineState
 from weightbus.refengine.reference import create_app
 from weightbus.rl.config import RolloutConfig
-from weightbus.rl.inflight import EngineAborter, InFlightGroups, oldest_label
 from weightbus.rl.rollout import _Rollout, generate_group
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
 

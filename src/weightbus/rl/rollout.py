@@ -34,11 +34,11 @@ from weightbus.consumers import (
 )
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
+from weightbus.consumers.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
 from weightbus.errors import EngineError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import ROUTER_WAIT_S, RolloutConfig
-from weightbus.rl.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
 from weightbus.rl.task import Task, load_task
 from weightbus.rules.source import version_or_none
 from weightbus.schemas import WeightUpdated

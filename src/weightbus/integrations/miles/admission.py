@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from weightbus.consumers.admission import Admission, AdmissionMetrics, SharedBudget, Slot
+from weightbus.integrations.host.admission import admission_from_settings
 from weightbus.integrations.host.settings import setting
 from weightbus.integrations.miles.config import add_arguments
 
@@ -91,25 +92,15 @@ class MilesAdmission:
         Raises:
             ValueError: an unknown mode, a cap that is not a positive int, no ``rollout_batch_size``.
         """
-        mode = setting(args, "weightbus_admission", "WEIGHTBUS_ADMISSION", "bounded")
-        raw_cap = setting(args, "weightbus_admission_cap", "WEIGHTBUS_ADMISSION_CAP")
-        cap = None
-        if mode == "cap":
-            try:
-                cap = int(raw_cap) if raw_cap is not None else _max_in_flight_groups(args)
-            except ValueError:
-                raise ValueError(f"WEIGHTBUS_ADMISSION_CAP must be a number of groups, not {raw_cap!r}") from None
-        shared = setting(args, "weightbus_admission_shared", "WEIGHTBUS_ADMISSION_SHARED", "0")
-        budget = None
-        if mode != "off" and (shared or "").lower() in ("1", "true", "yes"):
-            budget = SharedBudget(bus, policy, name=name, metrics=metrics)
-        gate = Admission(
-            mode,  # type: ignore[arg-type]  # Admission checks it
-            current=version,
+        gate, budget = admission_from_settings(
+            args,
+            version=version,
+            bus=bus,
+            policy=policy,
+            name=name,
+            default_cap=lambda: _max_in_flight_groups(args),
             max_staleness=getattr(args, "max_weight_staleness", None),
-            batch=args.rollout_batch_size,
-            cap=cap,
-            budget=budget,
+            metrics=metrics,
         )
         return cls(gate, budget)
 

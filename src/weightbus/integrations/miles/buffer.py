@@ -22,9 +22,9 @@ from weightbus.bus.protocol import Bus
 from weightbus.consumers.admission import AcceptedGroups
 from weightbus.consumers.drain.metrics import DrainMetrics
 from weightbus.consumers.drain.reports import DrainReporter
-from weightbus.consumers.drain.stage import StalenessStage
 from weightbus.consumers.tracker.tracker import VersionTracker
 from weightbus.errors import TrackerNotReadyError
+from weightbus.integrations.host.drain import staleness_stage
 from weightbus.integrations.host.groups import group_key, to_weightbus_group
 from weightbus.integrations.host.groups import group_versions_of as miles_group_versions
 from weightbus.integrations.host.metrics import IntegrationMetrics, MetricsLease, process_metrics, serve
@@ -33,7 +33,6 @@ from weightbus.integrations.host.settings import setting as _setting
 from weightbus.integrations.miles.admission import MilesAdmission, check_semaphore, register_buffer
 from weightbus.integrations.miles.config import MilesSettings
 from weightbus.rules.source import read_version
-from weightbus.rules.staleness import UNKNOWN_POLICIES
 from weightbus.schemas.rollouts import Group
 
 __all__ = ["WeightbusDataBuffer", "miles_group_versions", "to_weightbus_group"]
@@ -89,9 +88,6 @@ class WeightbusDataBuffer:
         self.policy = policy
         self._nats = _setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS)
         self._settings_args = args  # credentials and TLS are read when the bus connects
-        unknown = _setting(args, "weightbus_unknown", "WEIGHTBUS_UNKNOWN", "stale")
-        if unknown not in UNKNOWN_POLICIES:
-            raise ValueError(f"WEIGHTBUS_UNKNOWN must be 'stale' or 'ignore', not {unknown!r}")
         batch = getattr(args, "rollout_batch_size", None)
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"args.rollout_batch_size must be a positive int, not {batch!r}")
@@ -105,11 +101,8 @@ class WeightbusDataBuffer:
         if metrics is None and self._metrics is not None:
             metrics = self._metrics.drain.for_policy(policy)
         # miles' handler drops or retries by itself; the stage only decides how the window counts them.
-        self.stage = StalenessStage(
-            max_staleness=self.max_staleness,
-            on_stale="recycle" if recycles else "drop",
-            unknown=unknown,  # type: ignore[arg-type]  # checked above
-            metrics=metrics,
+        self.stage = staleness_stage(
+            args, max_staleness=self.max_staleness, on_stale="recycle" if recycles else "drop", metrics=metrics
         )
         # The slots of admitted groups, settled by the drain engine as it keeps or routes each one.
         self._accepted = AcceptedGroups()

@@ -1,4 +1,4 @@
-"""Early abort: the rollout's groups still generating, and the engine aborts of those that must be stale.
+"""Early abort: a rollout host's groups still generating, and the engine aborts of those that must be stale.
 
 Only certainty aborts (``rules.abort``), at most once per flight; a failed abort changes nothing else: an
 optimisation, never a judgement. See docs/rollout.md#early-abort.
@@ -22,7 +22,7 @@ from weightbus.schemas.rollouts import parse_version
 
 __all__ = ["EngineAborter", "Flight", "InFlightGroups", "oldest_label"]
 
-log = logging.getLogger("weightbus.rl")
+log = logging.getLogger("weightbus.consumers")
 
 ABORT_MESSAGE = "weightbus: certain to exceed the staleness bound"
 
