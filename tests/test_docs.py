@@ -46,7 +46,7 @@ NO_RUN_BLOCKS = {
     ("README.md", "recursive"): 1,
     ("README.md", "miles"): 1,
     ("docs/integrations/miles.md", "miles"): 1,
-    ("docs/integrations/slime.md", "slime"): 1,
+    ("docs/integrations/slime.md", "slime"): 2,  # the trainer half's launch, the rollout half's
     ("docs/operations.md", "deployment"): 2,
 }
 KINDS = {"python", "bash", "json", "toml", "yaml", "text"}
