@@ -108,6 +108,7 @@ async def test_admin_command_upgrades_and_check_reports(server: EmbeddedNats, ad
     assert bad.returncode == 1, bad.stderr
     assert "max_msgs_per_subject is 8" in bad.stderr and "duplicate_window is 10s" in bad.stderr
     assert "Traceback" not in bad.stderr
+    assert "consumers 0 of the server's default (1,000 on nats-server 2.15" in bad.stdout
 
     done = _cli("create", "--nats", server.url)
     assert done.returncode == 0, done.stderr
@@ -122,6 +123,7 @@ async def test_admin_command_upgrades_and_check_reports(server: EmbeddedNats, ad
     assert again.returncode == 0 and again.stdout.startswith("unchanged:"), again.stderr
     ok = _cli("check", "--nats", server.url)
     assert ok.returncode == 0 and "ok" in ok.stdout, ok.stderr
+    assert "consumers 0 of 10000" in ok.stdout  # how close the stream is to refusing the next tracker
     # With deny_delete/deny_purge on, weightbus clients still connect (they used to fail).
     bus = await connect(server.url)
     await bus.aclose()
@@ -150,6 +152,8 @@ def test_check_of_a_missing_stream_is_one_line(server: EmbeddedNats) -> None:
 
 async def test_the_admin_command_keeps_a_consumer_limit_the_operator_set(server: EmbeddedNats, admin) -> None:
     await admin.add_stream(operator_stream(max_consumers=50))
+    unset = _cli("check", "--nats", server.url)
+    assert "consumers 0 of 50" in unset.stdout, unset.stderr
     done = _cli("create", "--nats", server.url)
     assert done.returncode == 0, done.stderr
     assert (await admin.stream_info("WEIGHTBUS")).config.max_consumers == 50

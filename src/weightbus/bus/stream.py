@@ -126,10 +126,18 @@ def describe(info: StreamInfo) -> str:
         f"duplicate_window {config.duplicate_window:g}s",
         f"deny_delete {str(bool(config.deny_delete)).lower()}",
         f"deny_purge {str(bool(config.deny_purge)).lower()}",
+        # Every tracker, drain, watch and follow holds one: how close the stream is to refusing the next.
+        f"consumers {info.state.consumer_count} of {_consumer_limit(config.max_consumers)}",
     ]
     if leader:
         parts.append(f"leader {leader}")
     return ", ".join(parts)
+
+
+def _consumer_limit(configured: int | None) -> str:
+    if configured is not None and configured > 0:
+        return f"{configured}"
+    return "the server's default (1,000 on nats-server 2.15; `weightbus stream create` sets 10,000)"
 
 
 async def _info(js: JetStreamContext, name: str, url: str) -> StreamInfo | None:
