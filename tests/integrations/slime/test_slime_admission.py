@@ -158,3 +158,53 @@ async def test_admission_through_a_nats_restart_admits_nothing_on_a_guess_and_lo
     served = [g[0].group_index for g in source.served]
     accounted = len({g[0].group_index for _, g in trained}) + len(source.added)
     assert 0 <= len(served) - accounted <= 2 * POOL
+
+
+@pytest.mark.slow
+async def test_a_rollout_waits_out_an_outage_longer_than_its_ready_timeout_and_ends_nothing(
+    tmp_path: Any, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # slime's training loop has no retry: a rollout that raised while NATS was down would end a job that, without
+    # weightbus, would have gone on. Admission off, so collected groups reach the judge while the bus is down.
+    from slime.ray.rollout import RolloutManager
+
+    from weightbus.bus import connect
+    from weightbus.embedded.server import EmbeddedNats
+    from weightbus.integrations.slime.rollout import active_rollout, shutdown
+
+    server = EmbeddedNats(store_dir=tmp_path / "store").start()
+    for name, value in {
+        "WEIGHTBUS_NATS": server.url,
+        "WEIGHTBUS_POLICY": policy,
+        "WEIGHTBUS_MAX_STALENESS": str(BOUND),
+        "WEIGHTBUS_ADMISSION": "off",
+        "WEIGHTBUS_READY_TIMEOUT": "0.2",
+    }.items():
+        monkeypatch.setenv(name, value)
+    standin.fresh_engine()
+    bus = await connect(server.url, publish_timeout=1.0, publish_attempts=2)
+    trained: list[tuple[int, Any]] = []
+    try:
+        await announce(bus, policy, 1)
+        manager = RolloutManager(_args(WEIGHTBUS_ROLLOUT))
+        trained += [(1, g) for g in await standin.in_thread(manager.generate, 0, timeout=60)]
+        standin.ENGINE.version = 2
+        await announce(bus, policy, 2)
+        session = active_rollout()
+        assert session is not None and session.tracker is not None
+        tracker = session.tracker
+        await wait_until(lambda: tracker.ready and tracker.current == 2, 20, "the tracker to hold v2")
+        server.kill()
+        await wait_until(lambda: not tracker.ready, 20, "the tracker to know it cannot say")
+        rollout = asyncio.ensure_future(standin.in_thread(manager.generate, 1, timeout=60))
+        await asyncio.sleep(1.5)  # the outage, held: seven ready timeouts long
+        assert not rollout.done(), rollout.exception() if rollout.done() else None  # waiting, not ended
+        await asyncio.to_thread(server.start)
+        groups = await rollout
+        trained += [(2, g) for g in groups]
+    finally:
+        await bus.aclose()
+        shutdown()
+        server.stop()
+    assert len(groups) == BATCH  # the rollout slime asked for, once the bus was back
+    assert [(v, oldest(g)) for v, g in trained if v - oldest(g) > BOUND] == []

@@ -32,7 +32,6 @@ from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudge
 from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.inflight import EngineAborter, Flight, InFlightGroups
 from weightbus.consumers.tracker.tracker import VersionTracker
-from weightbus.errors import TrackerNotReadyError
 from weightbus.integrations.host.admission import admission_from_settings
 from weightbus.integrations.host.drain import staleness_stage
 from weightbus.integrations.host.groups import group_key, to_weightbus_group
@@ -330,9 +329,9 @@ class SlimeRollout:
     async def judge(self, groups: list[list[Any]], wanted: int) -> list[list[Any]]:
         """Judge the groups slime collected (and any held from before): the kept ones, at most ``wanted``.
 
-        Raises:
-            TrackerNotReadyError: the tracker cannot say what is current within the ready timeout; every
-                collected group is held for the next call.
+        While the tracker cannot say what is current (NATS down), it waits, every collected group held, with an
+        error line each ``ready_timeout``: judging on a guess would break the bound, and raising would end slime's
+        training loop, which has no retry.
         """
         await self.hold(groups)
         if not self._held:
@@ -414,12 +413,22 @@ class SlimeRollout:
                 len(self._held),
                 extra={"policy": self.policy, "status": tracker.status.value, "held": len(self._held)},
             )
-            try:
-                await tracker.wait_ready(timeout=self.ready_timeout)
-            except TimeoutError:
-                raise TrackerNotReadyError(
-                    self.policy, tracker.status, f"{len(self._held)} collected groups are held for the next rollout"
-                ) from None
+            # slime's training loop has no retry: raising here would end a job that, without weightbus, would
+            # have gone on. So the rollout waits out the outage, saying so every ``ready_timeout``.
+            began = time.monotonic()
+            while True:
+                try:
+                    await tracker.wait_ready(timeout=max(self.ready_timeout, 0.1))
+                    break
+                except TimeoutError:
+                    log.error(
+                        "the policy's version is still not known after %.0f s (%s): the rollout waits for it, "
+                        "%d collected groups are held, none is judged on a guess",
+                        time.monotonic() - began,
+                        tracker.status.value,
+                        len(self._held),
+                        extra={"policy": self.policy, "status": tracker.status.value, "held": len(self._held)},
+                    )
         current = read_version(tracker)
         return current, "current" if current is not None else "never_published"
 
@@ -553,10 +562,11 @@ def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: b
     ``GatedDataBuffer`` around ``data_buffer``, judges what it collected, and asks it again for as many groups
     as were not kept. Returns slime's ``RolloutFnTrainOutput`` with the window's ``weightbus/*`` metrics.
 
+    While the policy's version is unknown (NATS down; nothing published on a fresh bus is *not* this: that judges
+    against "never published") it waits, saying so each ``WEIGHTBUS_READY_TIMEOUT``: nothing is judged on a guess,
+    nothing is lost, and slime's training goes on once the bus is back.
+
     Raises:
-        TrackerNotReadyError: the policy's version stayed unknown for the ready timeout (NATS down, nothing
-            published on a fresh bus is *not* this: that judges against "never published"); nothing is lost,
-            the collected groups are judged at the next call.
         ValueError: bad settings (see ``SlimeRollout``).
     """
     from slime.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]
