@@ -142,7 +142,7 @@ class Cell:
         self._retrying(lambda: self.owned(updater, runtime), "reading the bus", "nothing was written or pushed")
 
     def _retrying(self, attempt: Callable[[], _T], doing: str, untouched: str) -> _T:
-        timeout = self.settings.update_timeout
+        timeout = self.settings.update_timeout if self.settings.update_timeout is not None else self.host.update_timeout
 
         def warn(exc: Exception, _attempt: int, wait: float) -> None:
             self.host.log.warning(
@@ -162,7 +162,9 @@ class Cell:
             )
         except BusError as exc:
             if exc.retryable:
-                exc.add_note(f"weightbus gave up {doing} after {timeout:g}s (WEIGHTBUS_UPDATE_TIMEOUT); {untouched}")
+                exc.add_note(
+                    f"weightbus gave up {doing} after {timeout or 0:g}s (WEIGHTBUS_UPDATE_TIMEOUT); {untouched}"
+                )
             else:
                 exc.add_note(f"weightbus does not retry {doing} after a {type(exc).__name__}; {untouched}")
             raise

@@ -27,12 +27,16 @@ class Host:
         pause: the pause mode weightbus' pause uses when ``args.pause_generation_mode`` does not say (the one
             the host's own pause uses: miles' ``retract``; slime's ``pause_generation()`` sends SGLang's
             default, ``abort``).
+        update_timeout: seconds an update retries a bus that does not answer when ``WEIGHTBUS_UPDATE_TIMEOUT``
+            is unset; None: until it answers. miles: 30 (its group retries a failed update on another cell);
+            slime: None (its ``train_async.py`` has no retry, so raising would end the job).
     """
 
     name: str
     commit: str
     reach: EngineReach
     pause: PauseMode = "retract"
+    update_timeout: float | None = 30.0
 
     @property
     def log(self) -> logging.Logger:

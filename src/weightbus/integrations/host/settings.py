@@ -114,7 +114,8 @@ class DropInSettings:
             ``weightbus_tls_key``, else the ``WEIGHTBUS_*`` variables of ``weightbus.bus.options``).
         connect_timeout: seconds the first connect may take (``WEIGHTBUS_CONNECT_TIMEOUT``, 5).
         update_timeout: seconds ``update_weights`` keeps retrying to take a number while the bus
-            does not answer, before it raises (``WEIGHTBUS_UPDATE_TIMEOUT``, 30).
+            does not answer, before it raises (``WEIGHTBUS_UPDATE_TIMEOUT``); None when unset: the host's
+            default (``Host.update_timeout``).
         floor: the version of the checkpoint the trainer resumed from (``WEIGHTBUS_FLOOR``): the
             counter resumes above it even when the bus lost its history; None to rely on the bus.
         trainer_id: the trainer's readable name on the bus (``WEIGHTBUS_TRAINER_ID``; default
@@ -127,7 +128,7 @@ class DropInSettings:
     nats: str
     options: ConnectOptions
     connect_timeout: float = 5.0
-    update_timeout: float = 30.0
+    update_timeout: float | None = None
     floor: int | None = None
     trainer_id: str | None = None
     trainer_metrics: tuple[str, int] | None = None
@@ -162,7 +163,11 @@ class DropInSettings:
             nats=setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS) or DEFAULT_NATS,
             options=options,
             connect_timeout=seconds(args, "weightbus_connect_timeout", "WEIGHTBUS_CONNECT_TIMEOUT", "5"),
-            update_timeout=seconds(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT", "30"),
+            update_timeout=(
+                seconds(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT", "0")
+                if setting(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT") is not None
+                else None
+            ),
             floor=floor,
             trainer_id=setting(args, "weightbus_trainer_id", "WEIGHTBUS_TRAINER_ID"),
             trainer_metrics=metrics_address(args, "weightbus_trainer_metrics_port", "WEIGHTBUS_TRAINER_METRICS_PORT"),

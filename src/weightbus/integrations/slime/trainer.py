@@ -24,7 +24,9 @@ SLIME_COMMIT: Final = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
 #: slime as the shared trainer half sees it: its ``SGLangEngine`` handle has no relabel method, so weightbus
 #: reaches each engine at its ``get_url()`` with its own client; its ``pause_generation()`` sends no mode
 #: (SGLang's default, ``abort``: slime's fully-async rollout recycles aborted groups): weightbus pauses alike.
-SLIME: Final = Host("slime", SLIME_COMMIT, http_engines, pause="abort")
+# slime's train_async.py has no retry: an update that raised while the bus was down would end a job that, without
+# weightbus, would have gone on. So an update waits for the bus (a warning per retry) unless a timeout is set.
+SLIME: Final = Host("slime", SLIME_COMMIT, http_engines, pause="abort", update_timeout=None)
 
 
 class SlimeTrainer(HostTrainer):
