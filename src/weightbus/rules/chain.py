@@ -15,9 +15,20 @@ from weightbus.schemas.alerts import RejectReason
 from weightbus.schemas.common import MAX_VERSION
 from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightUpdated
 
-__all__ = ["RegressionMode", "TrackerAction", "TrackerDecision", "TrackerState", "WeightsEvent", "decide"]
+__all__ = [
+    "ANNOUNCED_WINDOW",
+    "RegressionMode",
+    "TrackerAction",
+    "TrackerDecision",
+    "TrackerState",
+    "WeightsEvent",
+    "decide",
+]
 
 WeightsEvent = WeightUpdated | PublisherClaimed | VersionReserved
+
+#: How many announced versions a state keeps for the lineage check: a delta on an older base is unverified.
+ANNOUNCED_WINDOW = 64
 
 
 class RegressionMode(StrEnum):
@@ -73,6 +84,9 @@ class TrackerState(msgspec.Struct, frozen=True):
         updated_at: ``published_at`` of the last ``WeightUpdated`` that set the version.
         incarnation: the owner's incarnation ("" for publishers that predate incarnations).
         reserved: the highest number the owner reserved or a claim said was issued.
+        announced: the versions the chain announced, oldest first, every one of them from ``announced[0]`` on
+            (at most ``ANNOUNCED_WINDOW``; restarted where the state cannot vouch for what came before: its
+            first event, a rebase, a followed regression). A delta's base is checked against it.
     """
 
     version: int | None = None
@@ -81,6 +95,7 @@ class TrackerState(msgspec.Struct, frozen=True):
     updated_at: float | None = None
     incarnation: str | None = None
     reserved: int | None = None
+    announced: tuple[int, ...] = ()
 
     @property
     def has_owner(self) -> bool:
@@ -98,7 +113,10 @@ class TrackerDecision(msgspec.Struct, frozen=True):
     """The outcome of one event: the action, the state before and after, the incoming version, and why.
 
     ``reason`` names a rejection (``not_owner``, ``stale_claim``, ``unexplained_jump``,
-    ``unexplained_claim``) or a ``counter_reset`` claim; it is None otherwise.
+    ``unexplained_claim``, ``unexplained_base``) or a ``counter_reset`` claim; it is None otherwise.
+    ``unverified_base`` is set when an update taken is a delta whose base the state cannot vouch for (older
+    than what it saw, or after a gap): taken, since refusing it would hold older weights as current, and
+    reported loudly by the caller.
     """
 
     action: TrackerAction
@@ -106,6 +124,7 @@ class TrackerDecision(msgspec.Struct, frozen=True):
     previous: TrackerState
     incoming: int | None
     reason: RejectReason | None = None
+    unverified_base: bool = False
 
     @property
     def changed(self) -> bool:
@@ -187,6 +206,7 @@ def decide(
                 state.updated_at,
                 state.incarnation,
                 _max(state.reserved, incoming),
+                state.announced,
             )
             return TrackerDecision(TrackerAction.RESERVED, noted, state, incoming)
         case PublisherClaimed(version=claimed):
@@ -203,32 +223,47 @@ def decide(
                     return TrackerDecision(TrackerAction.REJECTED, state, state, claimed, "unexplained_claim")
             held = state.version
             version = held if claimed is None or (held is not None and claimed <= held) else claimed
+            announced = state.announced
+            if version != held and version is not None:  # the claimant vouches that it was announced
+                announced = (version,) if not state.has_owner else _announce(announced, version)
             noted = replace(
-                _owner_of(state, event), version=version, reserved=_max(_max(state.reserved, event.reserved), claimed)
+                _owner_of(state, event),
+                version=version,
+                reserved=_max(_max(state.reserved, event.reserved), claimed),
+                announced=announced,
             )
             behind = held is not None and (claimed is None or claimed < held)
             return TrackerDecision(TrackerAction.CLAIMED, noted, state, claimed, "counter_reset" if behind else None)
     raise TypeError(f"not a weights-family event: {type(event).__name__}")
 
 
+def _announce(announced: tuple[int, ...], version: int) -> tuple[int, ...]:
+    if len(announced) < ANNOUNCED_WINDOW:
+        return (*announced, version)
+    return (*announced[1 - ANNOUNCED_WINDOW :], version)
+
+
 def _updated(
     state: TrackerState, event: WeightUpdated, incoming: int, mode: RegressionMode, rebase: bool
 ) -> TrackerDecision:
     current = state.version
-    # The constructor, not replace(): this runs once per received update.
-    taken = TrackerState(
-        incoming,
-        event.epoch,
-        event.trainer_id,
-        event.published_at,
-        event.incarnation,
-        _max(state.reserved, incoming + 1 if event.reserves_next and incoming < MAX_VERSION else incoming),
-    )
+    artifact = event.artifact
+    base = None if artifact is None else artifact.base
+    reserved = _max(state.reserved, incoming + 1 if event.reserves_next and incoming < MAX_VERSION else incoming)
     if current is not None and incoming < current:
         action = _MODE_ACTION[mode]
-        return TrackerDecision(action, taken if action is TrackerAction.FOLLOWED else state, state, incoming)
+        if action is not TrackerAction.FOLLOWED:
+            return TrackerDecision(action, state, state, incoming)
+        # A counter reset: the numbers above may name other weights now; the window restarts here.
+        followed = TrackerState(
+            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, (incoming,)
+        )
+        return TrackerDecision(action, followed, state, incoming, None, base is not None)
     if not state.has_owner:
-        return TrackerDecision(TrackerAction.ADOPTED, taken, state, incoming)
+        first = TrackerState(
+            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, (incoming,)
+        )
+        return TrackerDecision(TrackerAction.ADOPTED, first, state, incoming, None, base is not None)
     if not state.owns(event):
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "not_owner")
     if incoming == current:
@@ -236,5 +271,23 @@ def _updated(
     explained = rebase or incoming == (current or 0) + 1 or (state.reserved is not None and incoming <= state.reserved)
     if not explained:
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_jump")
+    announced = state.announced
+    unverified = False
+    if base is not None and base not in announced:
+        # Every announcement from announced[0] on is in the window: a base there that is not was never
+        # announced (an aborted reservation, a refused update). Below it, or after a gap, nothing is known.
+        if not rebase and announced and base >= announced[0]:
+            return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_base")
+        unverified = True
+    # The constructor, not replace(): this runs once per received update.
+    taken = TrackerState(
+        incoming,
+        event.epoch,
+        event.trainer_id,
+        event.published_at,
+        event.incarnation,
+        reserved,
+        (incoming,) if rebase else _announce(announced, incoming),
+    )
     action = TrackerAction.ADOPTED if current is None else TrackerAction.ADVANCED
-    return TrackerDecision(action, taken, state, incoming)
+    return TrackerDecision(action, taken, state, incoming, None, unverified)
