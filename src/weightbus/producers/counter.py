@@ -31,6 +31,7 @@ from weightbus.schemas import (
     PublisherClaimed,
     VersionRejected,
     VersionReserved,
+    WeightArtifact,
     WeightUpdated,
     now,
 )
@@ -461,13 +462,20 @@ class FencedCounter:
         # Ours to take until a take completes: a take that failed beside it (the mark) retries this number.
         self._pre = max(self._pre or 0, version)
 
-    async def announce(self, version: int, lora: LoraAdapter | None, engines: Sequence[str] = ()) -> WeightUpdated:
+    async def announce(
+        self,
+        version: int,
+        lora: LoraAdapter | None,
+        engines: Sequence[str] = (),
+        artifact: WeightArtifact | None = None,
+    ) -> WeightUpdated:
         """Store ``WeightUpdated(version)``: the engines serve it and trackers may take it.
 
         Args:
             version: the number taken.
             lora: the adapter the push loaded, or None.
             engines: the engines that were stamped and read back.
+            artifact: where the trainer wrote the weights, when it says (``WeightUpdated.artifact``).
 
         Raises:
             FencedError, PublishError: as a conditional publish.
@@ -483,6 +491,7 @@ class FencedCounter:
             engines=tuple(engines),
             incarnation=self._incarnation,
             reserves_next=self._reserve_next and version < MAX_VERSION,
+            artifact=artifact,
         )
         msg_id = f"{self._policy}:{self._epoch}:{version}:{self._incarnation}"
         ack = await self._conditional(event, msg_id)

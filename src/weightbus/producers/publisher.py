@@ -23,7 +23,7 @@ from weightbus.producers.coverage import Push
 from weightbus.producers.fleet import EngineFleet
 from weightbus.producers.metrics import PublisherMetrics
 from weightbus.producers.update import UpdateTurn, VersionUpdate
-from weightbus.schemas import MAX_VERSION, ClaimStanding, LoraAdapter, WeightUpdated, parse_version
+from weightbus.schemas import MAX_VERSION, ClaimStanding, LoraAdapter, WeightArtifact, WeightUpdated, parse_version
 
 __all__ = ["PublisherState", "VersionPublisher"]
 
@@ -239,7 +239,12 @@ class VersionPublisher:
     # -- updates -----------------------------------------------------------------------------------
 
     def update(
-        self, *, lora: LoraAdapter | None = None, push: Push | None = None, labels: bool = False
+        self,
+        *,
+        lora: LoraAdapter | None = None,
+        push: Push | None = None,
+        labels: bool = False,
+        artifact: WeightArtifact | None = None,
     ) -> VersionUpdate:
         """One weight update, as an async context manager yielding the version to push (``int``).
 
@@ -261,13 +266,16 @@ class VersionPublisher:
             labels: the push carries ``weight_version=str(v)`` to every engine (SGLang's
                 ``update_weights_from_*`` accept it), so the update skips the ``pending:<v>``
                 relabel; an engine the push did not label is then not stamped.
+            artifact: where the trainer wrote the version's weights, for replicas that were not pushed to
+                (``WeightUpdated.artifact``); or set the update's ``artifact`` inside the block, once the
+                version is known. Never implied by ``lora``: a LoRA push's artifact, when given, is a delta.
 
         Entering raises ``CounterExhaustedError`` (nothing paused, reserved or pushed) once the
         counter has issued ``MAX_VERSION``, ``FencedError`` once another publisher owns it, and
         ``PublishError`` when the number could not be taken.
 
         Raises:
-            ValueError: ``lora`` with ``push="full"``, or an unknown ``push``.
+            ValueError: ``lora`` with ``push="full"`` or with a full ``artifact``, or an unknown ``push``.
         """
         return VersionUpdate(
             self._counter,
@@ -279,6 +287,7 @@ class VersionPublisher:
             push=push,
             labels=labels,
             metrics=self._metrics,
+            artifact=artifact,
         )
 
     async def publish_lora(
