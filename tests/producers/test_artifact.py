@@ -9,6 +9,7 @@ import pytest
 from weightbus.bus import connect, subjects
 from weightbus.bus.protocol import Bus
 from weightbus.consumers import VersionTracker
+from weightbus.errors import UnsendableEventError
 from weightbus.producers import EngineFleet, SyncVersionPublisher, VersionPublisher
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
@@ -97,3 +98,17 @@ def test_sync_update_carries_the_artifact_set_in_the_block(nats_url: str, policy
 
     event = asyncio.run(last())
     assert event.version == 2 and event.artifact == WeightArtifact(uri="/d2", lineage="delta", base=1)
+
+
+async def test_digests_the_bus_cannot_carry_fail_the_update_before_any_stamp(
+    bus: Bus, policy: str, engines: Engines
+) -> None:
+    fleet = EngineFleet([engines.add("e0")])
+    pub = await VersionPublisher(bus, policy, trainer_id="t", fleet=fleet).start()
+    many = tuple((f"model.layers.{i}.mlp.down_proj.weight", DIGEST) for i in range(1000))
+    upd = pub.update(artifact=WeightArtifact(uri="/w", manifest_digest=DIGEST, tensors=many))
+    with pytest.raises(UnsendableEventError, match="bytes >"):
+        async with upd:
+            pass
+    assert upd.stamps == [] and upd.quarantined is not None
+    assert await _announced(bus, policy) == []

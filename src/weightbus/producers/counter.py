@@ -462,6 +462,32 @@ class FencedCounter:
         # Ours to take until a take completes: a take that failed beside it (the mark) retries this number.
         self._pre = max(self._pre or 0, version)
 
+    def announcement(
+        self,
+        version: int,
+        lora: LoraAdapter | None,
+        engines: Sequence[str] = (),
+        artifact: WeightArtifact | None = None,
+    ) -> WeightUpdated:
+        """The ``WeightUpdated`` that ``announce`` would store now (checked by its constructor, not sent).
+
+        Raises:
+            ValueError: ``artifact`` contradicts the event (its base not below ``version``, a full one with ``lora``).
+        """
+        assert self._epoch is not None
+        return WeightUpdated(
+            policy=self._policy,
+            version=version,
+            epoch=self._epoch,
+            trainer_id=self._trainer_id,
+            published_at=now(),
+            lora=lora,
+            engines=tuple(engines),
+            incarnation=self._incarnation,
+            reserves_next=self._reserve_next and version < MAX_VERSION,
+            artifact=artifact,
+        )
+
     async def announce(
         self,
         version: int,
@@ -479,20 +505,9 @@ class FencedCounter:
 
         Raises:
             FencedError, PublishError: as a conditional publish.
+            ValueError, UnsendableEventError: as ``announcement``, or the event is over ``MAX_EVENT_BYTES``.
         """
-        assert self._epoch is not None
-        event = WeightUpdated(
-            policy=self._policy,
-            version=version,
-            epoch=self._epoch,
-            trainer_id=self._trainer_id,
-            published_at=now(),
-            lora=lora,
-            engines=tuple(engines),
-            incarnation=self._incarnation,
-            reserves_next=self._reserve_next and version < MAX_VERSION,
-            artifact=artifact,
-        )
+        event = self.announcement(version, lora, engines, artifact)
         msg_id = f"{self._policy}:{self._epoch}:{version}:{self._incarnation}"
         ack = await self._conditional(event, msg_id)
         self._adopt_announced(event)

@@ -28,7 +28,15 @@ from weightbus.producers.stamping import (
     publish_applied,
     stamp_and_verify,
 )
-from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, WeightArtifact, WeightUpdated, now
+from weightbus.schemas import (
+    QUARANTINE_PREFIX,
+    FleetQuarantined,
+    LoraAdapter,
+    WeightArtifact,
+    WeightUpdated,
+    encode,
+    now,
+)
 
 __all__ = ["UpdateTurn", "VersionUpdate", "quarantine_label"]
 
@@ -96,8 +104,10 @@ class VersionUpdate:
         stamps: the engines' read-backs after a successful exit with a fleet (the covered engines).
         event: the acknowledged ``WeightUpdated`` after a successful exit.
         artifact: what the announcement carries as ``WeightUpdated.artifact``; the block may set it. One
-            whose base is not below the version, or a full one on a LoRA push, fails the update (``ValueError``,
-            the engines quarantined, nothing announced).
+            whose base is not below the version, or a full one on a LoRA push (``ValueError``), or that makes
+            the announcement larger than ``MAX_EVENT_BYTES`` (``UnsendableEventError``: keep per-tensor
+            digests of a large model in the artifact, with ``manifest_digest`` on the event) fails the update
+            before any stamp: the engines quarantined, nothing announced.
         quarantined: the ``FleetQuarantined`` alert of a failed update with a fleet, else None.
         phases: seconds each phase took, in the order they ran (``weightbus.producers.metrics.PHASES``:
             ``take`` and ``pause`` overlap; ``push`` is the block; a failed phase counts up to its
@@ -362,14 +372,10 @@ class VersionUpdate:
             self._observe()
 
     def _check_artifact(self, version: int) -> None:
-        """Refuse, before any engine is stamped, an artifact the announcement could not carry."""
-        artifact = self.artifact
-        if artifact is None:
-            return
-        if artifact.base is not None and artifact.base >= version:
-            raise ValueError(f"the artifact's base ({artifact.base}) must be below the version ({version})")
-        if self.lora is not None and artifact.lineage == "full":
-            raise ValueError("a LoRA update's artifact is a delta (the adapter on the previous base)")
+        """Refuse, before any engine is stamped, an announcement the bus would not carry (the codec's own check)."""
+        if self.artifact is not None:  # an artifact's per-tensor digests are what can outgrow MAX_EVENT_BYTES
+            urls = self._fleet.urls if self._fleet is not None else ()
+            encode(self._counter.announcement(version, self.lora, urls, self.artifact))
 
     async def abort(self, exc: BaseException) -> None:
         """End the update after ``exc`` (the push failed): quarantine and resume the engines, announce nothing.
