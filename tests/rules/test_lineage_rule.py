@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from tests._builders import updated
-from weightbus.rules.chain import ANNOUNCED_WINDOW, RegressionMode, TrackerAction, TrackerState, decide
+from weightbus.rules.chain import UNANNOUNCED_LIMIT, RegressionMode, TrackerAction, TrackerState, decide
 from weightbus.schemas import PublisherClaimed, VersionReserved, WeightArtifact, WeightUpdated
 
 upd = partial(updated, trainer="a", at=100.0)
@@ -36,7 +36,7 @@ def test_a_full_artifact_needs_no_base_and_starts_nothing_special() -> None:
     state = fold(upd(1), full(2))
     d = decide(state, full(3))
     assert d.action is TrackerAction.ADVANCED and not d.unverified_base
-    assert d.state.announced == (1, 2, 3)
+    assert (d.state.announced_since, d.state.unannounced) == (1, ())
 
 
 def test_a_delta_on_an_announced_base_is_taken_verified() -> None:
@@ -65,14 +65,14 @@ def test_a_delta_on_a_refused_update_is_rejected() -> None:
 
 def test_a_delta_on_a_base_between_announcements_is_rejected() -> None:
     state = fold(full(5), reserve(6), reserve(7), upd(7), reserve(8))
-    assert state.announced == (5, 7)
+    assert (state.announced_since, state.unannounced) == (5, (6,))
     assert decide(state, delta(8, 6)).reason == "unexplained_base"
     assert decide(state, delta(8, 7)).reason is None
 
 
 def test_a_delta_whose_base_is_before_a_fresh_tracker_is_taken_unverified() -> None:
     first = decide(TrackerState(), delta(10, 9))
-    assert first.action is TrackerAction.ADOPTED and first.unverified_base and first.state.announced == (10,)
+    assert first.action is TrackerAction.ADOPTED and first.unverified_base and first.state.announced_since == 10
     # Older than anything this state saw: it cannot know, it does not guess; taken, flagged.
     d = decide(first.state, delta(11, 3))
     assert d.action is TrackerAction.ADVANCED and d.unverified_base
@@ -83,18 +83,36 @@ def test_a_rebase_takes_a_delta_on_a_base_it_missed_and_restarts_the_window() ->
     state = fold(full(1), upd(2))
     d = decide(state, delta(9, 6), rebase=True)
     assert d.action is TrackerAction.ADVANCED and d.reason is None and d.unverified_base
-    assert d.state.announced == (9,)
+    assert (d.state.announced_since, d.state.unannounced) == (9, ())
     # A base it did see is still verified under a rebase.
     assert not decide(state, delta(9, 2), rebase=True).unverified_base
 
 
-def test_the_window_is_bounded_and_a_base_older_than_it_is_unverified() -> None:
-    state = fold(full(0), *(upd(v) for v in range(1, ANNOUNCED_WINDOW + 10)))
-    assert len(state.announced) == ANNOUNCED_WINDOW and state.announced[-1] == ANNOUNCED_WINDOW + 9
-    top = ANNOUNCED_WINDOW + 10
-    d = decide(state, delta(top, 0))
-    assert d.action is TrackerAction.ADVANCED and d.unverified_base
-    assert not decide(state, delta(top, state.announced[0])).unverified_base
+def test_a_long_chain_stays_verified_from_its_start() -> None:
+    state = fold(full(0), *(upd(v) for v in range(1, 1000)))
+    assert (state.announced_since, state.unannounced) == (0, ())
+    d = decide(state, delta(1000, 0))
+    assert d.action is TrackerAction.ADVANCED and not d.unverified_base
+
+
+def test_the_skipped_numbers_are_bounded_and_a_base_before_the_span_is_unverified() -> None:
+    # Every other number is reserved and skipped: past the limit, the span starts after the oldest kept.
+    events: list[WeightUpdated | VersionReserved] = [full(0)]
+    for v in range(2, 2 * UNANNOUNCED_LIMIT + 20, 2):
+        events += [reserve(v - 1), reserve(v), upd(v)]
+    state = fold(*events)
+    assert len(state.unannounced) == UNANNOUNCED_LIMIT and state.announced_since == state.unannounced[0] - 1
+    top = state.version + 1  # type: ignore[operator]
+    old = decide(state, delta(top, 0))
+    assert old.action is TrackerAction.ADVANCED and old.unverified_base
+    assert decide(state, delta(top, state.unannounced[0])).reason == "unexplained_base"
+    assert not decide(state, delta(top, state.unannounced[0] + 1)).unverified_base
+
+
+def test_a_delta_on_a_number_its_own_jump_skips_is_rejected() -> None:
+    state = fold(full(1), reserve(2), reserve(3))
+    assert decide(state, delta(3, 2)).reason == "unexplained_base"
+    assert decide(state, delta(3, 1)).reason is None
 
 
 def test_a_claim_that_raises_the_version_counts_it_as_announced() -> None:
@@ -105,7 +123,7 @@ def test_a_claim_that_raises_the_version_counts_it_as_announced() -> None:
             policy="p", epoch=2, trainer_id="b", published_at=2.0, version=2, previous_trainer_id="a", reserved=2
         ),
     )
-    assert claimed.state.announced == (1, 2)
+    assert (claimed.state.announced_since, claimed.state.unannounced) == (1, ())
     d = decide(
         claimed.state,
         updated(3, trainer="b", epoch=2, at=3.0, artifact=WeightArtifact(uri="/x", lineage="delta", base=2)),
@@ -120,7 +138,7 @@ def test_regression_modes_are_unaffected_by_lineage() -> None:
     followed = decide(state, delta(2, 1), RegressionMode.FOLLOW)
     # A counter reset: the numbers may name other weights now, so the base is not vouched for.
     assert followed.action is TrackerAction.FOLLOWED and followed.unverified_base
-    assert followed.state.announced == (2,)
+    assert followed.state.announced_since == 2
 
 
 def test_updates_without_an_artifact_behave_as_before() -> None:

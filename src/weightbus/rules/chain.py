@@ -16,7 +16,7 @@ from weightbus.schemas.common import MAX_VERSION
 from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightUpdated
 
 __all__ = [
-    "ANNOUNCED_WINDOW",
+    "UNANNOUNCED_LIMIT",
     "RegressionMode",
     "TrackerAction",
     "TrackerDecision",
@@ -27,8 +27,8 @@ __all__ = [
 
 WeightsEvent = WeightUpdated | PublisherClaimed | VersionReserved
 
-#: How many announced versions a state keeps for the lineage check: a delta on an older base is unverified.
-ANNOUNCED_WINDOW = 64
+#: How many skipped numbers a state keeps for the lineage check; past it, its span starts after the oldest kept.
+UNANNOUNCED_LIMIT = 64
 
 
 class RegressionMode(StrEnum):
@@ -84,9 +84,11 @@ class TrackerState(msgspec.Struct, frozen=True):
         updated_at: ``published_at`` of the last ``WeightUpdated`` that set the version.
         incarnation: the owner's incarnation ("" for publishers that predate incarnations).
         reserved: the highest number the owner reserved or a claim said was issued.
-        announced: the versions the chain announced, oldest first, every one of them from ``announced[0]`` on
-            (at most ``ANNOUNCED_WINDOW``; restarted where the state cannot vouch for what came before: its
-            first event, a rebase, a followed regression). A delta's base is checked against it.
+        announced_since: every number from it up to ``version`` was announced, but ``unannounced``; None: the
+            state vouches for none. It restarts where the state cannot vouch for what came before (its first
+            version, a rebase, a followed regression). A delta's base is checked against this span.
+        unannounced: the numbers of that span the chain skipped (reserved, never announced), oldest first; at
+            most ``UNANNOUNCED_LIMIT``.
     """
 
     version: int | None = None
@@ -95,7 +97,8 @@ class TrackerState(msgspec.Struct, frozen=True):
     updated_at: float | None = None
     incarnation: str | None = None
     reserved: int | None = None
-    announced: tuple[int, ...] = ()
+    announced_since: int | None = None
+    unannounced: tuple[int, ...] = ()
 
     @property
     def has_owner(self) -> bool:
@@ -206,7 +209,8 @@ def decide(
                 state.updated_at,
                 state.incarnation,
                 _max(state.reserved, incoming),
-                state.announced,
+                state.announced_since,
+                state.unannounced,
             )
             return TrackerDecision(TrackerAction.RESERVED, noted, state, incoming)
         case PublisherClaimed(version=claimed):
@@ -223,24 +227,34 @@ def decide(
                     return TrackerDecision(TrackerAction.REJECTED, state, state, claimed, "unexplained_claim")
             held = state.version
             version = held if claimed is None or (held is not None and claimed <= held) else claimed
-            announced = state.announced
+            since, unannounced = state.announced_since, state.unannounced
             if version != held and version is not None:  # the claimant vouches that it was announced
-                announced = (version,) if not state.has_owner else _announce(announced, version)
+                since, unannounced = _span(state, version) if state.has_owner and not rebase else (version, ())
             noted = replace(
                 _owner_of(state, event),
                 version=version,
                 reserved=_max(_max(state.reserved, event.reserved), claimed),
-                announced=announced,
+                announced_since=since,
+                unannounced=unannounced,
             )
             behind = held is not None and (claimed is None or claimed < held)
             return TrackerDecision(TrackerAction.CLAIMED, noted, state, claimed, "counter_reset" if behind else None)
     raise TypeError(f"not a weights-family event: {type(event).__name__}")
 
 
-def _announce(announced: tuple[int, ...], version: int) -> tuple[int, ...]:
-    if len(announced) < ANNOUNCED_WINDOW:
-        return (*announced, version)
-    return (*announced[1 - ANNOUNCED_WINDOW :], version)
+def _span(state: TrackerState, new: int) -> tuple[int | None, tuple[int, ...]]:
+    """``announced_since`` and ``unannounced`` once ``new`` (above the held version) is announced next."""
+    since, held = state.announced_since, state.version
+    if since is None or held is None:
+        return new, ()
+    if new == held + 1:  # the common case: nothing skipped, nothing to copy
+        return since, state.unannounced
+    if new - held - 1 > UNANNOUNCED_LIMIT:
+        return new, ()
+    skipped = (*state.unannounced, *range(held + 1, new))
+    if len(skipped) > UNANNOUNCED_LIMIT:
+        return skipped[-UNANNOUNCED_LIMIT - 1] + 1, skipped[-UNANNOUNCED_LIMIT:]
+    return since, skipped
 
 
 def _updated(
@@ -254,14 +268,14 @@ def _updated(
         action = _MODE_ACTION[mode]
         if action is not TrackerAction.FOLLOWED:
             return TrackerDecision(action, state, state, incoming)
-        # A counter reset: the numbers above may name other weights now; the window restarts here.
+        # A counter reset: the numbers above may name other weights now; the span restarts here.
         followed = TrackerState(
-            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, (incoming,)
+            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, incoming
         )
         return TrackerDecision(action, followed, state, incoming, None, base is not None)
     if not state.has_owner:
         first = TrackerState(
-            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, (incoming,)
+            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, incoming
         )
         return TrackerDecision(TrackerAction.ADOPTED, first, state, incoming, None, base is not None)
     if not state.owns(event):
@@ -271,23 +285,20 @@ def _updated(
     explained = rebase or incoming == (current or 0) + 1 or (state.reserved is not None and incoming <= state.reserved)
     if not explained:
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_jump")
-    announced = state.announced
     unverified = False
-    if base is not None and base not in announced:
-        # Every announcement from announced[0] on is in the window: a base there that is not was never
-        # announced (an aborted reservation, a refused update). Below it, or after a gap, nothing is known.
-        if not rebase and announced and base >= announced[0]:
-            return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_base")
-        unverified = True
+    if base is not None:
+        since = state.announced_since
+        seen = since is not None and current is not None and base >= since  # inside the span this state saw
+        if not seen or base > current or base in state.unannounced:  # type: ignore[operator]  # seen: current is set
+            # In the span, every announcement was seen: a base there that is not one was never announced (a
+            # skipped reservation, a refused update). Before it, or after a gap (a rebase), nothing is known.
+            if seen and not rebase:
+                return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_base")
+            unverified = True
+    since, unannounced = (incoming, ()) if rebase else _span(state, incoming)
     # The constructor, not replace(): this runs once per received update.
     taken = TrackerState(
-        incoming,
-        event.epoch,
-        event.trainer_id,
-        event.published_at,
-        event.incarnation,
-        reserved,
-        (incoming,) if rebase else _announce(announced, incoming),
+        incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, since, unannounced
     )
     action = TrackerAction.ADOPTED if current is None else TrackerAction.ADVANCED
     return TrackerDecision(action, taken, state, incoming, None, unverified)
