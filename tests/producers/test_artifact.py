@@ -112,3 +112,18 @@ async def test_digests_the_bus_cannot_carry_fail_the_update_before_any_stamp(
             pass
     assert upd.stamps == [] and upd.quarantined is not None
     assert await _announced(bus, policy) == []
+
+
+async def test_publish_lora_announces_the_adapter_artifact_and_refuses_a_full_one_before_loading(
+    engines: Engines, bus: Bus, policy: str
+) -> None:
+    pub = await VersionPublisher(bus, policy, fleet=EngineFleet([engines.add("a")])).start()
+    async with pub.update():
+        pass
+    adapter = LoraAdapter(name="math", path="/adapters/math-2")
+    with pytest.raises(ValueError, match="delta"):
+        await pub.publish_lora(adapter, artifact=WeightArtifact(uri="/adapters/math-2"))
+    assert "math" not in engines.states["http://a"].lora_adapters  # refused before any load
+    artifact = WeightArtifact(uri="/adapters/math-2", lineage="delta", base=1, manifest_digest=DIGEST)
+    assert await pub.publish_lora(adapter, artifact=artifact) == 2
+    assert (await _announced(bus, policy))[-1].artifact == artifact

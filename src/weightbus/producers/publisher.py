@@ -291,7 +291,13 @@ class VersionPublisher:
         )
 
     async def publish_lora(
-        self, adapter: LoraAdapter, *, pinned: bool = False, replace: bool = False, base: str | None = None
+        self,
+        adapter: LoraAdapter,
+        *,
+        pinned: bool = False,
+        replace: bool = False,
+        base: str | None = None,
+        artifact: WeightArtifact | None = None,
     ) -> int:
         """Load ``adapter`` on every engine of the fleet, stamp the next version, and announce it.
 
@@ -315,12 +321,14 @@ class VersionPublisher:
             base: where the engines can load the base weights the previous version names (the last
                 full push's checkpoint, or the boot model in a LoRA-only run); loaded, without a
                 version, only on the engines the adapter alone would not cover.
+            artifact: the adapter as a replica would load it (a ``delta`` on the version its base
+                weights are; see ``update``), announced with it; None: the announcement carries none.
 
         Returns:
             The announced version.
 
         Raises:
-            ValueError: no fleet, or ``adapter.path`` is None.
+            ValueError: no fleet, ``adapter.path`` is None, or ``artifact`` is full.
             EngineError: an engine refused the load (nothing announced).
             PushCoverageError: no engine holds the base and ``base`` was not given (nothing announced).
             EngineOutOfSyncError, FencedError, PublishError: as ``update()``.
@@ -330,7 +338,7 @@ class VersionPublisher:
         if adapter.path is None:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no path to load")
         fleet = self._fleet
-        update = self.update(lora=adapter)
+        update = self.update(lora=adapter, artifact=artifact)
         loaded = False
         try:
             async with update as version:

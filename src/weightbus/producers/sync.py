@@ -245,9 +245,16 @@ class SyncVersionPublisher:
         """One weight update (``with pub.update() as version:``); see ``VersionPublisher.update`` and ``SyncUpdate``."""
         return SyncUpdate(self, lora=lora, push=push, labels=labels, artifact=artifact)
 
-    def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False, base: str | None = None) -> int:
+    def publish_lora(
+        self,
+        adapter: LoraAdapter,
+        *,
+        pinned: bool = False,
+        base: str | None = None,
+        artifact: WeightArtifact | None = None,
+    ) -> int:
         """Load ``adapter`` on every engine, stamp, and publish; see ``VersionPublisher.publish_lora``."""
-        return self._run(self.publisher.publish_lora(adapter, pinned=pinned, base=base))
+        return self._run(self.publisher.publish_lora(adapter, pinned=pinned, base=base, artifact=artifact))
 
     def close(self) -> None:
         """Close the fleet and the bus, then stop the private loop."""
