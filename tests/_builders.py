@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus, TokenSpan
-from weightbus.schemas.weights import LoraAdapter, WeightUpdated
+from weightbus.schemas.weights import LoraAdapter, WeightArtifact, WeightUpdated
 
 __all__ = ["N_SAMPLES", "has_waiters", "make_group", "updated", "wait_until"]
 
@@ -32,6 +32,7 @@ def updated(
     engines: tuple[str, ...] = (),
     incarnation: str = "",
     reserves_next: bool = False,
+    artifact: WeightArtifact | None = None,
 ) -> WeightUpdated:
     """A ``WeightUpdated`` of ``policy`` at ``version``, published ``at`` (now when None)."""
     return WeightUpdated(
@@ -44,6 +45,7 @@ def updated(
         engines=engines,
         incarnation=incarnation,
         reserves_next=reserves_next,
+        artifact=artifact,
     )
 
 

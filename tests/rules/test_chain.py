@@ -46,7 +46,9 @@ HELD57 = TrackerState(version=57, epoch=1, publisher="a", updated_at=50.0, incar
 def test_first_update_is_adopted_even_at_version_zero() -> None:
     d = decide(TrackerState(), upd(0, at=10.0))
     assert d.action is TrackerAction.ADOPTED
-    assert d.state == TrackerState(version=0, epoch=1, publisher="a", updated_at=10.0, incarnation="", reserved=0)
+    assert d.state == TrackerState(
+        version=0, epoch=1, publisher="a", updated_at=10.0, incarnation="", reserved=0, announced_since=0
+    )
     assert d.changed and d.is_update and not d.is_regression
 
 
@@ -158,7 +160,9 @@ def test_default_mode_is_hold() -> None:
 def test_claim_adopts_its_version_when_none_is_held_but_is_no_update() -> None:
     d = decide(TrackerState(), claim(7))
     assert d.action is TrackerAction.CLAIMED
-    assert d.state == TrackerState(version=7, epoch=2, publisher="b", updated_at=None, incarnation="", reserved=7)
+    assert d.state == TrackerState(
+        version=7, epoch=2, publisher="b", updated_at=None, incarnation="", reserved=7, announced_since=7
+    )
     assert d.changed and not d.is_update and not d.is_regression
 
 

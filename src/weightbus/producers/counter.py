@@ -31,6 +31,7 @@ from weightbus.schemas import (
     PublisherClaimed,
     VersionRejected,
     VersionReserved,
+    WeightArtifact,
     WeightUpdated,
     now,
 )
@@ -461,19 +462,20 @@ class FencedCounter:
         # Ours to take until a take completes: a take that failed beside it (the mark) retries this number.
         self._pre = max(self._pre or 0, version)
 
-    async def announce(self, version: int, lora: LoraAdapter | None, engines: Sequence[str] = ()) -> WeightUpdated:
-        """Store ``WeightUpdated(version)``: the engines serve it and trackers may take it.
-
-        Args:
-            version: the number taken.
-            lora: the adapter the push loaded, or None.
-            engines: the engines that were stamped and read back.
+    def announcement(
+        self,
+        version: int,
+        lora: LoraAdapter | None,
+        engines: Sequence[str] = (),
+        artifact: WeightArtifact | None = None,
+    ) -> WeightUpdated:
+        """The ``WeightUpdated`` that ``announce`` would store now (checked by its constructor, not sent).
 
         Raises:
-            FencedError, PublishError: as a conditional publish.
+            ValueError: ``artifact`` contradicts the event (its base not below ``version``, a full one with ``lora``).
         """
         assert self._epoch is not None
-        event = WeightUpdated(
+        return WeightUpdated(
             policy=self._policy,
             version=version,
             epoch=self._epoch,
@@ -483,7 +485,29 @@ class FencedCounter:
             engines=tuple(engines),
             incarnation=self._incarnation,
             reserves_next=self._reserve_next and version < MAX_VERSION,
+            artifact=artifact,
         )
+
+    async def announce(
+        self,
+        version: int,
+        lora: LoraAdapter | None,
+        engines: Sequence[str] = (),
+        artifact: WeightArtifact | None = None,
+    ) -> WeightUpdated:
+        """Store ``WeightUpdated(version)``: the engines serve it and trackers may take it.
+
+        Args:
+            version: the number taken.
+            lora: the adapter the push loaded, or None.
+            engines: the engines that were stamped and read back.
+            artifact: where the trainer wrote the weights, when it says (``WeightUpdated.artifact``).
+
+        Raises:
+            FencedError, PublishError: as a conditional publish.
+            ValueError, UnsendableEventError: as ``announcement``, or the event is over ``MAX_EVENT_BYTES``.
+        """
+        event = self.announcement(version, lora, engines, artifact)
         msg_id = f"{self._policy}:{self._epoch}:{version}:{self._incarnation}"
         ack = await self._conditional(event, msg_id)
         self._adopt_announced(event)

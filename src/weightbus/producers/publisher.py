@@ -23,7 +23,7 @@ from weightbus.producers.coverage import Push
 from weightbus.producers.fleet import EngineFleet
 from weightbus.producers.metrics import PublisherMetrics
 from weightbus.producers.update import UpdateTurn, VersionUpdate
-from weightbus.schemas import MAX_VERSION, ClaimStanding, LoraAdapter, WeightUpdated, parse_version
+from weightbus.schemas import MAX_VERSION, ClaimStanding, LoraAdapter, WeightArtifact, WeightUpdated, parse_version
 
 __all__ = ["PublisherState", "VersionPublisher"]
 
@@ -239,7 +239,12 @@ class VersionPublisher:
     # -- updates -----------------------------------------------------------------------------------
 
     def update(
-        self, *, lora: LoraAdapter | None = None, push: Push | None = None, labels: bool = False
+        self,
+        *,
+        lora: LoraAdapter | None = None,
+        push: Push | None = None,
+        labels: bool = False,
+        artifact: WeightArtifact | None = None,
     ) -> VersionUpdate:
         """One weight update, as an async context manager yielding the version to push (``int``).
 
@@ -261,13 +266,16 @@ class VersionPublisher:
             labels: the push carries ``weight_version=str(v)`` to every engine (SGLang's
                 ``update_weights_from_*`` accept it), so the update skips the ``pending:<v>``
                 relabel; an engine the push did not label is then not stamped.
+            artifact: where the trainer wrote the version's weights, for replicas that were not pushed to
+                (``WeightUpdated.artifact``); or set the update's ``artifact`` inside the block, once the
+                version is known. Never implied by ``lora``: a LoRA push's artifact, when given, is a delta.
 
         Entering raises ``CounterExhaustedError`` (nothing paused, reserved or pushed) once the
         counter has issued ``MAX_VERSION``, ``FencedError`` once another publisher owns it, and
         ``PublishError`` when the number could not be taken.
 
         Raises:
-            ValueError: ``lora`` with ``push="full"``, or an unknown ``push``.
+            ValueError: ``lora`` with ``push="full"`` or with a full ``artifact``, or an unknown ``push``.
         """
         return VersionUpdate(
             self._counter,
@@ -279,10 +287,17 @@ class VersionPublisher:
             push=push,
             labels=labels,
             metrics=self._metrics,
+            artifact=artifact,
         )
 
     async def publish_lora(
-        self, adapter: LoraAdapter, *, pinned: bool = False, replace: bool = False, base: str | None = None
+        self,
+        adapter: LoraAdapter,
+        *,
+        pinned: bool = False,
+        replace: bool = False,
+        base: str | None = None,
+        artifact: WeightArtifact | None = None,
     ) -> int:
         """Load ``adapter`` on every engine of the fleet, stamp the next version, and announce it.
 
@@ -306,12 +321,14 @@ class VersionPublisher:
             base: where the engines can load the base weights the previous version names (the last
                 full push's checkpoint, or the boot model in a LoRA-only run); loaded, without a
                 version, only on the engines the adapter alone would not cover.
+            artifact: the adapter as a replica would load it (a ``delta`` on the version its base
+                weights are; see ``update``), announced with it; None: the announcement carries none.
 
         Returns:
             The announced version.
 
         Raises:
-            ValueError: no fleet, or ``adapter.path`` is None.
+            ValueError: no fleet, ``adapter.path`` is None, or ``artifact`` is full.
             EngineError: an engine refused the load (nothing announced).
             PushCoverageError: no engine holds the base and ``base`` was not given (nothing announced).
             EngineOutOfSyncError, FencedError, PublishError: as ``update()``.
@@ -321,7 +338,7 @@ class VersionPublisher:
         if adapter.path is None:
             raise ValueError(f"LoRA adapter {adapter.name!r} has no path to load")
         fleet = self._fleet
-        update = self.update(lora=adapter)
+        update = self.update(lora=adapter, artifact=artifact)
         loaded = False
         try:
             async with update as version:

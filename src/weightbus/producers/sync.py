@@ -23,7 +23,7 @@ from weightbus.producers.fleet import EngineFleet
 from weightbus.producers.metrics import PublisherMetrics
 from weightbus.producers.publisher import VersionPublisher
 from weightbus.producers.update import VersionUpdate
-from weightbus.schemas import ClaimStanding, LoraAdapter
+from weightbus.schemas import ClaimStanding, LoraAdapter, WeightArtifact
 
 __all__ = ["SyncPublisherState", "SyncUpdate", "SyncVersionPublisher"]
 
@@ -234,13 +234,27 @@ class SyncVersionPublisher:
 
         return self._run(_call())
 
-    def update(self, *, lora: LoraAdapter | None = None, push: Push | None = None, labels: bool = False) -> SyncUpdate:
+    def update(
+        self,
+        *,
+        lora: LoraAdapter | None = None,
+        push: Push | None = None,
+        labels: bool = False,
+        artifact: WeightArtifact | None = None,
+    ) -> SyncUpdate:
         """One weight update (``with pub.update() as version:``); see ``VersionPublisher.update`` and ``SyncUpdate``."""
-        return SyncUpdate(self, lora=lora, push=push, labels=labels)
+        return SyncUpdate(self, lora=lora, push=push, labels=labels, artifact=artifact)
 
-    def publish_lora(self, adapter: LoraAdapter, *, pinned: bool = False, base: str | None = None) -> int:
+    def publish_lora(
+        self,
+        adapter: LoraAdapter,
+        *,
+        pinned: bool = False,
+        base: str | None = None,
+        artifact: WeightArtifact | None = None,
+    ) -> int:
         """Load ``adapter`` on every engine, stamp, and publish; see ``VersionPublisher.publish_lora``."""
-        return self._run(self.publisher.publish_lora(adapter, pinned=pinned, base=base))
+        return self._run(self.publisher.publish_lora(adapter, pinned=pinned, base=base, artifact=artifact))
 
     def close(self) -> None:
         """Close the fleet and the bus, then stop the private loop."""
@@ -286,19 +300,42 @@ class SyncUpdate:
 
     Attributes:
         version: the version the push carries (set by ``begin()``).
+        artifact: what the announcement carries as ``WeightUpdated.artifact`` (``VersionUpdate.artifact``); set
+            it inside the block, once the version is known, before ``commit()``.
         update: the ``VersionUpdate`` on the loop (its ``missing``, ``stamps`` and ``event``; call its
             coroutines such as ``before_push`` through ``SyncVersionPublisher.call``), set by ``begin()``.
     """
 
     def __init__(
-        self, owner: SyncVersionPublisher, *, lora: LoraAdapter | None, push: Push | None, labels: bool
+        self,
+        owner: SyncVersionPublisher,
+        *,
+        lora: LoraAdapter | None,
+        push: Push | None,
+        labels: bool,
+        artifact: WeightArtifact | None = None,
     ) -> None:
+        if lora is not None and artifact is not None and artifact.lineage == "full":
+            raise ValueError("a LoRA update's artifact is a delta (the adapter on the previous base)")
         self._owner = owner
         self._args = (lora, push, labels)
+        self._artifact = artifact
         self.version: int | None = None
         self.update: VersionUpdate | None = None
         self._outcome: concurrent.futures.Future[BaseException | None] | None = None
         self._task: concurrent.futures.Future[None] | None = None
+
+    @property
+    def artifact(self) -> WeightArtifact | None:
+        """What the announcement carries as ``WeightUpdated.artifact``; see the class docstring."""
+        return self.update.artifact if self.update is not None else self._artifact
+
+    @artifact.setter
+    def artifact(self, artifact: WeightArtifact | None) -> None:
+        # Set in the block on the caller's thread; the loop reads it only after commit() hands it the outcome.
+        self._artifact = artifact
+        if self.update is not None:
+            self.update.artifact = artifact
 
     @property
     def phases(self) -> dict[str, float]:
@@ -315,7 +352,7 @@ class SyncUpdate:
         if self._task is not None:
             raise RuntimeError("begin() belongs to a new update; this one was begun")
         lora, push, labels = self._args
-        update = self._owner.publisher.update(lora=lora, push=push, labels=labels)
+        update = self._owner.publisher.update(lora=lora, push=push, labels=labels, artifact=self._artifact)
         begun: concurrent.futures.Future[int] = concurrent.futures.Future()
         outcome: concurrent.futures.Future[BaseException | None] = concurrent.futures.Future()
         self._task = task = self._owner._submit(_drive(update, begun, outcome))

@@ -28,7 +28,15 @@ from weightbus.producers.stamping import (
     publish_applied,
     stamp_and_verify,
 )
-from weightbus.schemas import QUARANTINE_PREFIX, FleetQuarantined, LoraAdapter, WeightUpdated, now
+from weightbus.schemas import (
+    QUARANTINE_PREFIX,
+    FleetQuarantined,
+    LoraAdapter,
+    WeightArtifact,
+    WeightUpdated,
+    encode,
+    now,
+)
 
 __all__ = ["UpdateTurn", "VersionUpdate", "quarantine_label"]
 
@@ -77,10 +85,13 @@ class VersionUpdate:
             them itself, and no ``pending:<v>`` relabel is needed); then an engine the push did not
             label is not stamped.
         metrics: where the update's phases are observed when it ends, or None.
+        artifact: where the trainer wrote the version's weights (``WeightUpdated.artifact``), when known
+            before entering; else set ``artifact`` inside the block, once the version is known.
 
     Raises:
         ValueError: ``lora`` with ``push="full"`` (an adapter load leaves the base as it was: the
-            announcement of a LoRA version says so; announce a new base with a full update).
+            announcement of a LoRA version says so; announce a new base with a full update), or
+            ``lora`` with a full ``artifact`` (an adapter is a delta on the base).
 
     Attributes:
         version: the reserved version this update pushes and announces (set on entering).
@@ -92,6 +103,11 @@ class VersionUpdate:
             part and call ``pushed_missing``, or they are quarantined and left out of the announcement.
         stamps: the engines' read-backs after a successful exit with a fleet (the covered engines).
         event: the acknowledged ``WeightUpdated`` after a successful exit.
+        artifact: what the announcement carries as ``WeightUpdated.artifact``; the block may set it. One
+            whose base is not below the version, or a full one on a LoRA push (``ValueError``), or that makes
+            the announcement larger than ``MAX_EVENT_BYTES`` (``UnsendableEventError``: keep per-tensor
+            digests of a large model in the artifact, with ``manifest_digest`` on the event) fails the update
+            before any stamp: the engines quarantined, nothing announced.
         quarantined: the ``FleetQuarantined`` alert of a failed update with a fleet, else None.
         phases: seconds each phase took, in the order they ran (``weightbus.producers.metrics.PHASES``:
             ``take`` and ``pause`` overlap; ``push`` is the block; a failed phase counts up to its
@@ -111,6 +127,7 @@ class VersionUpdate:
         push: Push | None = None,
         labels: bool = False,
         metrics: PublisherMetrics | None = None,
+        artifact: WeightArtifact | None = None,
     ) -> None:
         if push is None:
             push = "delta" if lora is not None else "full"
@@ -118,6 +135,9 @@ class VersionUpdate:
             raise ValueError(f"push must be 'full' or 'delta', not {push!r}")
         if lora is not None and push == "full":
             raise ValueError("a LoRA update is a delta push (an adapter on the previous base); a full one has no lora")
+        if lora is not None and artifact is not None and artifact.lineage == "full":
+            raise ValueError("a LoRA update's artifact is a delta (the adapter on the previous base)")
+        self.artifact = artifact
         self.push: Push = push
         self.labels = labels
         self.missing: tuple[str, ...] = ()
@@ -310,6 +330,7 @@ class VersionUpdate:
         assert self.version is not None
         try:
             try:
+                self._check_artifact(self.version)
                 engines: tuple[str, ...] = ()
                 if fleet is not None:
                     with self._timing("stamp"):
@@ -332,7 +353,7 @@ class VersionUpdate:
                         engines = tuple(s.engine for s in self.stamps)
                 # The announcement alone: the only bus round trip between the stamp and the resume.
                 with self._timing("announce"):
-                    self.event = await counter.announce(self.version, self.lora, engines)
+                    self.event = await counter.announce(self.version, self.lora, engines, self.artifact)
             except BaseException as failure:
                 if isinstance(failure, FencedError):
                     reason = "fenced"
@@ -349,6 +370,12 @@ class VersionUpdate:
         finally:
             self._turn.active = False
             self._observe()
+
+    def _check_artifact(self, version: int) -> None:
+        """Refuse, before any engine is stamped, an announcement the bus would not carry (the codec's own check)."""
+        if self.artifact is not None:  # an artifact's per-tensor digests are what can outgrow MAX_EVENT_BYTES
+            urls = self._fleet.urls if self._fleet is not None else ()
+            encode(self._counter.announcement(version, self.lora, urls, self.artifact))
 
     async def abort(self, exc: BaseException) -> None:
         """End the update after ``exc`` (the push failed): quarantine and resume the engines, announce nothing.

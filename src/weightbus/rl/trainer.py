@@ -6,11 +6,14 @@ The counter is the bus's (a replacement resumes it); a step's ``steps.jsonl`` li
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import struct
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -26,13 +29,13 @@ from weightbus.producers import EngineFleet, VersionPublisher
 from weightbus.rl.batches import BatchReply, BatchRequest, request_batch
 from weightbus.rl.config import TrainerConfig
 from weightbus.rl.report import trained_staleness
-from weightbus.schemas import LoraAdapter
+from weightbus.schemas import LoraAdapter, WeightArtifact
 from weightbus.schemas.rollouts import Group
 
 if TYPE_CHECKING:
     from weightbus.bus.nats import NatsBus
 
-__all__ = ["TrainerConfig", "TrainerProgress", "grpo_loss", "run_trainer"]
+__all__ = ["TrainerConfig", "TrainerProgress", "grpo_loss", "run_trainer", "safetensors_artifact"]
 
 log = logging.getLogger("weightbus.rl")
 
@@ -59,6 +62,37 @@ class TrainerProgress(msgspec.Struct, kw_only=True, frozen=True):
     step_s: float
     judged_staleness_max: int | None = None
     """The largest staleness the drain judged for this batch, recycled and dropped groups too."""
+
+
+def safetensors_artifact(path: Path, base: int | None = None) -> WeightArtifact:
+    """The ``WeightArtifact`` of the safetensors file at ``path``: ``full``, or a ``delta`` on ``base``.
+
+    The manifest digest is the file's sha256; each tensor's is the sha256 of its bytes in the file (the
+    format's 8-byte little-endian header length, its JSON header, then the data the offsets index), so a
+    replica checks what it loads without torch.
+    """
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    start = 8 + length
+    tensors = tuple(
+        sorted(
+            (
+                name,
+                "sha256:"
+                + hashlib.sha256(data[start + meta["data_offsets"][0] : start + meta["data_offsets"][1]]).hexdigest(),
+            )
+            for name, meta in header.items()
+            if name != "__metadata__"
+        )
+    )
+    return WeightArtifact(
+        uri=str(path),
+        lineage="full" if base is None else "delta",
+        base=base,
+        manifest_digest="sha256:" + hashlib.sha256(data).hexdigest(),
+        tensors=tensors,
+    )
 
 
 def grpo_loss(policy: Any, groups: list[Group], clip: float) -> tuple[Any, float]:
@@ -165,17 +199,24 @@ class _Trainer:
             # One adapter name per version: loading never has to unload the name rollouts are using.
             path = self.weights_dir / f"adapter-v{pub.state.next_version}.safetensors"
             lora = LoraAdapter(name=f"{config.lora_prefix}-v{pub.state.next_version}", path=str(path))
+        # An adapter replaces the previous one on the same base weights: its artifact is a delta on the version
+        # before it (none to name before the first announcement: that push announces no artifact).
+        base = pub.state.version
         with meter.weightbus():
             # A full push carries weight_version to every engine (load and label in one call): no pending relabel.
-            async with pub.update(lora=lora, labels=lora is None) as version:
+            update = pub.update(lora=lora, labels=lora is None)
+            async with update as version:
                 with meter.excluded():  # the trainer's own work: write the weights, load them on the engines
                     if lora is None:
                         path = self.weights_dir / f"weights-v{version}.safetensors"
                         self.policy.save_weights(str(path))
+                        update.artifact = safetensors_artifact(path)
                         for client in fleet.clients:
                             await client.update_weights_from_disk(str(path), weight_version=str(version))
                     else:
                         self.policy.save_adapter(str(path))
+                        if base is not None:
+                            update.artifact = safetensors_artifact(path, base)
                         for client in fleet.clients:
                             await client.load_lora_adapter(lora.name, str(path))
         if lora is not None:

@@ -15,9 +15,20 @@ from weightbus.schemas.alerts import RejectReason
 from weightbus.schemas.common import MAX_VERSION
 from weightbus.schemas.weights import PublisherClaimed, VersionReserved, WeightUpdated
 
-__all__ = ["RegressionMode", "TrackerAction", "TrackerDecision", "TrackerState", "WeightsEvent", "decide"]
+__all__ = [
+    "UNANNOUNCED_LIMIT",
+    "RegressionMode",
+    "TrackerAction",
+    "TrackerDecision",
+    "TrackerState",
+    "WeightsEvent",
+    "decide",
+]
 
 WeightsEvent = WeightUpdated | PublisherClaimed | VersionReserved
+
+#: How many skipped numbers a state keeps for the lineage check; past it, its span starts after the oldest kept.
+UNANNOUNCED_LIMIT = 64
 
 
 class RegressionMode(StrEnum):
@@ -73,6 +84,11 @@ class TrackerState(msgspec.Struct, frozen=True):
         updated_at: ``published_at`` of the last ``WeightUpdated`` that set the version.
         incarnation: the owner's incarnation ("" for publishers that predate incarnations).
         reserved: the highest number the owner reserved or a claim said was issued.
+        announced_since: every number from it up to ``version`` was announced, but ``unannounced``; None: the
+            state vouches for none. It restarts where the state cannot vouch for what came before (its first
+            version, a rebase, a followed regression). A delta's base is checked against this span.
+        unannounced: the numbers of that span the chain skipped (reserved, never announced), oldest first; at
+            most ``UNANNOUNCED_LIMIT``.
     """
 
     version: int | None = None
@@ -81,6 +97,8 @@ class TrackerState(msgspec.Struct, frozen=True):
     updated_at: float | None = None
     incarnation: str | None = None
     reserved: int | None = None
+    announced_since: int | None = None
+    unannounced: tuple[int, ...] = ()
 
     @property
     def has_owner(self) -> bool:
@@ -98,7 +116,10 @@ class TrackerDecision(msgspec.Struct, frozen=True):
     """The outcome of one event: the action, the state before and after, the incoming version, and why.
 
     ``reason`` names a rejection (``not_owner``, ``stale_claim``, ``unexplained_jump``,
-    ``unexplained_claim``) or a ``counter_reset`` claim; it is None otherwise.
+    ``unexplained_claim``, ``unexplained_base``) or a ``counter_reset`` claim; it is None otherwise.
+    ``unverified_base`` is set when an update taken is a delta whose base the state cannot vouch for (older
+    than what it saw, or after a gap): taken, since refusing it would hold older weights as current, and
+    reported loudly by the caller.
     """
 
     action: TrackerAction
@@ -106,6 +127,7 @@ class TrackerDecision(msgspec.Struct, frozen=True):
     previous: TrackerState
     incoming: int | None
     reason: RejectReason | None = None
+    unverified_base: bool = False
 
     @property
     def changed(self) -> bool:
@@ -187,6 +209,8 @@ def decide(
                 state.updated_at,
                 state.incarnation,
                 _max(state.reserved, incoming),
+                state.announced_since,
+                state.unannounced,
             )
             return TrackerDecision(TrackerAction.RESERVED, noted, state, incoming)
         case PublisherClaimed(version=claimed):
@@ -203,32 +227,57 @@ def decide(
                     return TrackerDecision(TrackerAction.REJECTED, state, state, claimed, "unexplained_claim")
             held = state.version
             version = held if claimed is None or (held is not None and claimed <= held) else claimed
+            since, unannounced = state.announced_since, state.unannounced
+            if version != held and version is not None:  # the claimant vouches that it was announced
+                since, unannounced = _span(state, version) if state.has_owner and not rebase else (version, ())
             noted = replace(
-                _owner_of(state, event), version=version, reserved=_max(_max(state.reserved, event.reserved), claimed)
+                _owner_of(state, event),
+                version=version,
+                reserved=_max(_max(state.reserved, event.reserved), claimed),
+                announced_since=since,
+                unannounced=unannounced,
             )
             behind = held is not None and (claimed is None or claimed < held)
             return TrackerDecision(TrackerAction.CLAIMED, noted, state, claimed, "counter_reset" if behind else None)
     raise TypeError(f"not a weights-family event: {type(event).__name__}")
 
 
+def _span(state: TrackerState, new: int) -> tuple[int | None, tuple[int, ...]]:
+    """``announced_since`` and ``unannounced`` once ``new`` (above the held version) is announced next."""
+    since, held = state.announced_since, state.version
+    if since is None or held is None:
+        return new, ()
+    if new == held + 1:  # the common case: nothing skipped, nothing to copy
+        return since, state.unannounced
+    if new - held - 1 > UNANNOUNCED_LIMIT:
+        return new, ()
+    skipped = (*state.unannounced, *range(held + 1, new))
+    if len(skipped) > UNANNOUNCED_LIMIT:
+        return skipped[-UNANNOUNCED_LIMIT - 1] + 1, skipped[-UNANNOUNCED_LIMIT:]
+    return since, skipped
+
+
 def _updated(
     state: TrackerState, event: WeightUpdated, incoming: int, mode: RegressionMode, rebase: bool
 ) -> TrackerDecision:
     current = state.version
-    # The constructor, not replace(): this runs once per received update.
-    taken = TrackerState(
-        incoming,
-        event.epoch,
-        event.trainer_id,
-        event.published_at,
-        event.incarnation,
-        _max(state.reserved, incoming + 1 if event.reserves_next and incoming < MAX_VERSION else incoming),
-    )
+    artifact = event.artifact
+    base = None if artifact is None else artifact.base
+    reserved = _max(state.reserved, incoming + 1 if event.reserves_next and incoming < MAX_VERSION else incoming)
     if current is not None and incoming < current:
         action = _MODE_ACTION[mode]
-        return TrackerDecision(action, taken if action is TrackerAction.FOLLOWED else state, state, incoming)
+        if action is not TrackerAction.FOLLOWED:
+            return TrackerDecision(action, state, state, incoming)
+        # A counter reset: the numbers above may name other weights now; the span restarts here.
+        followed = TrackerState(
+            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, incoming
+        )
+        return TrackerDecision(action, followed, state, incoming, None, base is not None)
     if not state.has_owner:
-        return TrackerDecision(TrackerAction.ADOPTED, taken, state, incoming)
+        first = TrackerState(
+            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, incoming
+        )
+        return TrackerDecision(TrackerAction.ADOPTED, first, state, incoming, None, base is not None)
     if not state.owns(event):
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "not_owner")
     if incoming == current:
@@ -236,5 +285,20 @@ def _updated(
     explained = rebase or incoming == (current or 0) + 1 or (state.reserved is not None and incoming <= state.reserved)
     if not explained:
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_jump")
+    unverified = False
+    if base is not None:
+        since = state.announced_since
+        seen = since is not None and current is not None and base >= since  # inside the span this state saw
+        if not seen or base > current or base in state.unannounced:  # type: ignore[operator]  # seen: current is set
+            # In the span, every announcement was seen: a base there that is not one was never announced (a
+            # skipped reservation, a refused update). Before it, or after a gap (a rebase), nothing is known.
+            if seen and not rebase:
+                return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "unexplained_base")
+            unverified = True
+    since, unannounced = (incoming, ()) if rebase else _span(state, incoming)
+    # The constructor, not replace(): this runs once per received update.
+    taken = TrackerState(
+        incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, since, unannounced
+    )
     action = TrackerAction.ADOPTED if current is None else TrackerAction.ADVANCED
-    return TrackerDecision(action, taken, state, incoming)
+    return TrackerDecision(action, taken, state, incoming, None, unverified)

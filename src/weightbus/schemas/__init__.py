@@ -25,6 +25,7 @@ from weightbus.schemas.weights import (
     PublisherClaimed,
     VersionReserved,
     WeightApplied,
+    WeightArtifact,
     WeightMessage,
     WeightUpdated,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "VersionRejected",
     "VersionReserved",
     "WeightApplied",
+    "WeightArtifact",
     "WeightMessage",
     "WeightUpdated",
     "decode",

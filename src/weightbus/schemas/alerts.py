@@ -23,7 +23,13 @@ __all__ = [
 QUARANTINE_PREFIX = "quarantine:"
 
 RejectReason = Literal[
-    "not_owner", "stale_claim", "unexplained_jump", "counter_reset", "unexplained_claim", "unexplained_mark"
+    "not_owner",
+    "stale_claim",
+    "unexplained_jump",
+    "counter_reset",
+    "unexplained_claim",
+    "unexplained_mark",
+    "unexplained_base",
 ]
 
 
@@ -62,7 +68,9 @@ class VersionRejected(AlertEvent, frozen=True, tag="alert.version_rejected"):
             ``unexplained_claim`` (a takeover whose version or reservation is more than one above
             the highest number the chain had seen), ``unexplained_mark`` (with ``event_type``
             ``CounterHighWater``: a high-water mark above what the chain explained when it was
-            stored, or superseded by a lower one; ignored, ``incoming`` is the mark's version).
+            stored, or superseded by a lower one; ignored, ``incoming`` is the mark's version),
+            ``unexplained_base`` (a delta whose base the chain never announced, though it saw every
+            announcement since: a reserved-but-aborted number, a refused update).
         event_type: the class name of the refused event (``CounterHighWater`` for the mark).
         current: the version the tracker holds (None: none).
         incoming: its version (None for a claim without one; the mark's ``announced`` for the mark).

@@ -7,13 +7,14 @@ unknown fields are ignored on decode.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
 from weightbus.schemas.common import MAX_VERSION, Epoch, PolicyId, Timestamp, Version
 
 __all__ = [
+    "DIGEST_PATTERN",
     "AppliedMessage",
     "ClaimStanding",
     "CounterEvent",
@@ -23,6 +24,7 @@ __all__ = [
     "PublisherClaimed",
     "VersionReserved",
     "WeightApplied",
+    "WeightArtifact",
     "WeightEvent",
     "WeightMessage",
     "WeightUpdated",
@@ -49,6 +51,43 @@ class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True):
     def adapters(self) -> tuple[LoraAdapter, ...]:
         """Every adapter the push loaded: this one, then ``more``."""
         return (msgspec.structs.replace(self, more=()), *self.more)
+
+
+#: A checksum: ``<algorithm>:<lowercase hex>`` (``sha256:`` followed by 64 hex digits, as OCI writes digests).
+DIGEST_PATTERN = r"^[a-z0-9]{1,16}:[0-9a-f]{32,128}$"
+
+_Digest = Annotated[str, msgspec.Meta(pattern=DIGEST_PATTERN)]
+
+
+class WeightArtifact(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the weights of a version are, what they are the difference from, and their checksums.
+
+    A replica that was not pushed to materializes the version from it (docs/events.md#weightartifact). A
+    self-contradicting artifact (a delta without a base, a full one with one, a malformed digest, a tensor named
+    twice) fails the typed decode like any malformed event; whether a delta's base was announced is the chain's
+    question (``unexplained_base``).
+
+    Attributes:
+        uri: where the trainer wrote the weights (a path or a URI).
+        lineage: ``full`` (the whole model) or ``delta`` (the difference from ``base``; a LoRA adapter is one).
+        base: the version a delta is the difference from; None for a full artifact.
+        manifest_digest: the checksum of the whole artifact (e.g. ``sha256:<hex>`` of the file), when known.
+        tensors: ``(name, digest)`` per tensor, where the trainer gives them; names are unique.
+    """
+
+    uri: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    lineage: Literal["full", "delta"] = "full"
+    base: Version | None = None
+    manifest_digest: _Digest | None = None
+    tensors: tuple[tuple[str, _Digest], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.lineage == "delta" and self.base is None:
+            raise ValueError("a delta artifact names its base version")
+        if self.lineage == "full" and self.base is not None:
+            raise ValueError("a full artifact has no base version")
+        if len({name for name, _ in self.tensors}) != len(self.tensors):
+            raise ValueError("a tensor is named twice in the artifact's checksums")
 
 
 class ClaimStanding(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +125,9 @@ class WeightUpdated(WeightEvent, frozen=True, tag="weight.updated"):
         incarnation: the publisher instance (unique per ``start()``); empty from old publishers.
         reserves_next: this event also reserves ``version + 1`` for the same publisher's next update
             (used up from here on, as by a ``VersionReserved``); False from old publishers.
+        artifact: where the version's weights are and what they are a delta of, when the trainer says so (None:
+            old publishers, or a push that wrote nothing a replica could load). Its base is below ``version``;
+            a LoRA push's artifact is a delta (the adapter on the base the previous version names).
     """
 
     policy: PolicyId
@@ -97,6 +139,16 @@ class WeightUpdated(WeightEvent, frozen=True, tag="weight.updated"):
     engines: tuple[str, ...] = ()
     incarnation: str = ""
     reserves_next: bool = False
+    artifact: WeightArtifact | None = None
+
+    def __post_init__(self) -> None:
+        artifact = self.artifact
+        if artifact is None:
+            return
+        if artifact.base is not None and artifact.base >= self.version:
+            raise ValueError(f"an artifact's base ({artifact.base}) must be below its version ({self.version})")
+        if self.lora is not None and artifact.lineage == "full":
+            raise ValueError("a LoRA push's artifact is a delta: the adapter on the previous base")
 
 
 class PublisherClaimed(WeightEvent, frozen=True, tag="weight.claimed"):

@@ -87,8 +87,15 @@ class TrackerMetrics:
         self.rejected = Counter(
             "weightbus_events_rejected",
             "Weights events the tracker refused "
-            "(not from the owner, stale claim, unexplained jump or claim, counter reset).",
+            "(not from the owner, stale claim, unexplained jump, claim, mark or base, counter reset).",
             ["policy", "reason"],
+            registry=self.registry,
+        )
+        self.unverified_bases = Counter(
+            "weightbus_unverified_bases",
+            "Delta updates taken whose base the tracker could not vouch for (older than the history it saw, "
+            "or after a gap in it): taken as current, their lineage unchecked.",
+            ["policy"],
             registry=self.registry,
         )
         self.ready = Gauge(
@@ -119,6 +126,7 @@ class PolicyTrackerMetrics:
         self._replayed = families.replayed.labels(policy)
         self._regressions = families.regressions.labels(policy)
         self._resubscribes = families.resubscribes.labels(policy)
+        self._unverified_bases = families.unverified_bases.labels(policy)
         # Every reason at 0 from the start: a counter born at 1 on its first event shows no increase(), so an
         # alert on it would miss the first rejected event of each reason.
         self._rejected = {reason: families.rejected.labels(policy, reason) for reason in get_args(RejectReason)}
@@ -162,6 +170,10 @@ class PolicyTrackerMetrics:
     def count_resubscribe(self) -> None:
         """Count one subscription re-established after a failure."""
         self._resubscribes.inc()
+
+    def count_unverified_base(self) -> None:
+        """Count one delta taken whose base the tracker could not check."""
+        self._unverified_bases.inc()
 
     def count_rejected(self, reason: RejectReason) -> None:
         """Count one refused weights event by ``reason``."""

@@ -454,6 +454,14 @@ class VersionTracker:
         if cursor.rebase and isinstance(event, WeightUpdated) and decision.reason is None:
             cursor.rebase = False
         self._state = state = decision.state
+        if decision.unverified_base:
+            # Taken: refusing it would hold older weights as current (samples judged fresher than they are).
+            self._m.count_unverified_base()
+            assert isinstance(event, WeightUpdated) and event.artifact is not None
+            log.warning(
+                "delta taken whose base this tracker cannot check (it did not see that far back)",
+                extra={"policy": self.policy, "version": event.version, "base": event.artifact.base, "seq": seq},
+            )
         lag: float | None = None
         if not replayed:  # the history read at start is ages, not lags
             if is_replayed(env.headers):
