@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from fleet import machine as fleet_machine  # noqa: E402  # one description of the machine for every benchmark
 from propagation_rows import Workers, publish_weightbus, quantiles  # noqa: E402
 
 from weightbus.bus import connect, subjects  # noqa: E402
@@ -222,15 +222,8 @@ def _report(result: dict[str, Any]) -> str:
 
 
 def _machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} CPUs ({model}), {platform.system()} {platform.release()}"
+    m = fleet_machine()
+    return f"{m['nproc']} CPUs ({m['cpu_model']}), {m['platform']}"
 
 
 def main() -> None:
