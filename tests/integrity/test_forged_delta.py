@@ -64,3 +64,36 @@ async def test_a_forged_delta_on_an_aborted_number_is_rejected_while_the_real_ve
     assert [(a.reason, a.event_type, a.incoming, a.current) for a in alerts if isinstance(a, VersionRejected)] == [
         ("unexplained_base", "WeightUpdated", 4, 2)
     ]
+
+
+async def test_the_held_version_announced_again_for_other_bytes_is_rejected_and_alerted(
+    nats_bus: NatsBus, policy: str
+) -> None:
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    async with pub.update(artifact=WeightArtifact(uri="/w1", manifest_digest="sha256:" + "a" * 64)):
+        pass
+    assert pub.state.epoch is not None and pub.state.version == 1
+    registry = CollectorRegistry()
+    async with VersionTracker(nats_bus, policy, registry=registry) as running:
+        changes = running.changes(include_regressions=True)
+        assert (await anext(changes)).version == 1
+        # A buggy trainer (the owner's identity) announces 1 again, for bytes it wrote later.
+        again = WeightUpdated(
+            policy=policy,
+            version=1,
+            epoch=pub.state.epoch,
+            trainer_id="t",
+            published_at=now(),
+            incarnation=pub.state.incarnation,
+            artifact=WeightArtifact(uri="/w1", manifest_digest="sha256:" + "b" * 64),
+        )
+        await nats_bus.publish(subjects.weights(policy), again, msg_id=f"{policy}:again")
+        async with asyncio.timeout(5):
+            seen = await anext(changes)
+        await changes.aclose()
+        assert (seen.incoming, seen.version, seen.reason) == (1, 1, "conflicting_artifact")
+    assert _count(registry, "weightbus_events_rejected_total", policy, reason="conflicting_artifact") == 1
+    alerts = [e.event for e in await history(nats_bus, subjects.alerts(policy))]
+    assert [(a.reason, a.incoming, a.current) for a in alerts if isinstance(a, VersionRejected)] == [
+        ("conflicting_artifact", 1, 1)
+    ]

@@ -146,3 +146,36 @@ def test_updates_without_an_artifact_behave_as_before() -> None:
     d = decide(state, upd(3))
     assert d.action is TrackerAction.ADVANCED and not d.unverified_base and d.reason is None
     assert decide(state, upd(5)).reason == "unexplained_jump"
+
+
+def digested(version: int, digest: str | None) -> WeightUpdated:
+    return upd(version, artifact=WeightArtifact(uri=f"/w/v{version}", manifest_digest=digest))
+
+
+def test_the_held_version_announced_again_for_other_bytes_is_rejected() -> None:
+    state = fold(digested(1, "sha256:aa"), digested(2, "sha256:bb"))
+    assert state.digest == "sha256:bb"
+    d = decide(state, digested(2, "sha256:cc"))
+    assert (d.action, d.reason, d.state) == (TrackerAction.REJECTED, "conflicting_artifact", state)
+    assert d.alert
+
+
+def test_a_repeat_for_the_same_bytes_or_without_a_digest_is_only_a_repeat() -> None:
+    state = fold(digested(1, "sha256:aa"))
+    for repeat in (digested(1, "sha256:aa"), digested(1, None), upd(1)):
+        d = decide(state, repeat)
+        assert (d.action, d.reason, d.state.digest) == (TrackerAction.REPEATED, None, "sha256:aa")
+
+
+def test_a_digest_first_named_by_a_repeat_is_then_held_against_the_next() -> None:
+    state = fold(upd(1))
+    assert state.digest is None
+    named = decide(state, digested(1, "sha256:aa"))
+    assert named.action is TrackerAction.REPEATED and named.state.digest == "sha256:aa"
+    assert decide(named.state, digested(1, "sha256:bb")).reason == "conflicting_artifact"
+
+
+def test_each_new_version_holds_its_own_digest() -> None:
+    state = fold(digested(1, "sha256:aa"), upd(2))
+    assert state.digest is None  # 2 named no bytes: nothing to hold a repeat of 2 against
+    assert decide(state, digested(2, "sha256:aa")).reason is None

@@ -89,6 +89,8 @@ class TrackerState(msgspec.Struct, frozen=True):
             version, a rebase, a followed regression). A delta's base is checked against this span.
         unannounced: the numbers of that span the chain skipped (reserved, never announced), oldest first; at
             most ``UNANNOUNCED_LIMIT``.
+        digest: the manifest digest the announcement of ``version`` carried (``WeightArtifact.manifest_digest``),
+            or None; a repeated announcement of ``version`` with another digest names other weights.
     """
 
     version: int | None = None
@@ -99,6 +101,7 @@ class TrackerState(msgspec.Struct, frozen=True):
     reserved: int | None = None
     announced_since: int | None = None
     unannounced: tuple[int, ...] = ()
+    digest: str | None = None
 
     @property
     def has_owner(self) -> bool:
@@ -211,6 +214,7 @@ def decide(
                 _max(state.reserved, incoming),
                 state.announced_since,
                 state.unannounced,
+                state.digest,
             )
             return TrackerDecision(TrackerAction.RESERVED, noted, state, incoming)
         case PublisherClaimed(version=claimed):
@@ -257,30 +261,37 @@ def _span(state: TrackerState, new: int) -> tuple[int | None, tuple[int, ...]]:
     return since, skipped
 
 
+def _restart(event: WeightUpdated, reserved: int | None, digest: str | None) -> TrackerState:
+    """The state after ``event`` when nothing before it can be vouched for: its span starts at its version."""
+    v = event.version
+    e = event
+    return TrackerState(v, e.epoch, e.trainer_id, e.published_at, e.incarnation, reserved, v, (), digest)
+
+
 def _updated(
     state: TrackerState, event: WeightUpdated, incoming: int, mode: RegressionMode, rebase: bool
 ) -> TrackerDecision:
     current = state.version
     artifact = event.artifact
-    base = None if artifact is None else artifact.base
+    base, digest = (None, None) if artifact is None else (artifact.base, artifact.manifest_digest)
     reserved = _max(state.reserved, incoming + 1 if event.reserves_next and incoming < MAX_VERSION else incoming)
     if current is not None and incoming < current:
         action = _MODE_ACTION[mode]
         if action is not TrackerAction.FOLLOWED:
             return TrackerDecision(action, state, state, incoming)
         # A counter reset: the numbers above may name other weights now; the span restarts here.
-        followed = TrackerState(
-            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, incoming
-        )
-        return TrackerDecision(action, followed, state, incoming, None, base is not None)
+        return TrackerDecision(action, _restart(event, reserved, digest), state, incoming, None, base is not None)
     if not state.has_owner:
-        first = TrackerState(
-            incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, incoming
-        )
+        first = _restart(event, reserved, digest)
         return TrackerDecision(TrackerAction.ADOPTED, first, state, incoming, None, base is not None)
     if not state.owns(event):
         return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "not_owner")
     if incoming == current:
+        if digest is not None and state.digest is not None and digest != state.digest:
+            # The same number announced for other bytes: one of the two names weights the other does not.
+            return TrackerDecision(TrackerAction.REJECTED, state, state, incoming, "conflicting_artifact")
+        if digest is not None and state.digest is None:
+            return TrackerDecision(TrackerAction.REPEATED, replace(state, digest=digest), state, incoming)
         return TrackerDecision(TrackerAction.REPEATED, state, state, incoming)
     explained = rebase or incoming == (current or 0) + 1 or (state.reserved is not None and incoming <= state.reserved)
     if not explained:
@@ -298,7 +309,15 @@ def _updated(
     since, unannounced = (incoming, ()) if rebase else _span(state, incoming)
     # The constructor, not replace(): this runs once per received update.
     taken = TrackerState(
-        incoming, event.epoch, event.trainer_id, event.published_at, event.incarnation, reserved, since, unannounced
+        incoming,
+        event.epoch,
+        event.trainer_id,
+        event.published_at,
+        event.incarnation,
+        reserved,
+        since,
+        unannounced,
+        digest,
     )
     action = TrackerAction.ADOPTED if current is None else TrackerAction.ADVANCED
     return TrackerDecision(action, taken, state, incoming, None, unverified)

@@ -30,6 +30,7 @@ RejectReason = Literal[
     "unexplained_claim",
     "unexplained_mark",
     "unexplained_base",
+    "conflicting_artifact",
 ]
 
 
@@ -70,7 +71,8 @@ class VersionRejected(AlertEvent, frozen=True, tag="alert.version_rejected"):
             ``CounterHighWater``: a high-water mark above what the chain explained when it was
             stored, or superseded by a lower one; ignored, ``incoming`` is the mark's version),
             ``unexplained_base`` (a delta whose base the chain never announced, though it saw every
-            announcement since: a reserved-but-aborted number, a refused update).
+            announcement since: a reserved-but-aborted number, a refused update), ``conflicting_artifact``
+            (the held version announced again with another manifest digest: one number for two sets of bytes).
         event_type: the class name of the refused event (``CounterHighWater`` for the mark).
         current: the version the tracker holds (None: none).
         incoming: its version (None for a claim without one; the mark's ``announced`` for the mark).
