@@ -12,12 +12,13 @@ Invariants:
 * the connect settings (URL, credentials, TLS, timeout) are ``ConnectSettings``: ``args.weightbus_<name>``, else
   the variable, the same for every host; they are read when the bus connects;
 * ``tracker`` is None until the tracker is started (and, when the host waits for it, ready or timed out), and
-  again after ``aclose``: a host reads "started" from it alone;
+  again after ``aclose``;
 * a bus that was given is the caller's and is never closed here; one connected here is closed by ``aclose``;
 * teardown order: the shared budget's slots are returned while the bus is up, the window's reporter is detached
   before its pending reports are published (no window finished meanwhile is reported to a closed one), the
   tracker stops, then the bus closes, then the metrics port is let go, off the loop (a server stops within its
-  poll interval); ``aclose`` is idempotent and the half can be started again after it;
+  poll interval); ``aclose`` is idempotent, and the setup can be started again after it (miles' buffer is, at its
+  next ``put`` or ``get``);
 * the metrics port is served only once the host calls ``serve`` (last in its constructor: a setting refused
   before holds no port).
 """
@@ -160,6 +161,8 @@ class RolloutSetup:
     ) -> Admission | None:
         """Make the gate the admission settings ask for, and start its shared budget; None when admission is off.
 
+        Made once: while a gate is held (until ``aclose``), a second call returns it.
+
         Args:
             version: the version source the gate reads at each check (it raises when it cannot say: nothing is
                 admitted).
@@ -173,6 +176,8 @@ class RolloutSetup:
         """
         if self.bus is None:
             raise RuntimeError("the rollout half's admission is made once it is started")
+        if self.gate is not None:
+            return self.gate  # a second budget would hold slots no one returns
         gate, budget = admission_from_settings(
             self._args,
             version=version,
