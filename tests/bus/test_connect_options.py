@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tls import tls_files as make_tls_files
+from tests.tls import tls_server
 from weightbus.bus import ConnectOptions, connect, redact_url
 from weightbus.embedded.server import EmbeddedNats, find_nats_server, free_port
 from weightbus.errors import BusConfigError, BusConnectError
@@ -135,43 +137,12 @@ async def test_no_jetstream_is_named(tmp_path: Path) -> None:
 
 @pytest.fixture
 def tls_files(tmp_path: Path) -> dict[str, str]:
-    trustme = pytest.importorskip("trustme")
-    ca = trustme.CA()
-    server_cert = ca.issue_cert("127.0.0.1", "localhost")
-    client_cert = ca.issue_cert("weightbus-client")
-    files = {
-        "ca": tmp_path / "ca.pem",
-        "cert": tmp_path / "server.pem",
-        "key": tmp_path / "server-key.pem",
-        "client_cert": tmp_path / "client.pem",
-        "client_key": tmp_path / "client-key.pem",
-    }
-    ca.cert_pem.write_to_path(files["ca"])
-    server_cert.cert_chain_pems[0].write_to_path(files["cert"])
-    server_cert.private_key_pem.write_to_path(files["key"])
-    client_cert.cert_chain_pems[0].write_to_path(files["client_cert"])
-    client_cert.private_key_pem.write_to_path(files["client_key"])
-    return {k: str(v) for k, v in files.items()}
-
-
-def _tls_server(tmp_path: Path, files: dict[str, str], *, verify: bool) -> EmbeddedNats:
-    conf = tmp_path / f"tls-{verify}.conf"
-    conf.write_text(
-        "tls {\n"
-        f'  cert_file: "{files["cert"]}"\n'
-        f'  key_file: "{files["key"]}"\n'
-        f'  ca_file: "{files["ca"]}"\n'
-        f"  verify: {'true' if verify else 'false'}\n"
-        "}\n"
-    )
-    server = EmbeddedNats(config=conf)
-    server.scheme = "tls"
-    return server
+    return make_tls_files(tmp_path)
 
 
 @pytest.mark.nats
 async def test_tls_with_a_test_ca(tmp_path: Path, tls_files: dict[str, str]) -> None:
-    with _tls_server(tmp_path, tls_files, verify=False) as server:
+    with tls_server(tmp_path, tls_files, verify=False) as server:
         bus = await connect(server.url, options=ConnectOptions(tls_ca=tls_files["ca"]))
         await bus.aclose()
         with pytest.raises(BusConnectError) as untrusted:
@@ -182,7 +153,7 @@ async def test_tls_with_a_test_ca(tmp_path: Path, tls_files: dict[str, str]) -> 
 
 @pytest.mark.nats
 async def test_tls_with_a_client_certificate(tmp_path: Path, tls_files: dict[str, str]) -> None:
-    with _tls_server(tmp_path, tls_files, verify=True) as server:
+    with tls_server(tmp_path, tls_files, verify=True) as server:
         opts = ConnectOptions(
             tls_ca=tls_files["ca"], tls_cert=tls_files["client_cert"], tls_key=tls_files["client_key"]
         )
@@ -197,7 +168,7 @@ async def test_tls_with_a_client_certificate(tmp_path: Path, tls_files: dict[str
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_a_cli_process_publishes_over_tls_on_either_loop(tmp_path: Path, tls_files: dict[str, str], loop: str) -> None:
     env = {**os.environ, "WEIGHTBUS_EVENT_LOOP": loop}
-    with _tls_server(tmp_path, tls_files, verify=True) as server:
+    with tls_server(tmp_path, tls_files, verify=True) as server:
         base = [sys.executable, "-m", "weightbus", "publish", "--policy", f"tls-{loop}", "--no-engines"]
         base += ["--nats", server.url, "--tls-ca", tls_files["ca"]]
         client = ["--tls-cert", tls_files["client_cert"], "--tls-key", tls_files["client_key"]]

@@ -1,7 +1,8 @@
 """Where a drop-in's settings come from: ``args.weightbus_<name>``, else ``WEIGHTBUS_<NAME>``, else a default.
 
-One lookup for every host and both halves, so a setting has one name everywhere; ``DropInSettings`` is what
-both halves of every host read (``MilesSettings``, ``SlimeSettings`` are it under the host's name). Pure: no
+One lookup for every host and both halves, so a setting has one name everywhere; ``ConnectSettings`` is how
+every half of every host reaches the bus (the URL, credentials, TLS, the connect timeout), ``DropInSettings`` is
+that and what the trainer half needs (``MilesSettings``, ``SlimeSettings`` are it under the host's name). Pure: no
 I/O beyond ``os.environ``.
 """
 
@@ -17,6 +18,7 @@ from weightbus.bus.options import ConnectOptions
 __all__ = [
     "DEFAULT_METRICS_HOST",
     "DEFAULT_NATS",
+    "ConnectSettings",
     "DropInSettings",
     "add_arguments",
     "metrics_address",
@@ -103,16 +105,45 @@ def add_arguments(parser: Any) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class DropInSettings:
-    """What both halves need to reach the bus, and what the trainer half needs to publish.
+class ConnectSettings:
+    """How a half reaches the bus: each is ``args.weightbus_<name>`` when set, else its variable.
 
     Attributes:
-        policy: the policy id (``weightbus_policy`` / ``WEIGHTBUS_POLICY``; required).
         nats: the NATS URL (``weightbus_nats`` / ``WEIGHTBUS_NATS``).
         options: credentials and TLS (``weightbus_creds``, ``weightbus_token``, ``weightbus_user``,
             ``weightbus_password``, ``weightbus_nkey_seed``, ``weightbus_tls_ca``, ``weightbus_tls_cert``,
             ``weightbus_tls_key``, else the ``WEIGHTBUS_*`` variables of ``weightbus.bus.options``).
         connect_timeout: seconds the first connect may take (``WEIGHTBUS_CONNECT_TIMEOUT``, 5).
+    """
+
+    nats: str
+    options: ConnectOptions
+    connect_timeout: float = 5.0
+
+    @classmethod
+    def from_args(cls, args: Any) -> ConnectSettings:
+        """The connect settings for ``args`` (the host's namespace; None for the environment alone).
+
+        Raises:
+            ValueError: a connect timeout that is not a number of seconds.
+            BusConfigError: credentials or TLS settings that cannot work together.
+        """
+        overrides = {field: getattr(args, f"weightbus_{field}", None) or None for field in CONNECT_ENV}
+        overrides.pop("replicas", None)
+        return cls(
+            nats=setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS) or DEFAULT_NATS,
+            options=ConnectOptions.from_env(**overrides),
+            connect_timeout=seconds(args, "weightbus_connect_timeout", "WEIGHTBUS_CONNECT_TIMEOUT", "5"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DropInSettings:
+    """What both halves need to reach the bus, and what the trainer half needs to publish.
+
+    Attributes:
+        policy: the policy id (``weightbus_policy`` / ``WEIGHTBUS_POLICY``; required).
+        nats, options, connect_timeout: how it reaches the bus (``ConnectSettings``).
         update_timeout: seconds ``update_weights`` keeps retrying to take a number while the bus
             does not answer, before it raises (``WEIGHTBUS_UPDATE_TIMEOUT``); None when unset: the host's
             default (``Host.update_timeout``).
@@ -147,9 +178,7 @@ class DropInSettings:
                 "set the policy to publish and follow: args.weightbus_policy or the WEIGHTBUS_POLICY "
                 "environment variable"
             )
-        overrides = {field: getattr(args, f"weightbus_{field}", None) or None for field in CONNECT_ENV}
-        overrides.pop("replicas", None)
-        options = ConnectOptions.from_env(**overrides)
+        connect = ConnectSettings.from_args(args)
         raw_floor = setting(args, "weightbus_floor", "WEIGHTBUS_FLOOR")
         floor: int | None = None
         if raw_floor is not None:
@@ -160,9 +189,9 @@ class DropInSettings:
                 raise ValueError(why) from None
         return cls(
             policy=policy,
-            nats=setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS) or DEFAULT_NATS,
-            options=options,
-            connect_timeout=seconds(args, "weightbus_connect_timeout", "WEIGHTBUS_CONNECT_TIMEOUT", "5"),
+            nats=connect.nats,
+            options=connect.options,
+            connect_timeout=connect.connect_timeout,
             update_timeout=(
                 seconds(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT", "0")
                 if setting(args, "weightbus_update_timeout", "WEIGHTBUS_UPDATE_TIMEOUT") is not None

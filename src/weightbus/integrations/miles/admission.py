@@ -21,6 +21,7 @@ from weightbus.integrations.miles.config import add_arguments
 
 if TYPE_CHECKING:
     from weightbus.bus.protocol import Bus
+    from weightbus.integrations.host.rollout import RolloutSetup
 
 __all__ = ["MilesAdmission", "PacedBuffer", "active_buffer", "check_semaphore", "generate", "register_buffer"]
 
@@ -66,7 +67,8 @@ class MilesAdmission:
 
     Args:
         gate: the gate (its version source is the buffer's).
-        budget: the shared budget behind the gate, started and closed with it (None: this process alone).
+        budget: the shared budget behind the gate (None: this process alone); ``start`` and ``aclose`` start and
+            close it, unless it is a ``RolloutSetup``'s (``started``), which does.
     """
 
     def __init__(self, gate: Admission, budget: SharedBudget | None = None) -> None:
@@ -93,16 +95,23 @@ class MilesAdmission:
             ValueError: an unknown mode, a cap that is not a positive int, no ``rollout_batch_size``.
         """
         gate, budget = admission_from_settings(
-            args,
-            version=version,
-            bus=bus,
-            policy=policy,
-            name=name,
-            default_cap=lambda: _max_in_flight_groups(args),
-            max_staleness=getattr(args, "max_weight_staleness", None),
-            metrics=metrics,
+            args, version=version, bus=bus, policy=policy, name=name, metrics=metrics, **_miles_defaults(args)
         )
         return cls(gate, budget)
+
+    @classmethod
+    async def started(
+        cls, setup: RolloutSetup, args: Any, *, version: Callable[[], int | None]
+    ) -> MilesAdmission | None:
+        """The gate ``setup`` makes from the settings (``RolloutSetup.admission``) with miles' defaults, after
+        ``check_semaphore``; None when admission is off. Its shared budget is the setup's, started, and returned
+        by the setup's ``aclose``.
+
+        Raises:
+            ValueError: bad admission settings, or miles' semaphore too small for it (``check_semaphore``).
+        """
+        gate = await setup.admission(version=version, check=lambda: check_semaphore(args), **_miles_defaults(args))
+        return cls(gate, setup.budget) if gate is not None else None
 
     async def start(self) -> None:
         """Start the shared budget, if any."""
@@ -145,6 +154,14 @@ class MilesAdmission:
         if entry is None or entry.slot is None or not entry.slot.open:
             return None, None
         return entry.slot, entry.started_at
+
+
+def _miles_defaults(args: Any) -> dict[str, Any]:
+    """What the admission settings default to in miles: the cap of its worker's in-flight groups, its bound."""
+    return {
+        "default_cap": lambda: _max_in_flight_groups(args),
+        "max_staleness": getattr(args, "max_weight_staleness", None),
+    }
 
 
 def _max_in_flight_groups(args: Any) -> int:

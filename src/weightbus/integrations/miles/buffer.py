@@ -1,7 +1,8 @@
 """The rollout half of the miles integration: a drop-in fully-async data buffer (``WeightbusDataBuffer``).
 
 miles' contract, weightbus' staleness control: the version from a ``VersionTracker`` (miles' is only a lower bound),
-the strict rule, miles' metric names, the drain engine. docs/integrations/miles.md#the-rollout-half. With
+the strict rule, miles' metric names, the drain engine. docs/integrations/miles.md#the-rollout-half. Its bus, tracker,
+drain reporter and admission gate are ``integrations.host.rollout``'s ``RolloutSetup``, the same as slime's; with
 ``WEIGHTBUS_METRICS_PORT`` set, its tracker, drain, admission and bus metrics are served on the process' registry
 (``integrations.host.metrics``) until ``aclose``.
 """
@@ -10,28 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from weightbus.bus.identity import process_identity
 from weightbus.bus.protocol import Bus
 from weightbus.consumers.admission import AcceptedGroups
 from weightbus.consumers.drain.metrics import DrainMetrics
-from weightbus.consumers.drain.reports import DrainReporter
 from weightbus.consumers.tracker.tracker import VersionTracker
 from weightbus.errors import TrackerNotReadyError
 from weightbus.integrations.host.drain import staleness_stage
 from weightbus.integrations.host.groups import group_key, to_weightbus_group
 from weightbus.integrations.host.groups import group_versions_of as miles_group_versions
-from weightbus.integrations.host.metrics import IntegrationMetrics, MetricsLease, process_metrics, serve
-from weightbus.integrations.host.settings import DEFAULT_NATS, metrics_address
+from weightbus.integrations.host.rollout import RolloutSetup
 from weightbus.integrations.host.settings import setting as _setting
-from weightbus.integrations.miles.admission import MilesAdmission, check_semaphore, register_buffer
-from weightbus.integrations.miles.config import MilesSettings
+from weightbus.integrations.miles.admission import MilesAdmission, register_buffer
 from weightbus.rules.source import read_version
 from weightbus.schemas.rollouts import Group
 
@@ -86,8 +81,6 @@ class WeightbusDataBuffer:
                 "set the policy to follow: args.weightbus_policy or the WEIGHTBUS_POLICY environment variable"
             )
         self.policy = policy
-        self._nats = _setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS)
-        self._settings_args = args  # credentials and TLS are read when the bus connects
         batch = getattr(args, "rollout_batch_size", None)
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"args.rollout_batch_size must be a positive int, not {batch!r}")
@@ -95,11 +88,11 @@ class WeightbusDataBuffer:
         self.capacity = max(1, int(factor * batch))
         self.max_staleness: int | None = getattr(args, "max_weight_staleness", None)
         recycles = getattr(args, "async_unused_samples_handler", "drop") == "retry"
-        address = metrics_address(args, "weightbus_metrics_port", "WEIGHTBUS_METRICS_PORT")
+        # The connect settings (URL, credentials, TLS) are read when the bus connects, args first.
+        self._setup = RolloutSetup(args, host="miles", policy=policy, bus=bus)
         # Registered only when served: without a port the buffer counts nothing it would not show.
-        self._metrics: IntegrationMetrics | None = process_metrics() if address is not None else None
-        if metrics is None and self._metrics is not None:
-            metrics = self._metrics.drain.for_policy(policy)
+        if metrics is None and self._setup.metrics is not None:
+            metrics = self._setup.metrics.drain.for_policy(policy)
         # miles' handler drops or retries by itself; the stage only decides how the window counts them.
         self.stage = staleness_stage(
             args, max_staleness=self.max_staleness, on_stale="recycle" if recycles else "drop", metrics=metrics
@@ -107,9 +100,7 @@ class WeightbusDataBuffer:
         # The slots of admitted groups, settled by the drain engine as it keeps or routes each one.
         self._accepted = AcceptedGroups()
         self._window = self.stage.window(on_unused=self._unused, slots=self._accepted)
-        consumer = os.environ.get("WEIGHTBUS_CONSUMER") or process_identity("miles")
-        # A boot id keeps a restarted process' report ids from being deduplicated against the last run's.
-        self.consumer = f"{consumer}:{uuid.uuid4().hex[:8]}"
+        self.consumer = self._setup.consumer
         if ready_timeout is None:
             raw = _setting(args, "weightbus_ready_timeout", "WEIGHTBUS_READY_TIMEOUT", "10")
             try:
@@ -121,10 +112,6 @@ class WeightbusDataBuffer:
         self._ready_timeout = ready_timeout
         self._dynamic_filter = dynamic_filter
         self._filter_path = getattr(args, "dynamic_sampling_filter_path", None)
-        self._bus = bus
-        self._owns_bus = bus is None
-        self._tracker: VersionTracker | None = None
-        self._reporter: DrainReporter | None = None
         self._start_lock: asyncio.Lock | None = None
         self._cond: asyncio.Condition | None = None
         self._buffer: deque[Group] = deque()
@@ -135,7 +122,7 @@ class WeightbusDataBuffer:
         self._waited = False  # this window already waited for a tracker that is not ready
         self._admission: MilesAdmission | None | object = _UNSET  # made by the first generate call
         self._wake: asyncio.Task[None] | None = None
-        self._served: MetricsLease | None = serve(address, "rollout") if address is not None else None
+        self._setup.serve()
         register_buffer(self)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -146,70 +133,37 @@ class WeightbusDataBuffer:
             self._start_lock = asyncio.Lock()
             self._cond = asyncio.Condition()
         async with self._start_lock:
-            if self._tracker is not None:
+            if self._setup.tracker is not None:
                 return self
-            if self._bus is None:
-                from weightbus.bus.nats import connect
-
-                settings = MilesSettings.from_args(self._settings_args)
-                self._bus = await connect(
-                    self._nats or DEFAULT_NATS,
-                    name=f"weightbus-miles-{self.policy}",
-                    connect_timeout=settings.connect_timeout,
-                    options=settings.options,
-                    metrics=self._metrics.bus if self._metrics is not None else None,
-                )
-            tracker = VersionTracker(
-                self._bus,
-                self.policy,
-                observer=self.consumer,
-                metrics=self._metrics.tracker if self._metrics is not None else None,
+            # Judge nothing before the stored version is known: a tracker still replaying would
+            # report "never published" and turn the filter off.
+            await self._setup.start(
+                self._window,
+                drain_metrics=self.stage.metrics,
+                ready_timeout=self._ready_timeout,
+                not_ready=(
+                    "the policy's version is not known yet; get() waits for it, then judges against miles' version"
+                ),
             )
-            await tracker.start()
-            try:
-                # Judge nothing before the stored version is known: a tracker still replaying would
-                # report "never published" and turn the filter off.
-                await tracker.wait_ready(timeout=self._ready_timeout)
-            except TimeoutError:
-                log.warning(
-                    "the policy's version is not known yet; get() waits for it, then judges against miles' version",
-                    extra={"policy": self.policy, "timeout": self._ready_timeout, "status": tracker.status.value},
-                )
-            self._reporter = DrainReporter(self._bus, self.policy, self.consumer, metrics=self.stage.metrics)
-            self._window.reporter = self._reporter
-            self._tracker = tracker
             if self._dynamic_filter is None and self._filter_path:
                 self._dynamic_filter = _load_miles_dynamic_filter(self._filter_path)
         return self
 
     async def aclose(self) -> None:
-        """Publish pending drain reports, stop the tracker, close the bus if this buffer connected it, and let go
-        of the metrics server (the last buffer or cell of its port closes it)."""
-        admission, self._admission = self._admission, _UNSET
+        """Stop pacing, then the setup's teardown (``RolloutSetup.aclose``): return the shared budget's slots, publish
+        pending drain reports, stop the tracker, close the bus if this buffer connected it, and let go of the
+        metrics server (the last buffer or cell of its port closes it)."""
+        self._admission = _UNSET
         wake, self._wake = self._wake, None
         if wake is not None:
             wake.cancel()
             await asyncio.gather(wake, return_exceptions=True)
-        if isinstance(admission, MilesAdmission):
-            await admission.aclose()
-        reporter, self._reporter = self._reporter, None
-        self._window.reporter = None
-        if reporter is not None:
-            await reporter.aclose()
-        if self._tracker is not None:
-            await self._tracker.aclose()
-            self._tracker = None
-        if self._owns_bus and self._bus is not None:
-            await self._bus.aclose()
-            self._bus = None
-        served, self._served = self._served, None
-        if served is not None:
-            await asyncio.to_thread(served.release)  # a server stops within its poll interval: off the loop
+        await self._setup.aclose()
 
     @property
     def tracker(self) -> VersionTracker | None:
         """The version tracker, once started."""
-        return self._tracker
+        return self._setup.tracker
 
     async def admission(self) -> MilesAdmission | None:
         """The admission slots of this buffer's groups (None when ``WEIGHTBUS_ADMISSION=off``), made on first use.
@@ -222,21 +176,12 @@ class WeightbusDataBuffer:
             assert self._start_lock is not None
             async with self._start_lock:  # every sample of the first groups asks at once: one gate, one budget
                 if self._admission is _UNSET:
-                    assert self._bus is not None
-                    made = MilesAdmission.from_settings(
-                        self._args,
-                        version=self._version_now,
-                        bus=self._bus,
-                        policy=self.policy,
-                        name=self.consumer,
-                        metrics=self._metrics.admission if self._metrics is not None else None,
-                    )
-                    if made.gate.mode != "off":
-                        check_semaphore(self._args)
-                        await made.start()
-                        assert self._tracker is not None
-                        self._wake = asyncio.create_task(made.gate.follow(self._tracker.latest_changes))
-                    self._admission = made if made.gate.mode != "off" else None
+                    made = await MilesAdmission.started(self._setup, self._args, version=self._version_now)
+                    if made is not None:
+                        tracker = self._setup.tracker
+                        assert tracker is not None
+                        self._wake = asyncio.create_task(made.gate.follow(tracker.latest_changes))
+                    self._admission = made
         return self._admission  # type: ignore[return-value]
 
     def __len__(self) -> int:
@@ -326,7 +271,7 @@ class WeightbusDataBuffer:
         """miles' metric names plus ``weightbus/*`` for the window since the last call; publishes a ``DrainReport``."""
         self._waited = False
         state = "given"  # a window without a get: what a get would have said now
-        tracker = self._tracker
+        tracker = self._setup.tracker
         if tracker is not None and tracker.ready:
             if tracker.state.version is not None:
                 state = "current"
@@ -360,7 +305,7 @@ class WeightbusDataBuffer:
 
     async def _read_version(self) -> tuple[int | None, str]:
         """The version to judge a ``get`` against, and where it came from (``DrainStats.version_state``)."""
-        tracker = self._tracker
+        tracker = self._setup.tracker
         assert tracker is not None
         if not tracker.ready and not self._waited:
             try:
@@ -388,7 +333,7 @@ class WeightbusDataBuffer:
         Raises:
             TrackerNotReadyError: the tracker cannot say and miles never passed a version.
         """
-        tracker = self._tracker
+        tracker = self._setup.tracker
         if tracker is None:
             raise TrackerNotReadyError(self.policy, "starting")
         try:

@@ -17,7 +17,6 @@ import atexit
 import concurrent.futures
 import copy
 import logging
-import os
 import threading
 import time
 import uuid
@@ -26,17 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from weightbus.bus.identity import process_identity
-from weightbus.bus.options import ConnectOptions
-from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget, Slot
-from weightbus.consumers.drain.reports import DrainReporter
+from weightbus.consumers.admission import AcceptedGroups, Admission, Slot
 from weightbus.consumers.inflight import EngineAborter, Flight, InFlightGroups
 from weightbus.consumers.tracker.tracker import VersionTracker
-from weightbus.integrations.host.admission import admission_from_settings
 from weightbus.integrations.host.drain import staleness_stage
 from weightbus.integrations.host.groups import group_key, to_weightbus_group
-from weightbus.integrations.host.metrics import IntegrationMetrics, MetricsLease, process_metrics, serve
-from weightbus.integrations.host.settings import DEFAULT_NATS, metrics_address, seconds, setting
+from weightbus.integrations.host.rollout import RolloutSetup
+from weightbus.integrations.host.settings import seconds, setting
 from weightbus.rules.source import read_version, version_or_none
 from weightbus.schemas.rollouts import Group, SampleStatus, parse_version
 
@@ -89,8 +84,12 @@ class SlimeRollout:
         loop: the loop the session lives on (slime's background loop).
         bus: a connected bus to use instead of connecting to ``WEIGHTBUS_NATS`` (tests, shared connections).
 
+    The bus, the tracker, the drain reporter and the admission gate are ``integrations.host.rollout``'s
+    ``RolloutSetup``: the connect settings (URL, credentials, TLS, timeout) are read from ``args`` first, then the
+    variables, when ``start`` connects.
+
     Raises:
-        ValueError: no policy, a bad bound, ``on_stale``, unknown-label policy, timeout or metrics port.
+        ValueError: no policy, a bad bound, ``on_stale``, unknown-label policy, ready timeout or metrics port.
     """
 
     def __init__(self, args: Any, loop: asyncio.AbstractEventLoop, *, bus: Bus | None = None) -> None:
@@ -109,13 +108,11 @@ class SlimeRollout:
         if on_stale not in ("recycle", "drop"):
             raise ValueError(f"WEIGHTBUS_ON_STALE must be 'recycle' or 'drop', not {on_stale!r}")
         self.ready_timeout = seconds(args, "weightbus_ready_timeout", "WEIGHTBUS_READY_TIMEOUT", "30")
-        self._connect_timeout = seconds(args, "weightbus_connect_timeout", "WEIGHTBUS_CONNECT_TIMEOUT", "5")
-        self._nats = setting(args, "weightbus_nats", "WEIGHTBUS_NATS", DEFAULT_NATS) or DEFAULT_NATS
         early = setting(args, "weightbus_early_abort", "WEIGHTBUS_EARLY_ABORT", "1") or "1"
         self.early_abort = early.lower() in ("1", "true", "yes", "on") and self.max_staleness is not None
-        address = metrics_address(args, "weightbus_metrics_port", "WEIGHTBUS_METRICS_PORT")
-        self._metrics: IntegrationMetrics | None = process_metrics() if address is not None else None
-        drain_metrics = self._metrics.drain.for_policy(policy) if self._metrics is not None else None
+        self._setup = RolloutSetup(args, host="slime", policy=policy, bus=bus)
+        metrics = self._setup.metrics
+        drain_metrics = metrics.drain.for_policy(policy) if metrics is not None else None
         self.stage = staleness_stage(
             args,
             max_staleness=self.max_staleness,
@@ -124,17 +121,13 @@ class SlimeRollout:
         )
         self._accepted = AcceptedGroups()
         self.window = self.stage.window(on_unused=self._unused, slots=self._accepted)
-        consumer = os.environ.get("WEIGHTBUS_CONSUMER") or process_identity("slime")
-        self.consumer = f"{consumer}:{uuid.uuid4().hex[:8]}"  # a restarted process' reports are not deduplicated
-        self._bus = bus
-        self._owns_bus = bus is None
+        self.consumer = self._setup.consumer
         self.data_source: Any = None
-        self.tracker: VersionTracker | None = None
         self.gate: Admission | None = None
-        self._budget: SharedBudget | None = None
+        """The admission gate at slime's top-up, once started (None: ``WEIGHTBUS_ADMISSION=off``)."""
         self.inflight: InFlightGroups | None = None
         self._http: httpx.AsyncClient | None = None
-        self._reporter: DrainReporter | None = None
+        self._started = False
         self._entries: dict[int, _Entry] = {}
         self._requests: dict[tuple[int, int], tuple[Flight, int]] = {}
         self._held: deque[Group] = deque()  # collected, admitted to the window, not judged yet
@@ -146,49 +139,28 @@ class SlimeRollout:
         """Groups handed to slime's worker so far."""
         self.recycled: list[list[Any]] = []
         """The pristine groups recycled to the data buffer since the start (tests and accounts read it)."""
-        self._served: MetricsLease | None = serve(address, "rollout") if address is not None else None
+        self._setup.serve()
+
+    @property
+    def tracker(self) -> VersionTracker | None:
+        """The version tracker, once started."""
+        return self._setup.tracker
 
     # -- lifecycle (on the session's loop) -------------------------------------------------------
 
     async def start(self, data_source: Any) -> None:
         """Connect, follow the policy, and make the gate and the in-flight registry; idempotent."""
         self.data_source = data_source
-        if self.tracker is not None:
+        if self._started:
             return
-        if self._bus is None:
-            from weightbus.bus.nats import connect
-
-            self._bus = await connect(
-                self._nats,
-                name=f"weightbus-slime-{self.policy}",
-                connect_timeout=self._connect_timeout,
-                options=ConnectOptions.from_env(),
-                metrics=self._metrics.bus if self._metrics is not None else None,
-            )
-        tracker = VersionTracker(
-            self._bus,
-            self.policy,
-            observer=self.consumer,
-            metrics=self._metrics.tracker if self._metrics is not None else None,
-        )
-        await tracker.start()
-        self.tracker = tracker
-        self._reporter = DrainReporter(self._bus, self.policy, self.consumer, metrics=self.stage.metrics)
-        self.window.reporter = self._reporter
-        gate, budget = admission_from_settings(
-            self.args,
+        # slime's judgement waits for the tracker itself (``_read_version``): the start does not.
+        tracker = await self._setup.start(self.window, drain_metrics=self.stage.metrics)
+        self.gate = await self._setup.admission(
             version=lambda: read_version(tracker),  # not ready: raises, and the gate admits nothing
-            bus=self._bus,
-            policy=self.policy,
-            name=self.consumer,
             default_cap=self._worker_groups,
             max_staleness=self.max_staleness,
-            metrics=self._metrics.admission if self._metrics is not None else None,
         )
-        if gate.mode != "off":
-            self.gate, self._budget = gate, budget
-            if budget is not None:
-                await budget.start()
+        self._started = True
         if self.early_abort:
             import httpx
 
@@ -203,7 +175,8 @@ class SlimeRollout:
             )
 
     async def aclose(self) -> None:
-        """Return the shared budget's slots, publish pending reports, stop following, close what was opened."""
+        """Stop following, let the aborts in flight be sent, then the setup's teardown (``RolloutSetup.aclose``:
+        the shared budget's slots, pending reports, the tracker, the bus if opened here, the metrics port)."""
         self._closed = True  # slime's worker may outlive the session: it is handed nothing more
         follow, self._follow = self._follow, None
         if follow is not None:
@@ -211,24 +184,11 @@ class SlimeRollout:
             await asyncio.gather(follow, return_exceptions=True)
         if self.inflight is not None:
             await self.inflight.wait_sent()
-        if self._budget is not None:
-            await self._budget.aclose()
-        reporter, self._reporter = self._reporter, None
-        self.window.reporter = None
-        if reporter is not None:
-            await reporter.aclose()
-        if self.tracker is not None:
-            await self.tracker.aclose()
-            self.tracker = None
         if self._http is not None:
             await self._http.aclose()
             self._http = None
-        if self._owns_bus and self._bus is not None:
-            await self._bus.aclose()
-            self._bus = None
-        served, self._served = self._served, None
-        if served is not None:
-            await asyncio.to_thread(served.release)
+        self._started = False
+        await self._setup.aclose()
 
     # -- from slime's worker thread --------------------------------------------------------------
 
@@ -266,8 +226,8 @@ class SlimeRollout:
             if self.gate is not None:
                 slot = self.gate.try_acquire()
                 if slot is None:
-                    if self._budget is not None:
-                        self._budget.wanted()  # as a waiting acquire would: the shared budget lends more
+                    if self._setup.budget is not None:
+                        self._setup.budget.wanted()  # as a waiting acquire would: the shared budget lends more
                     if not self._waiting_logged:
                         self._waiting_logged = True
                         log.info(
