@@ -196,3 +196,20 @@ def test_new_times_are_reported_once() -> None:
     assert got == [(0.9, 1.0), (1.0, 1.0)]
     assert newly_converged(done, observe(done, ack(7, B, 71.0))) == []
     assert [a.engine for a in newly_activated(announced, done)] == [B]
+
+
+def test_unconverged_since_is_the_oldest_announcement_after_the_newest_converged_version() -> None:
+    view = fold_replicas([announce(1, 10.0, A, B), ack(1, A, 10.1), ack(1, B, 10.2)])
+    assert view.unconverged_since() is None
+    view = fold_replicas([*_acked(1, 10.0), announce(2, 20.0, A, B), ack(2, A, 20.1), announce(3, 30.0, A, B)])
+    assert view.unconverged_since() == 20.0  # B never acknowledged v2: the oldest not settled, however many follow
+    view = observe(observe(view, ack(3, A, 30.1)), ack(3, B, 30.2))
+    assert view.unconverged_since() is None  # v3 reached everyone: v2 is settled with it
+    # An engine left the fleet: v4 names it, v5 does not and converges without it.
+    view = fold_replicas([announce(4, 40.0, A, B), ack(4, A, 40.1), announce(5, 50.0, A), ack(5, A, 50.1)])
+    assert view.unconverged_since() is None
+    assert fold_replicas([announce(6, 60.0, A)]).unconverged_since() == 60.0
+
+
+def _acked(version: int, at: float) -> list[object]:
+    return [announce(version, at, A, B), ack(version, A, at + 0.1), ack(version, B, at + 0.2)]

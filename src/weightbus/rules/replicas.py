@@ -184,6 +184,21 @@ class ReplicaView:
         )
         return Convergence(rollout.version, serving, len(fleet), rollout.announced_at, rollout.time_to_converge(1.0))
 
+    def unconverged_since(self) -> float | None:
+        """The announcement time of the oldest version announced after the newest one that converged; None: none.
+
+        A version counts as settled once it, or any later version, reached its whole fleet: an engine that leaves
+        the fleet holds up only the versions announced before one that converged without it. The alert on a version
+        that does not converge within a bound compares this time with the clock (docs/operations.md).
+        """
+        done = self.last_converged()
+        pending = [
+            r.announced_at
+            for v, r in self.versions.items()
+            if r.announced_at is not None and (done is None or v > done.version)
+        ]
+        return min(pending) if pending else None
+
     def last_converged(self) -> VersionRollout | None:
         """The newest announced version whose whole fleet acknowledged it, if any is kept."""
         for version in sorted(self.versions, reverse=True):
