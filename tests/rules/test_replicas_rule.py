@@ -209,6 +209,8 @@ def test_unconverged_since_is_the_oldest_announcement_after_the_newest_converged
     view = fold_replicas([announce(4, 40.0, A, B), ack(4, A, 40.1), announce(5, 50.0, A), ack(5, A, 50.1)])
     assert view.unconverged_since() is None
     assert fold_replicas([announce(6, 60.0, A)]).unconverged_since() == 60.0
+    # Announced without engines (``publish --no-engines``): no fleet, nothing to wait for.
+    assert fold_replicas([*_acked(1, 10.0), announce(2, 20.0)]).unconverged_since() is None
 
 
 def _acked(version: int, at: float) -> list[object]:

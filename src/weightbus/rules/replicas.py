@@ -188,14 +188,15 @@ class ReplicaView:
         """The announcement time of the oldest version announced after the newest one that converged; None: none.
 
         A version counts as settled once it, or any later version, reached its whole fleet: an engine that leaves
-        the fleet holds up only the versions announced before one that converged without it. The alert on a version
+        the fleet holds up only the versions announced before one that converged without it. A version no engine
+        was named for (announced without engines, none acknowledged or alerted) has no fleet and holds up nothing. The alert on a version
         that does not converge within a bound compares this time with the clock (docs/operations.md).
         """
         done = self.last_converged()
         pending = [
             r.announced_at
             for v, r in self.versions.items()
-            if r.announced_at is not None and (done is None or v > done.version)
+            if r.announced_at is not None and r.fleet and (done is None or v > done.version)
         ]
         return min(pending) if pending else None
 

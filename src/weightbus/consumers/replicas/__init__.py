@@ -3,7 +3,7 @@
 The view itself is the pure rule ``rules.replicas``; this package only subscribes, folds and measures.
 """
 
-from weightbus.consumers.replicas.follower import ReplicaFollower
+from weightbus.consumers.replicas.follower import ReplicaFollower, read_replicas
 from weightbus.consumers.replicas.metrics import (
     CONVERGENCE_BUCKETS,
     ConvergenceMetrics,
@@ -11,4 +11,11 @@ from weightbus.consumers.replicas.metrics import (
     share_label,
 )
 
-__all__ = ["CONVERGENCE_BUCKETS", "ConvergenceMetrics", "PolicyConvergenceMetrics", "ReplicaFollower", "share_label"]
+__all__ = [
+    "CONVERGENCE_BUCKETS",
+    "ConvergenceMetrics",
+    "PolicyConvergenceMetrics",
+    "ReplicaFollower",
+    "read_replicas",
+    "share_label",
+]

@@ -18,13 +18,14 @@ from typing import Final, TypeVar
 
 from weightbus.backoff import Backoff
 from weightbus.bus import subjects
+from weightbus.bus.history import read_subject_history
 from weightbus.bus.protocol import Bus, Deliver, Skipped
 from weightbus.bus.trace import is_replayed
 from weightbus.consumers.replicas.metrics import PolicyConvergenceMetrics
 from weightbus.errors import BusError
-from weightbus.rules.replicas import ReplicaView, observe
+from weightbus.rules.replicas import ReplicaView, fold_replicas, observe
 
-__all__ = ["ReplicaFollower"]
+__all__ = ["ReplicaFollower", "read_replicas"]
 
 log = logging.getLogger("weightbus.consumers")
 
@@ -148,3 +149,18 @@ class ReplicaFollower:
                     extra={"policy": self.policy, "subject": subject, "error": repr(exc), "retry_in": wait},
                 )
                 await asyncio.sleep(wait)
+
+
+async def read_replicas(bus: Bus, policy: str, *, timeout: float = 10.0, max_versions: int = 32) -> ReplicaView:
+    """The replica view of ``policy`` from the retained history alone (``weightbus status``): one read, no follow.
+
+    Raises:
+        InvalidPolicyError: ``policy`` is not a valid policy id.
+        BusError: the bus did not answer, or a history did not arrive within ``timeout`` seconds.
+    """
+    policy = subjects.validate_policy(policy)
+    events: list[object] = []
+    for subject in (subjects.weights(policy), subjects.applied(policy), subjects.alerts(policy)):
+        history = await read_subject_history(bus, subject, timeout=timeout)
+        events.extend(env.event for env in history.events)
+    return fold_replicas(events, max_versions=max_versions)
