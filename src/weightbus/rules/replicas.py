@@ -189,8 +189,9 @@ class ReplicaView:
 
         A version counts as settled once it, or any later version, reached its whole fleet: an engine that leaves
         the fleet holds up only the versions announced before one that converged without it. A version no engine
-        was named for (announced without engines, none acknowledged or alerted) has no fleet and holds up nothing. The alert on a version
-        that does not converge within a bound compares this time with the clock (docs/operations.md).
+        was named for (announced without engines, none acknowledged or alerted) has no fleet and holds up nothing.
+        The alert on a version that does not converge within a bound compares this time with the clock
+        (docs/operations.md).
         """
         done = self.last_converged()
         pending = [
