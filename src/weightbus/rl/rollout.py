@@ -35,11 +35,13 @@ from weightbus.consumers import (
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.consumers.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
+from weightbus.consumers.replicas import PickedEngine, VersionConstraint, VersionRouter
 from weightbus.errors import EngineError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import ROUTER_WAIT_S, RolloutConfig
 from weightbus.rl.task import Task, load_task
+from weightbus.rules.abort import oldest_bound
 from weightbus.rules.source import version_or_none
 from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
@@ -87,15 +89,27 @@ async def generate_group(
     lora_path: str | None = None,
     flight: Flight | None = None,
     inflight: InFlightGroups | None = None,
+    *,
+    versions: VersionRouter | None = None,
+    constraint: VersionConstraint | None = None,
 ) -> Group:
     """Generate ``config.group_size`` samples of ``prompt`` through the router into ``group`` (reset first).
 
     With ``flight`` (registered in ``inflight``), request ``i`` carries ``rid = flight.rids[i]`` and reports its
     oldest label to ``inflight`` as it answers, which may abort the others.
 
+    With ``constraint`` (a ``min_version`` or an ``exact_version``), each request goes straight to an engine that
+    ``versions`` picks from the replica view (one known to serve an allowed version), not through the router, and
+    its sample records the version that engine served at the start before the label its answer reports at the end:
+    the drain judges the older. Without, requests go through the router as before.
+
     Raises:
-        httpx.HTTPError: the router failed or answered an error.
+        httpx.HTTPError: the router (or the engine picked) failed or answered an error.
+        VersionUnavailableError: no engine was known to serve an allowed version within ``versions.wait_s``.
+        ValueError: a ``constraint`` without ``versions``.
     """
+    if constraint is not None and versions is None:
+        raise ValueError("a version-constrained request needs a VersionRouter to pick its engine")
     ids = task.encode(prompt)
     body: dict[str, object] = {
         "input_ids": ids,
@@ -105,23 +119,33 @@ async def generate_group(
     if lora_path is not None:
         body["lora_path"] = lora_path
 
-    async def one(i: int) -> dict[str, Any]:
-        response = await http.post("/generate", json=body if flight is None else {**body, "rid": flight.rids[i]})
+    async def one(i: int) -> tuple[dict[str, Any], PickedEngine | None]:
+        picked = None
+        if constraint is not None and versions is not None:
+            picked = await versions.pick(constraint)
+        url = "/generate" if picked is None else f"{picked.engine}/generate"  # an absolute URL bypasses the router
+        response = await http.post(url, json=body if flight is None else {**body, "rid": flight.rids[i]})
         response.raise_for_status()
         answer: dict[str, Any] = response.json()
         if flight is not None and inflight is not None:
-            inflight.finished(flight, i, oldest_label(answer["meta_info"]))
-        return answer
+            oldest = oldest_label(answer["meta_info"])
+            inflight.finished(flight, i, oldest if picked is None else oldest_bound([oldest, picked.version]))
+        return answer, picked
 
     answers = await asyncio.gather(*(one(i) for i in range(config.group_size)))
-    group.samples = [_sample(task, prompt, ids, answer, next(next_index)) for answer in answers]
+    group.samples = [
+        _sample(task, prompt, ids, answer, next(next_index), None if picked is None else picked.version)
+        for answer, picked in answers
+    ]
     aborted = any(s.status == SampleStatus.ABORTED for s in group.samples)
     group.status = SampleStatus.ABORTED if aborted else SampleStatus.COMPLETED
     group.metadata["prompt"] = prompt
     return group
 
 
-def _sample(task: Task, prompt: str, ids: list[int], answer: dict[str, Any], index: int) -> Sample:
+def _sample(
+    task: Task, prompt: str, ids: list[int], answer: dict[str, Any], index: int, started_on: int | None = None
+) -> Sample:
     meta = answer["meta_info"]
     out = list(answer["output_ids"])
     text = task.decode(out)
@@ -136,6 +160,9 @@ def _sample(task: Task, prompt: str, ids: list[int], answer: dict[str, Any], ind
         status=SampleStatus.ABORTED if aborted else SampleStatus.COMPLETED,
         metadata={"logprobs": [float(entry[0]) for entry in meta.get("output_token_logprobs", [])]},
     )
+    if started_on is not None:
+        # The version the replica view said the engine served when the request left: its start label, first.
+        sample.record_weight_version(str(started_on))
     sample.record_meta_info(meta)
     return sample
 

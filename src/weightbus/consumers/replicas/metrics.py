@@ -1,4 +1,4 @@
-"""Prometheus metrics of version convergence, on an injected ``CollectorRegistry`` (never the global one).
+"""Prometheus metrics of version convergence and of version-constrained requests, on an injected ``CollectorRegistry``.
 
 Families ``weightbus_*`` (docs/operations.md#metrics), labels ``policy`` and, on the convergence histogram, ``share``
 (from the configured shares only: low cardinality). Histograms observe live events only (neither a history replayed at
@@ -10,11 +10,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from weightbus.rules.replicas import DEFAULT_SHARES, ReplicaView, newly_activated, newly_converged
 
-__all__ = ["CONVERGENCE_BUCKETS", "ConvergenceMetrics", "PolicyConvergenceMetrics", "share_label"]
+__all__ = [
+    "CONVERGENCE_BUCKETS",
+    "VERSION_BUCKETS",
+    "ConvergenceMetrics",
+    "PolicyConvergenceMetrics",
+    "PolicyRequestMetrics",
+    "RequestMetrics",
+    "share_label",
+]
 
 #: Upper bounds of the activation and convergence histograms, in seconds: a stamp read back beside its announcement
 #: takes milliseconds, a replica that loads the weights itself takes seconds to minutes.
@@ -117,3 +125,64 @@ class PolicyConvergenceMetrics:
             self._fleet.set(conv.fleet)
         since = after.unconverged_since()
         self._since.set(0.0 if since is None else since)
+
+
+#: Upper bounds of the request version histograms, in versions.
+VERSION_BUCKETS: Final = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0)
+
+
+class RequestMetrics:
+    """The families of version-constrained requests (``VersionRouter``), registered once on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.over_requested = Histogram(
+            "weightbus_request_version_over_requested",
+            "Versions the engine a constrained request was sent to served above the version it asked for "
+            "(0: exactly the one asked for).",
+            ["policy"],
+            buckets=VERSION_BUCKETS,
+            registry=registry,
+        )
+        self.behind_newest = Histogram(
+            "weightbus_request_version_behind_newest",
+            "Versions the engine a constrained request was sent to served below the newest announced version.",
+            ["policy"],
+            buckets=VERSION_BUCKETS,
+            registry=registry,
+        )
+        self.unavailable = Counter(
+            "weightbus_request_version_unavailable",
+            "Constrained requests that found no engine serving an allowed version within their wait "
+            "(VersionUnavailableError), by constraint (min or exact).",
+            ["policy", "constraint"],
+            registry=registry,
+        )
+        self._bound: dict[str, PolicyRequestMetrics] = {}
+
+    def for_policy(self, policy: str) -> PolicyRequestMetrics:
+        """The metrics of ``policy`` (every series exported from the start)."""
+        bound = self._bound.get(policy)
+        if bound is None:
+            bound = self._bound[policy] = PolicyRequestMetrics(self, policy)
+        return bound
+
+
+class PolicyRequestMetrics:
+    """The request metrics of one policy."""
+
+    def __init__(self, families: RequestMetrics, policy: str) -> None:
+        self._over = families.over_requested.labels(policy)
+        self._behind = families.behind_newest.labels(policy)
+        self._unavailable = {kind: families.unavailable.labels(policy, kind) for kind in ("min", "exact")}
+
+    def picked(self, requested: int | None, served: int, newest: int | None) -> None:
+        """One request sent to an engine serving ``served``, asked for ``requested``, ``newest`` announced."""
+        if requested is not None:
+            self._over.observe(max(0, served - requested))
+        if newest is not None:
+            self._behind.observe(max(0, newest - served))
+
+    def unavailable(self, exact: bool) -> None:
+        """One request that found no engine in time."""
+        self._unavailable["exact" if exact else "min"].inc()
