@@ -449,7 +449,7 @@ def _registered_metric_names() -> set[str]:
     from weightbus.bus import BusMetrics
     from weightbus.consumers import StalenessMetrics, TrackerMetrics
     from weightbus.consumers.admission import AdmissionMetrics
-    from weightbus.consumers.replicas import ConvergenceMetrics
+    from weightbus.consumers.replicas import ConvergenceMetrics, RequestMetrics
     from weightbus.producers import PublisherMetrics
 
     registry = CollectorRegistry()
@@ -459,6 +459,7 @@ def _registered_metric_names() -> set[str]:
     TrackerMetrics(registry)
     StalenessMetrics(registry)
     ConvergenceMetrics(registry)
+    RequestMetrics(registry)
     return {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()} | {
         "weightbus_group_staleness"
     }

@@ -3,17 +3,22 @@ version (strict reference engines, a ``MemoryBus``, no router); each sample reco
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from tests._builders import updated
+from tests._builders import updated, wait_until
 from tests.producers.conftest import Engines
 from weightbus.bus import MemoryBus, subjects
+from weightbus.consumers import VersionTracker
 from weightbus.consumers.replicas import ReplicaFollower, VersionConstraint, VersionRouter
+from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
 from weightbus.rl.config import RolloutConfig
-from weightbus.rl.rollout import generate_group
+from weightbus.rl.rollout import _Rollout, generate_group
 from weightbus.rl.task import ReverseDigits
 from weightbus.rules.staleness import group_versions, judge
 from weightbus.schemas import WeightApplied
@@ -91,3 +96,37 @@ async def test_a_constraint_needs_a_router() -> None:
             itertools.count(),  # type: ignore[arg-type]
             constraint=VersionConstraint(min_version=1),
         )
+
+
+async def test_a_rollout_that_requires_the_current_version_sends_nothing_through_the_router() -> None:
+    engine, router = EngineState(weight_version="1"), EngineState(weight_version="1")
+    bus = MemoryBus()
+    registry = CollectorRegistry()
+    with ServedEngine(create_app(engine)) as served, ServedEngine(create_app(router)) as router_served:
+        # Announced to both, acknowledged by one: only that one may serve a request for v1.
+        await _publish(bus, updated(1, engines=(served.url, router_served.url)), ack(1, served.url))
+        config = RolloutConfig(
+            nats_url="nats://unused",
+            router_url=router_served.url,
+            policy="p",
+            group_size=2,
+            in_flight=1,
+            batch=1,
+            admission="off",
+            require_version="current",
+        )
+        rollout = _Rollout(config, ReverseDigits(3), bus, registry, None)
+        async with VersionTracker(bus, "p", registry=registry) as tracker:
+            running = asyncio.create_task(rollout.run(tracker))
+            try:
+                # Until the buffer is full: the producer then waits in put(), cancelled there rather than mid-request.
+                await wait_until(lambda: len(rollout.buffer) == rollout.buffer.capacity, timeout=10)
+                await asyncio.sleep(0.05)
+            finally:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+    await bus.aclose()
+    assert router.recorded("/generate") == []
+    sent = len(engine.recorded("/generate"))
+    assert sent >= 2 * rollout.buffer.capacity
+    assert registry.get_sample_value("weightbus_request_version_over_requested_count", {"policy": "p"}) == sent

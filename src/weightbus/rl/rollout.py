@@ -1,7 +1,8 @@
 """The rollout process: keeps groups in flight through the SGLang router and serves drained batches to the trainer.
 
-Every sample is stamped from the answer that produced it; a drain waits until the tracker holds the trainer's
-version; a group starts only with an admission slot; a refused batch subject ends it (``PermissionDeniedError``).
+Every sample is stamped from the answer that produced it (with ``require_version``, first with the version its engine
+served at the start, from the replica view); a drain waits until the tracker holds the trainer's version; a group
+starts only with an admission slot; a refused batch subject ends it (``PermissionDeniedError``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,15 @@ from weightbus.consumers import (
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.consumers.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
-from weightbus.consumers.replicas import PickedEngine, VersionConstraint, VersionRouter
-from weightbus.errors import EngineError
+from weightbus.consumers.replicas import (
+    ConvergenceMetrics,
+    PickedEngine,
+    ReplicaFollower,
+    RequestMetrics,
+    VersionConstraint,
+    VersionRouter,
+)
+from weightbus.errors import EngineError, VersionUnavailableError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import ROUTER_WAIT_S, RolloutConfig
@@ -56,6 +64,8 @@ log = logging.getLogger("weightbus.rl")
 #: The waits after a failed generation, one producer's failures in a row: 0.2 s growing to 1 s, jittered.
 _RETRY: Final = Backoff(first_s=0.2, cap_s=1.0)
 _STOP_S = 5.0
+#: How long a version-constrained request waits for an engine that serves its version (``require_version``).
+_VERSION_WAIT_S = 10.0
 _LAGS_KEPT = 64
 
 
@@ -202,6 +212,16 @@ class _Rollout:
         self.batches = 0
         # New at each start (a pid can repeat on a host): the counts above start from zero with it.
         self.rollout_id = f"{process_identity('rollout')}:{uuid.uuid4().hex[:8]}"
+        # require_version: the replica view, fed live, picks each request's engine (started in run()).
+        self.replicas: ReplicaFollower | None = None
+        self.versions: VersionRouter | None = None
+        if config.require_version != "off":
+            self.replicas = ReplicaFollower(
+                bus, config.policy, metrics=ConvergenceMetrics(registry).for_policy(config.policy)
+            )
+            self.versions = VersionRouter(
+                self.replicas, wait_s=_VERSION_WAIT_S, metrics=RequestMetrics(registry).for_policy(config.policy)
+            )
         self.adapter: str | None = None
         self.announced = asyncio.Event()
         self.lags: dict[int, float] = {}
@@ -255,11 +275,23 @@ class _Rollout:
                 async with self.admission.slot() as slot:  # released on leaving unless accepted or released
                     flight = inflight.open(self.rid_prefix, self.config.group_size) if inflight is not None else None
                     started = time.time()
+                    # "current": at least the version the tracker holds now (None, not ready: any acknowledged one).
+                    constraint = None if self.versions is None else VersionConstraint(version_or_none(tracker))
                     try:
                         await generate_group(
-                            http, self.config, self.task, group, prompt, self.next_index, self.adapter, flight, inflight
+                            http,
+                            self.config,
+                            self.task,
+                            group,
+                            prompt,
+                            self.next_index,
+                            self.adapter,
+                            flight,
+                            inflight,
+                            versions=self.versions,
+                            constraint=constraint,
                         )
-                    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+                    except (httpx.HTTPError, KeyError, TypeError, ValueError, VersionUnavailableError) as exc:
                         failures += 1
                         wait = _RETRY.delay(failures)
                         log.warning(
@@ -384,6 +416,8 @@ class _Rollout:
         self.tracker = tracker
         if self.budget is not None:
             await self.budget.start()
+        if self.replicas is not None:
+            await self.replicas.start()
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
         tasks.append(asyncio.create_task(self.admission.follow(tracker.latest_changes)))
@@ -406,6 +440,8 @@ class _Rollout:
                 log.error("rollout tasks did not stop within the bound", extra={"tasks": len(pending)})
             if self.budget is not None:
                 await self.budget.aclose()
+            if self.replicas is not None:
+                await self.replicas.aclose()
 
 
 async def wait_for_router(router_url: str, timeout_s: float, *, interval_s: float = 0.25) -> None:
