@@ -92,3 +92,14 @@ async def test_watch_observes_convergence_of_live_versions_only() -> None:
     assert value("weightbus_engine_activation_seconds_count") == 2
     assert value("weightbus_unconverged_since_timestamp_seconds") == 0
     await bus.aclose()
+
+
+def test_a_share_outside_the_fleet_is_a_usage_error() -> None:
+    from typer.testing import CliRunner
+
+    from weightbus.cli import app
+
+    result = CliRunner().invoke(app, ["watch", "--converge-share", "1.5", "--nats", "nats://127.0.0.1:1"])
+    assert result.exit_code == 2 and "--converge-share" in result.output
+    shown = CliRunner().invoke(app, ["watch", "--help"])
+    assert "--converge-share" in shown.output
