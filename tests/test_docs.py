@@ -449,6 +449,7 @@ def _registered_metric_names() -> set[str]:
     from weightbus.bus import BusMetrics
     from weightbus.consumers import StalenessMetrics, TrackerMetrics
     from weightbus.consumers.admission import AdmissionMetrics
+    from weightbus.consumers.replicas import ConvergenceMetrics, RequestMetrics
     from weightbus.producers import PublisherMetrics
 
     registry = CollectorRegistry()
@@ -457,6 +458,8 @@ def _registered_metric_names() -> set[str]:
     AdmissionMetrics(registry)
     TrackerMetrics(registry)
     StalenessMetrics(registry)
+    ConvergenceMetrics(registry)
+    RequestMetrics(registry)
     return {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()} | {
         "weightbus_group_staleness"
     }
@@ -473,6 +476,7 @@ def test_every_metric_family_is_defined_where_the_names_above_come_from() -> Non
         "weightbus/consumers/tracker/metrics.py",
         "weightbus/consumers/drain/metrics.py",
         "weightbus/consumers/admission/metrics.py",
+        "weightbus/consumers/replicas/metrics.py",
         "weightbus/producers/metrics.py",
     }, "a new metrics module: add it to _registered_metric_names"
 

@@ -26,8 +26,10 @@ from tests.roles import ENV, PASSWORDS
 from weightbus.bus import BusMetrics, ConnectOptions, Deliver, MemoryBus, connect, subjects
 from weightbus.consumers import StalenessMetrics, StalenessStage, TrackerMetrics, VersionTracker
 from weightbus.consumers.admission.metrics import AdmissionMetrics
+from weightbus.consumers.replicas import ConvergenceMetrics, ReplicaFollower
 from weightbus.embedded.cluster import CLUSTER_CONF, EmbeddedCluster
 from weightbus.embedded.server import find_nats_server
+from weightbus.schemas import WeightApplied
 from weightbus.schemas.rollouts import SampleStatus
 
 OPS = Path(__file__).parent.parent / "ops"
@@ -64,6 +66,15 @@ async def _run_the_code(registry: CollectorRegistry) -> None:
     await bus.publish(w, updated(7, policy=policy, epoch=2), msg_id="ops:7")
     await asyncio.wait_for(anext(sub), 5)  # skips the invalid payload, counting it
     await sub.aclose()
+    convergence = ConvergenceMetrics(registry).for_policy(policy)
+    async with ReplicaFollower(bus, policy, metrics=convergence) as replicas:
+        await replicas.wait_ready(5)
+        await bus.publish(w, updated(8, policy=policy, epoch=2, engines=("http://a",)), msg_id="ops:8")
+        ack = WeightApplied(
+            policy=policy, version=8, engine="http://a", read_back="8", ok=True, published_at=time.time()
+        )
+        await bus.publish(subjects.applied(policy), ack, msg_id="ops:applied:8")  # live: activation and convergence
+        await replicas.wait_until(lambda view: view.serving(exact_version=8) or None, 5)
     await bus.aclose()
 
     AdmissionMetrics(registry).for_policy(policy)  # the shared budget's families, each series at 0
@@ -158,6 +169,7 @@ def test_every_alert_rule_uses_emitted_names_and_label_values() -> None:
     assert series["weightbus_groups_total"]["action"] == {"kept", "recycled", "dropped"}
     assert series["weightbus_version_regressions_total"]["policy"] == {"p"}
     assert "weightbus_propagation_lag_seconds_bucket" in series
+    assert series["weightbus_version_convergence_seconds_bucket"]["share"] == {"1", "0.9"}
     rules = rule_exprs()
     assert {r[0] for r in rules} >= {"WeightbusStaleGroupsHigh", "WeightbusVersionRegressed"}
     problems = [p for alert, expr, notes in rules for p in _check_expr(alert, expr, notes, series)]

@@ -22,6 +22,7 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     ├── FencedError                               final  another publisher owns the policy's counter
     ├── OwnerAliveError                           final  a manual publish would fence an owner that is alive
     ├── TrackerNotReadyError                      retry  a tracker does not know the current state (starting, deaf)
+    ├── VersionUnavailableError                   retry  no engine is known to serve a version a request allows
     ├── AdmissionError                            final  an admission slot used twice, or a drain of slotless groups
     ├── EngineError                               retry  an SGLang engine answered with an error or not at all
     │   └── EngineOutOfSyncError                  retry  an engine does not serve the version it was stamped with
@@ -82,6 +83,7 @@ __all__ = [
     "TrackerNotReadyError",
     "UnsendableEventError",
     "VersionRegressionError",
+    "VersionUnavailableError",
     "WeightbusError",
     "is_retryable",
 ]
@@ -335,6 +337,46 @@ class TrackerNotReadyError(WeightbusError):
         self.status = status
         suffix = f": {detail}" if detail else ""
         super().__init__(f"the version tracker of {policy!r} is not ready ({status}){suffix}")
+
+
+class VersionUnavailableError(WeightbusError):
+    """A version-constrained request found no engine the replica view knows serves a version it allows, within its
+    wait. Retryable: the fleet may converge (or a replica acknowledge) later with nothing changed by the caller.
+
+    Attributes:
+        policy: the policy id.
+        min_version: the lowest version the request allows (None: any).
+        exact_version: the only version the request allows (None: any).
+        waited_s: how long it waited for one.
+        newest: the newest version announced at the end of the wait (None: none).
+        serving: engine URL → the version it was known to serve (None: nothing known) at the end of the wait.
+    """
+
+    retryable = True
+
+    def __init__(
+        self,
+        policy: str,
+        min_version: int | None,
+        exact_version: int | None,
+        waited_s: float,
+        newest: int | None,
+        serving: dict[str, int | None],
+    ) -> None:
+        self.policy = policy
+        self.min_version = min_version
+        self.exact_version = exact_version
+        self.waited_s = waited_s
+        self.newest = newest
+        self.serving = serving
+        wanted = f"v{exact_version}" if exact_version is not None else f"v{min_version} or newer"
+        if exact_version is not None and min_version is not None:
+            wanted = f"v{exact_version} (at least v{min_version})"
+        known = ", ".join(f"{e}: {'nothing known' if v is None else f'v{v}'}" for e, v in sorted(serving.items()))
+        super().__init__(
+            f"no engine of {policy!r} is known to serve {wanted} after {waited_s:.1f} s "
+            f"(newest announced: {'none' if newest is None else f'v{newest}'}; engines: {known or 'none known'})"
+        )
 
 
 class EngineError(WeightbusError):

@@ -58,10 +58,16 @@ def test_publish_stamps_verifies_and_prints_the_version(nats_url: str, policy: s
     assert (doc["version"], doc["epoch"], doc["last_event"]) == (2, 1, "updated")
     assert doc["publisher"].startswith("cli:") and 0 <= doc["age_s"] < 60
     assert doc["engines"] == [{"engine": url, "weight_version": "2", "error": None}]
+    replicas = doc["replicas"]
+    assert (replicas["newest"], replicas["serving_newest"], replicas["fleet"], replicas["converged"]) == (2, 1, 1, True)
+    assert replicas["last_converged"]["version"] == 2 and 0 <= replicas["last_converged"]["seconds"] < 5
+    assert replicas["engines"][0]["engine"] == url and replicas["engines"][0]["serving"] == 2
 
     # Read-only: status never claims, so the next publish continues from the same epoch chain.
     human = invoke("status", "--policy", policy, "--nats", nats_url, "--engine", url)
     assert human.exit_code == 0 and "version    2" in human.stdout and f"{url}  2  ok" in human.stdout
+    assert "replicas   1/1 engines acknowledged serving v2" in human.stdout
+    assert "converged  v2 reached its whole fleet" in human.stdout
     third = invoke("publish", "--policy", policy, "--nats", nats_url, "--no-engines")
     assert third.stdout.strip() == "3"
     assert json.loads(invoke("status", "--policy", policy, "--nats", nats_url, "--json").stdout)["epoch"] == 2

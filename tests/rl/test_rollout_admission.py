@@ -51,7 +51,9 @@ async def test_a_drain_that_filters_a_full_window_still_gets_its_batch(
 ) -> None:
     tracker = _Tracker(9)
 
-    async def generate(http: Any, config: RolloutConfig, task: Any, group: Group, prompt: str, *args: Any) -> Group:
+    async def generate(
+        http: Any, config: RolloutConfig, task: Any, group: Group, prompt: str, *args: Any, **kwargs: Any
+    ) -> Group:
         await asyncio.sleep(0.001)
         group.samples = make_group(group.prompt_index, [str(tracker.current)], n=config.group_size).samples
         group.status = SampleStatus.COMPLETED

@@ -1,4 +1,4 @@
-"""``weightbus status``: a policy's current version, epoch, publisher and age, and engine read-backs.
+"""``weightbus status``: a policy's current version, epoch, publisher and age, engine read-backs, and convergence.
 
 Read-only (it never fences a trainer): what every tracker holds, a refused event flagged. Exit codes: docs/cli.md.
 """
@@ -25,12 +25,14 @@ from weightbus.cli.options import (
     RouterOption,
     VerboseOption,
 )
+from weightbus.consumers.replicas import read_replicas
 from weightbus.engines._http import normalize_url
 from weightbus.errors import BusError, EngineError, PermissionDeniedError
 from weightbus.process.logs import setup_logging
 from weightbus.producers import EngineFleet
 from weightbus.producers.status import EngineReadBack, read_weights_history
 from weightbus.rules.history import WeightsHistory
+from weightbus.rules.replicas import ReplicaView
 from weightbus.schemas import WeightUpdated, now
 
 __all__ = [
@@ -60,6 +62,7 @@ class _Status:
     history: WeightsHistory
     engines: list[EngineReadBack] = field(default_factory=list)
     router_error: str | None = None
+    replicas: ReplicaView = field(default_factory=ReplicaView)
 
     @property
     def version(self) -> int | None:
@@ -106,6 +109,7 @@ class _Status:
                 {"engine": e.engine, "weight_version": e.weight_version, "error": e.error} for e in self.engines
             ],
             "router_error": self.router_error,
+            "replicas": _replicas_dict(self.replicas),
             "rejected": [
                 {
                     "seq": r.seq,
@@ -125,6 +129,26 @@ class _Status:
         }
 
 
+def _replicas_dict(view: ReplicaView) -> dict[str, Any]:
+    """The replica view as ``status --json`` prints it: the newest version's reach, the last convergence, engines."""
+    conv = view.convergence()
+    last = view.last_converged()
+    return {
+        "newest": view.newest,
+        "serving_newest": None if conv is None else conv.serving,
+        "fleet": None if conv is None else conv.fleet,
+        "converged": None if conv is None else conv.converged,
+        "unconverged_since": view.unconverged_since(),
+        "last_converged": None
+        if last is None
+        else {"version": last.version, "seconds": last.time_to_converge(1.0), "announced_at": last.announced_at},
+        "engines": [
+            {"engine": e.engine, "serving": e.serving, "label": e.label, "since": e.since, "reason": e.reason}
+            for e in sorted(view.engines.values(), key=lambda e: e.engine)
+        ],
+    }
+
+
 async def _status(
     nats: str,
     policy: str,
@@ -142,13 +166,14 @@ async def _status(
     fleet: EngineFleet | None = None
     try:
         history = await read_weights_history(bus, policy)
+        replicas = await read_replicas(bus, policy)
         try:
             if router:
                 fleet = await EngineFleet.from_router(router, api_key=api_key, timeout=engine_timeout)
             elif engines:
                 fleet = EngineFleet(engines, api_key=api_key, timeout=engine_timeout)
         except EngineError as exc:
-            return _Status(history, router_error=str(exc))
+            return _Status(history, router_error=str(exc), replicas=replicas)
         read_backs: list[EngineReadBack] = []
         if fleet is not None:
             for url, result in (await fleet.read_versions()).items():
@@ -156,7 +181,7 @@ async def _status(
                     read_backs.append(EngineReadBack(url, None, str(result)))
                 else:
                     read_backs.append(EngineReadBack(url, result))
-        return _Status(history, read_backs)
+        return _Status(history, read_backs, replicas=replicas)
     finally:
         if fleet is not None:
             await fleet.aclose()
@@ -208,6 +233,7 @@ def _render(status: _Status) -> str:
         lines.append(f"REJECTED   v{r.version} by {r.trainer_id} (epoch {r.epoch}, seq {r.seq}{latest}): {why}")
     if h.invalid is not None:
         lines.append(f"INVALID    newest stored event: {h.invalid} (trackers skip it)")
+    lines.extend(_replica_lines(status.replicas, doc["replicas"]))
     if status.router_error is not None:
         lines.append(f"router     error: {status.router_error}")
     expected = None if status.version is None else str(status.version)
@@ -220,6 +246,26 @@ def _render(status: _Status) -> str:
             mark = "ok" if e.weight_version == expected else f"OUT OF SYNC (bus says {expected})"
             lines.append(f"engine     {e.engine}  {e.weight_version}  {mark}")
     return "\n".join(lines)
+
+
+def _replica_lines(view: ReplicaView, doc: dict[str, Any]) -> list[str]:
+    """What the engines acknowledged (``rules.replicas``): the newest version's reach and the last convergence."""
+    lines: list[str] = []
+    if doc["fleet"] is not None:
+        reach = f"{doc['serving_newest']}/{doc['fleet']} engines acknowledged serving v{doc['newest']}"
+        since = doc["unconverged_since"]
+        if not doc["converged"] and since is not None:
+            reach += f" (unconverged since {_age(max(0.0, now() - since))})"
+        lines.append(f"replicas   {reach}")
+    last = doc["last_converged"]
+    if last is not None and last["seconds"] is not None:
+        lines.append(
+            f"converged  v{last['version']} reached its whole fleet {last['seconds']:.3f}s after its announcement"
+        )
+    for e in doc["engines"]:
+        if e["serving"] is None and e["reason"] is not None:
+            lines.append(f"replica    {e['engine']}  serves nothing known ({e['reason']}: {e['label']})")
+    return lines
 
 
 def status_command(
@@ -236,11 +282,12 @@ def status_command(
     connect_timeout: ConnectTimeoutOption = 5.0,
     verbose: VerboseOption = 0,
 ) -> None:
-    """Show what every tracker holds for POLICY: version, epoch, publisher, age; read-only (never claims).
+    """Show what every tracker holds for POLICY: version, epoch, publisher, age, convergence; read-only.
 
     The stored history is checked with the trackers' rule: a rejected (lower) version is flagged. The
     counter line is the trainer's high-water mark: every number up to it was issued or reserved (each
-    announcement reserves the next one), so no trainer will ever publish one of them again.
+    announcement reserves the next one), so no trainer will ever publish one of them again. The replicas
+    line counts the engines whose activation acknowledgement (an ok read-back) of the newest version stands.
 
     Exit codes (lowest wins): 0 ok, 2 bad arguments, 3 engine out of sync or unreadable, 4 never
     published, 5 NATS unreachable or without JetStream, 6 newest stored event invalid, 7 newest stored

@@ -47,11 +47,13 @@ from weightbus.consumers.monitor import (
     reduce,
     waste_summary,
 )
+from weightbus.consumers.replicas import ConvergenceMetrics
 from weightbus.consumers.tracker.heap import freeze_startup_heap
 from weightbus.consumers.tracker.metrics import TrackerMetrics
 from weightbus.errors import BusError, InvalidPolicyError, PermissionDeniedError, SlowConsumerError
 from weightbus.process.logs import route_logs, setup_logging
 from weightbus.rules.chain import TrackerAction
+from weightbus.rules.replicas import DEFAULT_SHARES, ReplicaView
 from weightbus.schemas.weights import WeightUpdated
 
 __all__ = ["register", "render", "watch", "watch_command"]
@@ -117,6 +119,22 @@ def _engines(view: PolicyView) -> str:
     return engines
 
 
+def _replicas(view: PolicyView) -> str:
+    """How many engines of the newest version's fleet serve it now (``rules.replicas``)."""
+    conv = view.replicas.convergence()
+    if conv is None:
+        return "—"
+    shown = f"{conv.serving}/{conv.fleet} on v{conv.version}"
+    return shown if conv.converged else f"[yellow]{shown}[/]"
+
+
+def _converged_in(view: PolicyView) -> str:
+    """The newest fully converged version and its time from announcement to the last acknowledgement."""
+    last = view.replicas.last_converged()
+    seconds = None if last is None else last.time_to_converge(1.0)
+    return "—" if last is None or seconds is None else f"v{last.version} in {seconds:.2f}s"
+
+
 def _last_drain(view: PolicyView) -> str:
     last = view.last_drain
     return "—" if last is None else f"{last.kept}/{last.recycled}/{last.dropped}"
@@ -139,6 +157,8 @@ _COLUMNS: Final[dict[str, _Cell]] = {
     "lag": lambda v, now, stale: _num(v.lag, "{:.3f}s"),
     "since update": lambda v, now, stale: _ago(v.weights.updated_at, now),
     "engines": lambda v, now, stale: _engines(v),
+    "replicas": lambda v, now, stale: _replicas(v),
+    "converged": lambda v, now, stale: _converged_in(v),
     "last drain k/r/d": lambda v, now, stale: _last_drain(v),
     "total k/r/d": lambda v, now, stale: f"{v.kept}/{v.recycled}/{v.dropped}",
     "staleness avg/max": lambda v, now, stale: _staleness(v),
@@ -151,11 +171,13 @@ _KEEP: Final = (
     "version",
     "status",
     "since update",
+    "replicas",
     "epoch",
     "publisher",
     "alerts",
     _DETAIL,
     "lag",
+    "converged",
     "engines",
     "last drain k/r/d",
     "staleness avg/max",
@@ -365,6 +387,7 @@ async def watch(
     duration: float | None = None,
     count: int | None = None,
     metrics: TrackerMetrics | None = None,
+    convergence: ConvergenceMetrics | None = None,
     console: Console | None = None,
     refresh_per_second: float = 2.0,
     connected: Callable[[], bool] | None = None,
@@ -379,6 +402,8 @@ async def watch(
         duration: stop after this many seconds.
         count: stop after this many events.
         metrics: when given, the tracker-style gauges and histograms are kept up to date per policy.
+        convergence: when given, the convergence gauges follow each policy's replica view and its histograms
+            observe the activations and convergences that live events complete.
         console: where the live view is drawn (stdout by default).
         refresh_per_second: redraws of the live view per second.
         connected: whether the bus is connected now, asked at each redraw; while it is not, the view shows
@@ -432,6 +457,8 @@ async def watch(
                             sys.stdout.flush()
                         if metrics is not None:
                             _update_metrics(metrics, state, env, before, is_live)
+                        if convergence is not None:
+                            _update_convergence(convergence, state, env, before, is_live)
             except SlowConsumerError as exc:
                 log.warning("watch fell behind; resubscribing", extra={"pattern": pattern, "error": str(exc)})
                 deliver = Deliver.LAST_PER_SUBJECT  # the history is folded already
@@ -455,6 +482,17 @@ def _update_metrics(
         m.count_regression()
 
 
+def _update_convergence(
+    metrics: ConvergenceMetrics, state: MonitorState, env: Envelope, before: PolicyView | None, is_live: bool
+) -> None:
+    policy = subjects.policy_of(env.subject)
+    view = None if policy is None else state.policies.get(policy)
+    if policy is None or view is None:
+        return
+    previous = before.replicas if before is not None else ReplicaView(max_versions=view.replicas.max_versions)
+    metrics.for_policy(policy).update(previous, view.replicas, live=is_live)
+
+
 def watch_command(
     policy: PolicyFilterOption = None,
     json_out: Annotated[
@@ -464,14 +502,24 @@ def watch_command(
     count: Annotated[int | None, typer.Option("--count", help="Exit after this many events.")] = None,
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "127.0.0.1",
+    converge_share: Annotated[
+        list[float] | None,
+        typer.Option(
+            "--converge-share",
+            help="A share of a version's fleet (0 < share <= 1) whose time to acknowledge it is measured in "
+            "weightbus_version_convergence_seconds{share} (repeatable; default 1 and 0.9; 1 is always measured).",
+        ),
+    ] = None,
     nats: NatsOption = DEFAULT_NATS,
     connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     verbose: VerboseOption = 0,
 ) -> None:
-    """Watch versions, epochs, publishers, lag, drains and alerts of every policy (or one), live.
+    """Watch versions, epochs, publishers, lag, replicas, drains and alerts of every policy (or one), live.
 
     Shows the current state at once (the stream's stored events), then follows live events.
     Versions go through the trackers' rule: a lower version is held and its event flagged as rejected.
+    The replicas column counts the engines that acknowledged serving the newest version (an ok read-back, no
+    alert since); converged is the newest version the whole fleet acknowledged, and how long that took.
     Works against `weightbus replay` of a recorded trace too.
 
     Exit codes: 0 done (--duration/--count), 2 bad arguments, 5 NATS unreachable, 77 permission denied,
@@ -482,12 +530,16 @@ def watch_command(
         pattern = subjects.policy_pattern(policy)
     except InvalidPolicyError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
+    shares = (1.0, *converge_share) if converge_share else DEFAULT_SHARES
+    if any(not 0.0 < share <= 1.0 for share in shares):
+        raise fail(f"--converge-share is a share of the fleet in (0, 1], not {converge_share}", EXIT_USAGE)
 
     async def _run() -> None:
         from weightbus.bus.nats import connect
 
         registry = CollectorRegistry()
         metrics = TrackerMetrics(registry) if metrics_port is not None else None
+        convergence = ConvergenceMetrics(registry, shares) if metrics_port is not None else None
         start_metrics(metrics_port, registry, metrics_host)
         bus = await connect(nats, name="weightbus-watch", metrics=BusMetrics(registry), options=connection)
         freeze_startup_heap()  # a long-running process: its full collections must not stall delivery
@@ -499,6 +551,7 @@ def watch_command(
                 duration=duration,
                 count=count,
                 metrics=metrics,
+                convergence=convergence,
                 connected=lambda: bus.client.is_connected,
                 server=connection.redact(nats, nats),
             )

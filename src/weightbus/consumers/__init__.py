@@ -1,6 +1,7 @@
-"""The rollout side: the version follower (``tracker/``), the drain (``drain/``), the admission gate (``admission/``).
+"""The rollout side: the version follower (``tracker/``), the drain (``drain/``), the admission gate (``admission/``),
+the replica view fed live (``replicas/``).
 
-The three do not import each other; ``monitor`` is the operators' view. ``judge_groups`` is the entry point for hosts
+The four do not import each other; ``monitor`` is the operators' view. ``judge_groups`` is the entry point for hosts
 with their own buffer, ``FullyAsyncBuffer`` the drop-in for miles' fully-async data buffer.
 """
 
@@ -24,6 +25,7 @@ from weightbus.consumers.drain import (
     resolve_current,
     to_drain_report,
 )
+from weightbus.consumers.replicas import ConvergenceMetrics, ReplicaFollower
 from weightbus.consumers.tracker import LAG_BUCKETS, PolicyTrackerMetrics, TrackerMetrics, VersionChange, VersionTracker
 from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerDecision, TrackerState
 from weightbus.rules.staleness import (
@@ -42,6 +44,7 @@ __all__ = [
     "AcceptedGroups",
     "Action",
     "Admission",
+    "ConvergenceMetrics",
     "CurrentSource",
     "Decision",
     "Drain",
@@ -55,6 +58,7 @@ __all__ = [
     "PolicyTrackerMetrics",
     "Reason",
     "RegressionMode",
+    "ReplicaFollower",
     "SharedBudget",
     "Slot",
     "StalenessMetrics",

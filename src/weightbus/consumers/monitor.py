@@ -1,8 +1,10 @@
 """The live monitor's view model: a pure reducer from received events to a per-policy view state.
 
 ``reduce`` never mutates its input, does no I/O and reads no clock; versions go through the trackers' rule (``hold``);
-lag is for ``live`` events only; recent items are bounded (``max_recent``). ``link_seen`` folds the bus
-connection's state the same way (the caller passes the time). ``weightbus watch`` renders both.
+lag is for ``live`` events only; recent items are bounded (``max_recent``). Which version each engine serves and how
+each version converged is the one replica fold, ``rules.replicas``, fed every announcement, read-back and alert.
+``link_seen`` folds the bus connection's state the same way (the caller passes the time). ``weightbus watch`` renders
+both.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TypeVar
 
 from weightbus.bus.subjects import policy_of
 from weightbus.rules.chain import RegressionMode, TrackerAction, TrackerState, WeightsEvent, decide
+from weightbus.rules.replicas import ReplicaView, observe
 from weightbus.schemas.alerts import EngineOutOfSync, FleetQuarantined, VersionRegressed, VersionRejected
 from weightbus.schemas.codec import Event
 from weightbus.schemas.drains import DrainReport
@@ -94,6 +97,8 @@ class PolicyView:
         lag: publish-to-receive delay of the latest live weight update, in seconds.
         last_action: what the latest weights event did (``advanced``, ``claimed``, ``followed``...).
         applied_version, applied_ok, applied_failed: engine read-backs of the newest stamped version.
+        replicas: the replica view (``rules.replicas``): what each engine acknowledged serving, and each
+            version's announcement and acknowledgement times.
         drains: the most recent drain reports, newest last.
         kept, recycled, dropped: totals over every drain report seen.
         alerts: the most recent alerts, newest last; ``alert_count`` counts all of them.
@@ -113,6 +118,7 @@ class PolicyView:
     applied_version: int | None = None
     applied_ok: int = 0
     applied_failed: int = 0
+    replicas: ReplicaView = ReplicaView()
     drains: tuple[DrainView, ...] = ()
     kept: int = 0
     recycled: int = 0
@@ -207,6 +213,9 @@ def _push(items: tuple[_T, ...], item: _T, limit: int) -> tuple[_T, ...]:
 
 
 def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit: int) -> PolicyView:
+    replicas = observe(view.replicas, event)
+    if replicas is not view.replicas:
+        view = replace(view, replicas=replicas)
     match event:
         case WeightUpdated() | PublisherClaimed() | VersionReserved():
             return _apply_weights(view, event, received_at, live, limit)

@@ -121,6 +121,14 @@ class RolloutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             "exceed max_staleness, and recycle its prompt (weightbus.rules.abort)."
         ),
     ] = True
+    require_version: Annotated[
+        Literal["off", "current"],
+        Meta(
+            description="off: requests go through the router; current: each request asks for at least the version "
+            "the tracker holds when its group starts and goes straight to an engine the replica view knows serves "
+            "it (an activation acknowledgement; weightbus.consumers.replicas), never through the router."
+        ),
+    ] = "off"
 
 
 class TrainerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

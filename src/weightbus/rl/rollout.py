@@ -1,7 +1,8 @@
 """The rollout process: keeps groups in flight through the SGLang router and serves drained batches to the trainer.
 
-Every sample is stamped from the answer that produced it; a drain waits until the tracker holds the trainer's
-version; a group starts only with an admission slot; a refused batch subject ends it (``PermissionDeniedError``).
+Every sample is stamped from the answer that produced it (with ``require_version``, first with the version its engine
+served at the start, from the replica view); a drain waits until the tracker holds the trainer's version; a group
+starts only with an admission slot; a refused batch subject ends it (``PermissionDeniedError``).
 """
 
 from __future__ import annotations
@@ -35,11 +36,20 @@ from weightbus.consumers import (
 from weightbus.consumers.admission import AcceptedGroups, Admission, SharedBudget
 from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.consumers.inflight import EngineAborter, Flight, InFlightGroups, oldest_label
-from weightbus.errors import EngineError
+from weightbus.consumers.replicas import (
+    ConvergenceMetrics,
+    PickedEngine,
+    ReplicaFollower,
+    RequestMetrics,
+    VersionConstraint,
+    VersionRouter,
+)
+from weightbus.errors import EngineError, VersionUnavailableError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
 from weightbus.rl.config import ROUTER_WAIT_S, RolloutConfig
 from weightbus.rl.task import Task, load_task
+from weightbus.rules.abort import oldest_bound
 from weightbus.rules.source import version_or_none
 from weightbus.schemas import WeightUpdated
 from weightbus.schemas.rollouts import Group, Sample, SampleStatus
@@ -54,6 +64,8 @@ log = logging.getLogger("weightbus.rl")
 #: The waits after a failed generation, one producer's failures in a row: 0.2 s growing to 1 s, jittered.
 _RETRY: Final = Backoff(first_s=0.2, cap_s=1.0)
 _STOP_S = 5.0
+#: How long a version-constrained request waits for an engine that serves its version (``require_version``).
+_VERSION_WAIT_S = 10.0
 _LAGS_KEPT = 64
 
 
@@ -87,15 +99,27 @@ async def generate_group(
     lora_path: str | None = None,
     flight: Flight | None = None,
     inflight: InFlightGroups | None = None,
+    *,
+    versions: VersionRouter | None = None,
+    constraint: VersionConstraint | None = None,
 ) -> Group:
     """Generate ``config.group_size`` samples of ``prompt`` through the router into ``group`` (reset first).
 
     With ``flight`` (registered in ``inflight``), request ``i`` carries ``rid = flight.rids[i]`` and reports its
     oldest label to ``inflight`` as it answers, which may abort the others.
 
+    With ``constraint`` (a ``min_version`` or an ``exact_version``), each request goes straight to an engine that
+    ``versions`` picks from the replica view (one known to serve an allowed version), not through the router, and
+    its sample records the version that engine served at the start before the label its answer reports at the end:
+    the drain judges the older. Without, requests go through the router as before.
+
     Raises:
-        httpx.HTTPError: the router failed or answered an error.
+        httpx.HTTPError: the router (or the engine picked) failed or answered an error.
+        VersionUnavailableError: no engine was known to serve an allowed version within ``versions.wait_s``.
+        ValueError: a ``constraint`` without ``versions``.
     """
+    if constraint is not None and versions is None:
+        raise ValueError("a version-constrained request needs a VersionRouter to pick its engine")
     ids = task.encode(prompt)
     body: dict[str, object] = {
         "input_ids": ids,
@@ -105,23 +129,33 @@ async def generate_group(
     if lora_path is not None:
         body["lora_path"] = lora_path
 
-    async def one(i: int) -> dict[str, Any]:
-        response = await http.post("/generate", json=body if flight is None else {**body, "rid": flight.rids[i]})
+    async def one(i: int) -> tuple[dict[str, Any], PickedEngine | None]:
+        picked = None
+        if constraint is not None and versions is not None:
+            picked = await versions.pick(constraint)
+        url = "/generate" if picked is None else f"{picked.engine}/generate"  # an absolute URL bypasses the router
+        response = await http.post(url, json=body if flight is None else {**body, "rid": flight.rids[i]})
         response.raise_for_status()
         answer: dict[str, Any] = response.json()
         if flight is not None and inflight is not None:
-            inflight.finished(flight, i, oldest_label(answer["meta_info"]))
-        return answer
+            oldest = oldest_label(answer["meta_info"])
+            inflight.finished(flight, i, oldest if picked is None else oldest_bound([oldest, picked.version]))
+        return answer, picked
 
     answers = await asyncio.gather(*(one(i) for i in range(config.group_size)))
-    group.samples = [_sample(task, prompt, ids, answer, next(next_index)) for answer in answers]
+    group.samples = [
+        _sample(task, prompt, ids, answer, next(next_index), None if picked is None else picked.version)
+        for answer, picked in answers
+    ]
     aborted = any(s.status == SampleStatus.ABORTED for s in group.samples)
     group.status = SampleStatus.ABORTED if aborted else SampleStatus.COMPLETED
     group.metadata["prompt"] = prompt
     return group
 
 
-def _sample(task: Task, prompt: str, ids: list[int], answer: dict[str, Any], index: int) -> Sample:
+def _sample(
+    task: Task, prompt: str, ids: list[int], answer: dict[str, Any], index: int, started_on: int | None = None
+) -> Sample:
     meta = answer["meta_info"]
     out = list(answer["output_ids"])
     text = task.decode(out)
@@ -136,6 +170,9 @@ def _sample(task: Task, prompt: str, ids: list[int], answer: dict[str, Any], ind
         status=SampleStatus.ABORTED if aborted else SampleStatus.COMPLETED,
         metadata={"logprobs": [float(entry[0]) for entry in meta.get("output_token_logprobs", [])]},
     )
+    if started_on is not None:
+        # The version the replica view said the engine served when the request left: its start label, first.
+        sample.record_weight_version(str(started_on))
     sample.record_meta_info(meta)
     return sample
 
@@ -175,6 +212,16 @@ class _Rollout:
         self.batches = 0
         # New at each start (a pid can repeat on a host): the counts above start from zero with it.
         self.rollout_id = f"{process_identity('rollout')}:{uuid.uuid4().hex[:8]}"
+        # require_version: the replica view, fed live, picks each request's engine (started in run()).
+        self.replicas: ReplicaFollower | None = None
+        self.versions: VersionRouter | None = None
+        if config.require_version != "off":
+            self.replicas = ReplicaFollower(
+                bus, config.policy, metrics=ConvergenceMetrics(registry).for_policy(config.policy)
+            )
+            self.versions = VersionRouter(
+                self.replicas, wait_s=_VERSION_WAIT_S, metrics=RequestMetrics(registry).for_policy(config.policy)
+            )
         self.adapter: str | None = None
         self.announced = asyncio.Event()
         self.lags: dict[int, float] = {}
@@ -228,11 +275,23 @@ class _Rollout:
                 async with self.admission.slot() as slot:  # released on leaving unless accepted or released
                     flight = inflight.open(self.rid_prefix, self.config.group_size) if inflight is not None else None
                     started = time.time()
+                    # "current": at least the version the tracker holds now (None, not ready: any acknowledged one).
+                    constraint = None if self.versions is None else VersionConstraint(version_or_none(tracker))
                     try:
                         await generate_group(
-                            http, self.config, self.task, group, prompt, self.next_index, self.adapter, flight, inflight
+                            http,
+                            self.config,
+                            self.task,
+                            group,
+                            prompt,
+                            self.next_index,
+                            self.adapter,
+                            flight,
+                            inflight,
+                            versions=self.versions,
+                            constraint=constraint,
                         )
-                    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+                    except (httpx.HTTPError, KeyError, TypeError, ValueError, VersionUnavailableError) as exc:
                         failures += 1
                         wait = _RETRY.delay(failures)
                         log.warning(
@@ -357,6 +416,8 @@ class _Rollout:
         self.tracker = tracker
         if self.budget is not None:
             await self.budget.start()
+        if self.replicas is not None:
+            await self.replicas.start()
         tasks = [asyncio.create_task(self.produce(tracker)) for _ in range(self.config.in_flight)]
         tasks.append(asyncio.create_task(self.follow_lags(tracker)))
         tasks.append(asyncio.create_task(self.admission.follow(tracker.latest_changes)))
@@ -379,6 +440,8 @@ class _Rollout:
                 log.error("rollout tasks did not stop within the bound", extra={"tasks": len(pending)})
             if self.budget is not None:
                 await self.budget.aclose()
+            if self.replicas is not None:
+                await self.replicas.aclose()
 
 
 async def wait_for_router(router_url: str, timeout_s: float, *, interval_s: float = 0.25) -> None:
