@@ -35,9 +35,10 @@ from weightbus.rules.staleness import (
 from weightbus.rules.standing import outranks, owner_claim, owner_standing
 
 __all__ = [
+    "DEFAULT_SHARES",
+    "UNKNOWN_POLICIES",
     "Activation",
     "Convergence",
-    "DEFAULT_SHARES",
     "EngineReplica",
     "GroupVersions",
     "MarkJudge",
@@ -50,7 +51,6 @@ __all__ = [
     "TrackerAction",
     "TrackerDecision",
     "TrackerState",
-    "UNKNOWN_POLICIES",
     "UnexplainedMark",
     "UnknownPolicy",
     "Verdict",
