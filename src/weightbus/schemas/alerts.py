@@ -9,6 +9,7 @@ import msgspec
 from weightbus.schemas.common import Epoch, PolicyId, Timestamp, Version
 
 __all__ = [
+    "PENDING_PREFIX",
     "QUARANTINE_PREFIX",
     "AlertEvent",
     "AlertMessage",
@@ -21,6 +22,8 @@ __all__ = [
 
 #: Engine labels that start with this are quarantine labels: never a version, so always judged stale.
 QUARANTINE_PREFIX = "quarantine:"
+#: Engines carry ``pending:<v>`` from the pause to the stamp of update ``v`` when its push does not label them.
+PENDING_PREFIX = "pending:"
 
 RejectReason = Literal[
     "not_owner",
