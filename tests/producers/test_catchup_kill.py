@@ -6,6 +6,7 @@ flight; the invariant is read from the engine's own state: it never carries the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -94,7 +95,7 @@ async def test_a_catch_up_killed_during_its_load_never_leaves_the_target_number_
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the catch-up never loaded"
             assert state.weight_version != str(target)
-            time.sleep(0.005)
+            await asyncio.sleep(0.005)  # sampling the engine between checks of the invariant
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -106,7 +107,7 @@ async def test_a_catch_up_killed_during_its_load_never_leaves_the_target_number_
     while state.model_path != str(files[1]):
         assert state.weight_version != str(target) or truthful(state, files)
         assert time.monotonic() < deadline, "the load in flight never applied"
-        time.sleep(0.005)
+        await asyncio.sleep(0.005)  # sampling the engine between checks of the invariant
     if lora:
         # The base of a LoRA version alone is no version: quarantined until the adapter is on, which never came.
         assert state.weight_version == f"quarantine:{target}" and "lora-v2" not in state.lora_adapters
