@@ -6,6 +6,7 @@ an exit code (docs/cli.md). It never claims the counter (never fences a trainer)
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated, Final
 
@@ -57,86 +58,121 @@ EXIT_NATS: Final = 5
 EXIT_ARTIFACT: Final = 6
 
 
+def _exit_code(outcome: CatchupResult | BaseException) -> int:
+    if isinstance(outcome, ArtifactDigestError | ArtifactMissingError | ArtifactLineageError):
+        return EXIT_ARTIFACT
+    if isinstance(outcome, CatchupError):
+        return EXIT_NEVER_PUBLISHED if outcome.reason == "never_published" else EXIT_ENGINE
+    if isinstance(outcome, BaseException):
+        raise outcome  # a bus failure (or worse): the command's own handling
+    return EXIT_ENGINE if outcome.outcome == "behind" else EXIT_OK
+
+
 async def _run(
     nats: str,
     policy: str,
-    engine: str,
+    engines: list[str],
     api_key: str | None,
     engine_timeout: float,
     connect_timeout: float,
     rounds: int,
     connection: ConnectOptions,
-) -> CatchupResult:
+) -> list[CatchupResult | BaseException]:
     # ensure_stream=False: catching an engine up must not create or reconfigure the stream.
     bus = await connect(
         nats, name="weightbus-catchup", ensure_stream=False, connect_timeout=connect_timeout, options=connection
     )
-    try:
-        async with SGLangClient(engine, api_key=api_key, timeout=engine_timeout) as client:
+
+    async def one(url: str) -> CatchupResult:
+        async with SGLangClient(url, api_key=api_key, timeout=engine_timeout) as client:
             return await catch_up(bus, policy, client, rounds=rounds)
+
+    try:
+        # Each engine on its own: one that fails is quarantined, the others still catch up.
+        return list(await asyncio.gather(*(one(url) for url in engines), return_exceptions=True))
     finally:
         await bus.aclose()
 
 
+def _doc(url: str, outcome: CatchupResult | BaseException) -> dict[str, object]:
+    if isinstance(outcome, CatchupError):
+        return {"engine": url, "error": str(outcome), "reason": outcome.reason, "quarantined": outcome.quarantined}
+    assert isinstance(outcome, CatchupResult)
+    return {
+        "engine": outcome.engine,
+        "outcome": outcome.outcome,
+        "before": outcome.before,
+        "label": outcome.label,
+        "version": outcome.version,
+        "announced": outcome.announced,
+        "loaded": list(outcome.loaded),
+    }
+
+
 def catchup_command(
-    engine: Annotated[str, typer.Option("--engine", help="The SGLang worker URL to bring up to date (not a router).")],
     policy: PolicyOption,
+    engine: Annotated[
+        list[str] | None,
+        typer.Option("--engine", help="SGLang worker URL to bring up to date (repeatable; a worker, not a router)."),
+    ] = None,
     nats: NatsOption = DEFAULT_NATS,
     connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     rounds: Annotated[
         int, typer.Option("--rounds", min=1, help="Newer announcements to follow after the first load before stopping.")
     ] = 3,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per engine.")] = False,
     api_key: ApiKeyOption = None,
     engine_timeout: EngineTimeoutOption = 300.0,
     connect_timeout: ConnectTimeoutOption = 5.0,
     verbose: VerboseOption = 0,
 ) -> None:
-    """Bring ENGINE (restarted, or behind) to the version POLICY announced, from the bus alone, without the trainer.
+    """Bring each --engine (restarted, or behind) to the version POLICY announced, from the bus alone.
 
-    It loads the newest announced full artifact the version stands on (and a LoRA version's adapter on it), each
-    file checked against its announced digests before the engine is touched; pauses the engine, loads with the
-    label, reads it back, publishes WeightApplied and resumes. An engine at or above the version is not touched.
-    On a failure the engine is quarantined (quarantine:<v>, an alert). The files must be readable here at the
-    paths the engine loads them from.
+    Without the trainer: it loads the newest announced full artifact the version stands on (and a LoRA
+    version's adapter on it), each file checked against its announced digests before the engine is touched;
+    pauses the engine, loads with the label, reads it back, publishes WeightApplied and resumes. An engine at or
+    above the version is not touched. On a failure the engine is quarantined (quarantine:<v>, an alert). The
+    files must be readable here at the paths the engine loads them from. Engines are caught up concurrently.
 
-    Exit codes: 0 the engine serves the announced version, 2 bad arguments, 3 it does not (engine failed and
-    quarantined, a trainer's update holds it, or the bus moved on: left at the older verified version), 4 the
-    policy never announced a version, 5 NATS unreachable, 6 no verified artifact names the version (digest
-    mismatch, missing file, no artifact, base never announced; quarantined), 77 permission denied.
+    Exit codes (lowest wins over the engines): 0 every engine serves the announced version, 2 bad arguments, 3
+    an engine does not (it failed and was quarantined, a trainer's update holds it, or the bus moved on: left
+    at the older verified version), 4 the policy never announced a version, 5 NATS unreachable, 6 no verified
+    artifact names the version (digest mismatch, missing file, no artifact, base never announced; quarantined),
+    77 permission denied.
     """
     setup_logging(verbose)
+    engines = list(engine or [])
+    if not engines:
+        raise fail("pass at least one --engine URL", EXIT_USAGE)
     try:
-        normalize_url(engine)
+        for url in engines:
+            normalize_url(url)
     except ValueError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
+    if len(set(engines)) != len(engines):
+        raise fail("an engine is named twice", EXIT_USAGE)
     try:
-        result = run_async(_run(nats, policy, engine, api_key, engine_timeout, connect_timeout, rounds, connection))
-    except (ArtifactDigestError, ArtifactMissingError, ArtifactLineageError) as exc:
-        raise fail(str(exc), EXIT_ARTIFACT) from None
-    except CatchupError as exc:
-        raise fail(str(exc), EXIT_NEVER_PUBLISHED if exc.reason == "never_published" else EXIT_ENGINE) from None
+        outcomes = run_async(_run(nats, policy, engines, api_key, engine_timeout, connect_timeout, rounds, connection))
+        codes = [_exit_code(outcome) for outcome in outcomes]
     except PermissionDeniedError as exc:
         raise fail(str(exc), EXIT_DENIED) from None
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
-    if as_json:
-        doc = {
-            "engine": result.engine,
-            "outcome": result.outcome,
-            "before": result.before,
-            "label": result.label,
-            "version": result.version,
-            "announced": result.announced,
-            "loaded": list(result.loaded),
-        }
-        typer.echo(json.dumps(doc, sort_keys=True))
-    else:
-        loaded = ", ".join(f"v{v}" for v in result.loaded) or "nothing"
-        typer.echo(f"{result.engine}  {result.before} -> {result.label}  {result.outcome} (loaded {loaded})")
-    if result.outcome == "behind":
-        raise fail(f"the bus announced v{result.announced} meanwhile; the engine serves v{result.version}", EXIT_ENGINE)
-    raise typer.Exit(EXIT_OK)
+    for url, outcome in zip(engines, outcomes, strict=True):
+        if as_json:
+            typer.echo(json.dumps(_doc(url, outcome), sort_keys=True))
+        elif isinstance(outcome, CatchupResult):
+            loaded = ", ".join(f"v{v}" for v in outcome.loaded) or "nothing"
+            typer.echo(f"{url}  {outcome.before} -> {outcome.label}  {outcome.outcome} (loaded {loaded})")
+            if outcome.outcome == "behind":
+                typer.echo(
+                    f"error: {url}: the bus announced v{outcome.announced} meanwhile; it serves v{outcome.version}",
+                    err=True,
+                )
+        else:
+            fail(str(outcome))  # one error: line per engine; the exit code is decided below
+    failed = [code for code in codes if code != EXIT_OK]
+    raise typer.Exit(min(failed, default=EXIT_OK))
 
 
 def register(app: typer.Typer) -> None:

@@ -248,7 +248,9 @@ class _Catchup:
         announced: int | None = None,
     ) -> CatchupResult:
         version = int(label) if outcome == "ahead" else loaded[-1] if loaded else target
-        return CatchupResult(self.url, outcome, before, label, version, announced or target, tuple(loaded))
+        return CatchupResult(
+            self.url, outcome, before, label, version, target if announced is None else announced, tuple(loaded)
+        )
 
     async def _load(self, plan: CatchupPlan) -> None:
         """Load the plan's files; a label is set only with the weights it names (see the module docstring)."""
