@@ -29,6 +29,7 @@ def test_all_is_sorted_and_complete() -> None:
         "status",
         "sync",
         "update",
+        "watcher",
     }
     assert public == set(producers.__all__)
 

@@ -3,7 +3,7 @@
 ``VersionPublisher`` (``SyncVersionPublisher`` for sync trainers) owns a policy's counter; ``EngineFleet`` addresses
 the workers; ``stamp_and_verify`` checks them before an announcement; ``push_lora_adapter`` is all or nothing;
 ``PublisherMetrics`` exports the updates' phases and the counter's state; ``catch_up`` brings one restarted or lagging
-engine to the announced version from the bus alone.
+engine to the announced version from the bus alone, ``FleetCatchup`` every engine of a fleet that falls behind.
 """
 
 from weightbus.producers.catchup import CatchupResult, catch_up
@@ -16,6 +16,7 @@ from weightbus.producers.stamping import stamp_and_verify
 from weightbus.producers.status import EngineReadBack, PolicyStatus, read_status
 from weightbus.producers.sync import SyncPublisherState, SyncUpdate, SyncVersionPublisher
 from weightbus.producers.update import VersionUpdate, quarantine_label
+from weightbus.producers.watcher import FleetCatchup
 
 __all__ = [
     "CatchupMetrics",
@@ -23,6 +24,7 @@ __all__ = [
     "EngineFleet",
     "EngineReadBack",
     "EngineStamp",
+    "FleetCatchup",
     "PolicyStatus",
     "PublisherMetrics",
     "PublisherState",
