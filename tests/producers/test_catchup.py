@@ -217,6 +217,47 @@ async def test_a_lora_version_is_its_adapter_on_the_announced_base(
     assert [b["weight_version"] for b in loads(state)] == ["quarantine:2"]  # type: ignore[index]
 
 
+async def test_a_lora_only_run_is_caught_up_by_its_adapter_on_the_boot_base(
+    nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path
+) -> None:
+    # Every push since the first claim loaded an adapter (the RL loop with lora_rank): the trainer's own coverage rule
+    # says every engine's base is its boot weights, so the target's adapter alone serves the version.
+    state, url = served
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    async with pub.update(lora=LoraAdapter(name="lora-v1", path="/adapter-v1")):  # the first announces no artifact
+        pass
+    adapter = write_safetensors(tmp_path / "adapter-v2.safetensors", 2)
+    async with pub.update(
+        lora=LoraAdapter(name="lora-v2", path=str(adapter)), artifact=safetensors_artifact(adapter, 1)
+    ):
+        pass
+    async with SGLangClient(url) as client:
+        result = await catch_up(nats_bus, policy, client)
+    assert (result.outcome, state.weight_version, result.loaded) == ("caught_up", "2", (2,))
+    assert loads(state) == [] and state.lora_adapters["lora-v2"].path == str(adapter)
+
+
+async def test_an_adapter_on_weights_no_artifact_names_is_never_put_on_the_boot_base(
+    nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path
+) -> None:
+    # A full push without an artifact, then adapters: the base is v1's weights, which no file names, not the boot's.
+    state, url = served
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    async with pub.update():
+        pass
+    async with pub.update(lora=LoraAdapter(name="lora-v2", path="/adapter-v2")):
+        pass
+    adapter = write_safetensors(tmp_path / "adapter-v3.safetensors", 3)
+    async with pub.update(
+        lora=LoraAdapter(name="lora-v3", path=str(adapter)), artifact=safetensors_artifact(adapter, 2)
+    ):
+        pass
+    async with SGLangClient(url) as client:
+        with pytest.raises(ArtifactLineageError) as caught:
+            await catch_up(nats_bus, policy, client)
+    assert caught.value.reason == "no_artifact" and state.lora_adapters == {} and state.weight_version == "quarantine:3"
+
+
 class _PushFirst(SGLangClient):
     """An engine client whose pause first lets the trainer's next update land on the same engine (the race)."""
 

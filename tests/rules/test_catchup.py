@@ -66,3 +66,13 @@ def test_no_plan_without_verified_lineage(history: list[WeightUpdated], target: 
 )
 def test_label_standing(label: str, standing: str) -> None:
     assert label_standing(label, 5) == standing
+
+
+def test_on_the_boot_base_a_lora_version_is_its_adapter_alone() -> None:
+    first = updated(1, at=100.0, lora=LoraAdapter(name="lora-v1"))  # the first adapter announces no artifact
+    history = [first, adapter(2, 1), adapter(3, 2)]
+    assert plan_catchup(history, 3, boot_base=True) == CatchupPlan(3, None, adapter(3, 2))
+    assert isinstance(plan_catchup(history, 3), PlanRefused)  # without the lineage's word, nothing to stand on
+    refused = plan_catchup(history, 1, boot_base=True)  # the first adapter itself has no verifiable file
+    assert isinstance(refused, PlanRefused) and refused.reason == "no_artifact"
+    assert isinstance(plan_catchup([updated(1, at=100.0), adapter(2, 1)], 2, boot_base=True), PlanRefused)

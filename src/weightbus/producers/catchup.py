@@ -2,12 +2,13 @@
 
 The version and its artifacts come from the weights history as trackers fold it (``rules.history``); the plan is the
 pure rule ``rules.catchup``. Invariants: every file is checked against its announced digests before the engine is
-touched; a label is only ever set together with the weights it names (a full load carries ``weight_version``; a LoRA
-version's base is loaded as ``quarantine:<v>`` and relabelled ``v`` only after its adapter, and only if nothing
-relabelled it meanwhile); an engine at or above the target is never brought down; after a load the bus is read
-again and a newer announcement is followed (``rounds`` at most), else the engine is left truthfully labelled with
-the verified version it holds. On a failure the engine is quarantined (``quarantine:<v>``, a ``FleetQuarantined``
-alert, a metric) and a ``CatchupError`` says why. See docs/operations.md#catching-an-engine-up.
+touched. A label is only ever set together with the weights it names: a full load carries ``weight_version``; a LoRA
+version's base is loaded as ``quarantine:<v>`` (or is the boot base that ``producers.coverage``'s lineage rule says
+the engine holds), and it is relabelled ``v`` only after its adapter, and only if nothing relabelled it meanwhile.
+An engine at or above the target is never brought down. After a load the bus is read again and a newer announcement
+is followed (``rounds`` at most), else the engine is left truthfully labelled with the verified version it holds.
+On a failure the engine is quarantined (``quarantine:<v>``, a ``FleetQuarantined`` alert, a metric) and a
+``CatchupError`` says why. See docs/operations.md#catching-an-engine-up.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from weightbus.bus import subjects
+from weightbus.bus.history import read_subject_history
 from weightbus.bus.identity import process_identity
 from weightbus.bus.protocol import Bus
 from weightbus.engines.sglang import PauseMode, SGLangClient
@@ -32,6 +34,7 @@ from weightbus.errors import (
     EngineError,
 )
 from weightbus.producers.artifact import verify_artifact
+from weightbus.producers.coverage import fold_lineage, is_boot_label
 from weightbus.producers.fleet import EngineFleet, EngineStamp
 from weightbus.producers.lora import push_lora_adapter
 from weightbus.producers.metrics import CatchupMetrics
@@ -196,6 +199,8 @@ class _Catchup:
             if standing == "busy":
                 raise _Failed("busy", f"it carries {label!r}: a trainer's update above v{target} holds it")
             plan = plan_catchup(history.updates, target)
+            if isinstance(plan, PlanRefused) and plan.reason == "no_artifact" and await self._boot_base(label):
+                plan = plan_catchup(history.updates, target, boot_base=True)
             if isinstance(plan, PlanRefused):
                 raise _Failed(plan.reason, plan.detail)
             for announcement in plan.announcements:
@@ -216,7 +221,7 @@ class _Catchup:
                 return self._result(standing, before, label, target, loaded)
             if standing == "busy":
                 raise _Failed("busy", f"it carries {label!r}: a trainer's update above v{target} holds it")
-            await self._load(plan)
+            await self._load(plan, label)
             label = await self._label()
             if label != str(target):
                 if label_standing(label, target) == "ahead":  # a trainer's push landed over ours: its label stands
@@ -252,20 +257,29 @@ class _Catchup:
             self.url, outcome, before, label, version, target if announced is None else announced, tuple(loaded)
         )
 
-    async def _load(self, plan: CatchupPlan) -> None:
+    async def _boot_base(self, label: str) -> bool:
+        """Whether the engine's base is its boot weights, by the lineage rule the trainer's stamps trust."""
+        events = await read_subject_history(self.bus, subjects.weights(self.policy))
+        lineage = fold_lineage(e.event for e in events.events)
+        return lineage.untouched or (lineage.boot_base and is_boot_label(label))
+
+    async def _load(self, plan: CatchupPlan, label: str) -> None:
         """Load the plan's files; a label is set only with the weights it names (see the module docstring)."""
         client, target = self.client, plan.target
-        full = plan.full.artifact
-        assert full is not None
         try:
             if plan.adapter is None:
-                await client.update_weights_from_disk(full.uri, weight_version=str(target))
+                assert plan.full is not None and plan.full.artifact is not None
+                await client.update_weights_from_disk(plan.full.artifact.uri, weight_version=str(target))
                 return
             adapter, lora = plan.adapter.artifact, plan.adapter.lora
             assert adapter is not None and lora is not None
-            # The base alone is no version's weights: labelled as quarantined until its adapter is on it.
-            transitional = quarantine_label(target)
-            await client.update_weights_from_disk(full.uri, weight_version=transitional)
+            if plan.full is None:
+                transitional = label  # the boot base it holds: relabelled only once the adapter is on it
+            else:
+                assert plan.full.artifact is not None
+                # The base alone is no version's weights: labelled as quarantined until its adapter is on it.
+                transitional = quarantine_label(target)
+                await client.update_weights_from_disk(plan.full.artifact.uri, weight_version=transitional)
             await push_lora_adapter(EngineFleet([client]), lora.name, adapter.uri)
             label = await client.weight_version()
             if label != transitional:

@@ -2,10 +2,12 @@
 
 A plan loads one full artifact (a full push is self-contained) and, for a LoRA version, the target's adapter on it (an
 adapter replaces the one before it on the same base, so only the newest is loaded); every base on the way down must
-be an announced version. Nothing else is planned: a version announced without an artifact, a delta whose base was
-never announced (or is no longer retained), a delta that is not a LoRA adapter. An engine labelled at or above the
-target is never brought down to it; one that carries a trainer's ``pending:`` label above the target is left alone.
-See docs/operations.md#catching-an-engine-up.
+be an announced version. Where the engine's base is known to be its boot weights (``boot_base``: the lineage rule of
+``producers.coverage``, which the trainer's own stamps trust), a LoRA version whose chain reaches the first adapter
+(announced without an artifact) is the target's adapter alone. Nothing else is planned: a version announced without
+an artifact, a delta whose base was never announced (or is no longer retained), a delta that is not a LoRA adapter.
+An engine labelled at or above the target is never brought down to it; one that carries a trainer's ``pending:``
+label above the target is left alone. See docs/operations.md#catching-an-engine-up.
 """
 
 from __future__ import annotations
@@ -46,18 +48,19 @@ class CatchupPlan:
 
     Attributes:
         target: the version the engine is brought to.
-        full: the announcement whose full artifact is loaded (the target's own, or the base its adapter is on).
+        full: the announcement whose full artifact is loaded (the target's own, or the base its adapter is on); None
+            when the adapter goes on the boot weights the engine holds (``boot_base``).
         adapter: the target's announcement when it is a LoRA version (its artifact is the adapter), else None.
     """
 
     target: int
-    full: WeightUpdated
+    full: WeightUpdated | None
     adapter: WeightUpdated | None = None
 
     @property
     def announcements(self) -> tuple[WeightUpdated, ...]:
         """The announcements whose files are loaded, in load order."""
-        return (self.full,) if self.adapter is None else (self.full, self.adapter)
+        return tuple(u for u in (self.full, self.adapter) if u is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +80,18 @@ class PlanRefused:
     detail: str
 
 
-def plan_catchup(updates: Sequence[WeightUpdated], target: int) -> CatchupPlan | PlanRefused:
+def plan_catchup(
+    updates: Sequence[WeightUpdated], target: int, *, boot_base: bool = False
+) -> CatchupPlan | PlanRefused:
     """The plan that brings an engine to ``target`` from ``updates`` (the announced versions, e.g.
-    ``WeightsHistory.updates``), or why there is none; see the module docstring."""
+    ``WeightsHistory.updates``), or why there is none; see the module docstring.
+
+    Args:
+        updates: the announced versions, oldest first.
+        target: the version to bring the engine to.
+        boot_base: the engine's base weights are its boot weights (every push since the policy's first claim was
+            a LoRA load, and the engine carries its boot label or no other push was ever taken).
+    """
     announced = {u.version: u for u in updates}
     current = announced.get(target)
     if current is None:
@@ -88,6 +100,9 @@ def plan_catchup(updates: Sequence[WeightUpdated], target: int) -> CatchupPlan |
     while True:
         artifact = current.artifact
         if artifact is None:
+            if boot_base and adapter is not None and current.lora is not None:
+                # The first adapter carries no artifact: it, and so the target's adapter, stand on the boot base.
+                return CatchupPlan(target, None, adapter)
             return PlanRefused("no_artifact", current.version, f"v{current.version} was announced without an artifact")
         if artifact.lineage == "full":
             return CatchupPlan(target, current, adapter)
