@@ -3,8 +3,8 @@
 One run (fixed seed, about 40 s on 2 cores): the reward must rise, no trained group may exceed the bound by
 its recorded sample versions, every announced version must have been read back from every engine, and
 training must survive a trainer failover, a NATS restart, a rollout restart and an engine restart, and the restarted
-engine must be caught up from the bus (or alerted as out of sync when the trainer's push reached it first). The checks here are recomputed from the raw rows and events, independently of
-the demo's own summary.
+engine must be caught up from the bus (or alerted as out of sync when the trainer's push reached it first). The
+checks here are recomputed from the raw rows and events, independently of the demo's own summary.
 """
 
 from __future__ import annotations
