@@ -157,7 +157,7 @@ def test_a_restarted_engine_must_be_caught_up_or_alerted_as_unexpected_label_aft
 def test_a_restarted_engine_caught_up_from_the_bus_needs_its_read_back_after_the_restart(tmp_path: Path) -> None:
     config = DemoConfig(steps=2, out_dir=None)
     rows = [_row(1, 2, [1, 2]), _row(2, 3, [2, 3])]
-    said = {"exit": 0, "result": {"outcome": "caught_up", "version": 3, "engine": ENGINES[0]}, "time": 126.0}
+    said = {"outcome": "caught_up", "version": 3, "before": "default", "loaded": [3], "time": 126.0}
     restart = {"kind": "restart-engine", "step": 1, "time": 125.0, "engine": ENGINES[0], "catchup": said}
 
     def check(fault: dict[str, Any], *extra: dict[str, Any]) -> Any:
@@ -168,12 +168,9 @@ def test_a_restarted_engine_caught_up_from_the_bus_needs_its_read_back_after_the
     assert healed.ok, healed.problems
     assert healed.summary["restart_caught_up"] == [ENGINES[0]] and healed.summary["restart_alerts"] == []
     not_healed = [
-        check(restart),  # the command said so, but the bus never heard a read-back after the restart
-        check(restart | {"catchup": said | {"exit": 3}}, _applied(30, 3, ENGINES[0])),
-        check(
-            restart | {"catchup": {"exit": 0, "result": said["result"] | {"outcome": "current"}}},
-            _applied(30, 3, ENGINES[0]),
-        ),
+        check(restart),  # the catch-up said so, but the bus never heard a read-back after the restart
+        check(restart | {"catchup": {"outcome": "failed", "reason": "bus"}}, _applied(30, 3, ENGINES[0])),
+        check(restart | {"catchup": said | {"outcome": "current"}}, _applied(30, 3, ENGINES[0])),
         check(restart, _applied(30, 3, ENGINES[0], read_back="quarantine:3")),
     ]
     for result in not_healed:

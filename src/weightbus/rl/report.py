@@ -272,12 +272,11 @@ def _faults_survived(rec: _Recorded, rows: list[dict[str, Any]], steps: int, fau
 def _caught_up(rec: _Recorded, fault: dict[str, Any]) -> bool:
     """Whether the catch-up after ``fault`` brought its engine to a version, read back on the bus after the restart."""
     catchup = fault.get("catchup") or {}
-    result = catchup.get("result") or {}
-    if catchup.get("exit") != 0 or result.get("outcome") != "caught_up":
+    if catchup.get("outcome") != "caught_up":
         return False
     return any(
         a["engine"] == fault.get("engine")
-        and a["version"] == result.get("version")
+        and a["version"] == catchup.get("version")
         and a.get("ok")
         and a["published_at"] >= fault["time"]
         for a in rec.applied
@@ -286,7 +285,7 @@ def _caught_up(rec: _Recorded, fault: dict[str, Any]) -> bool:
 
 def _restart_alerts(rec: _Recorded, faults: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
     """The alerts naming each restarted engine after its restart, and a problem per engine neither caught up from
-    the bus (``weightbus catchup``, read back) nor alerted by the trainer's next update."""
+    the bus (``producers.catch_up``, read back) nor alerted by the trainer's next update."""
     alerts, problems = [], []
     for fault in faults:
         if fault["kind"] != "restart-engine":
@@ -449,7 +448,7 @@ def analyse(
     if rec.rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in rec.regressions):
         problems["regression_caught"].append("the rogue v1 was not held and alerted by the rollout's tracker")
     summary = _summary(rec, rows, restart_alerts, wall_s)
-    # The restarted engines brought back from the bus by `weightbus catchup` before the trainer's push reached them.
+    # The restarted engines brought back from the bus by the catch-up before the trainer's push reached them.
     summary["restart_caught_up"] = [
         f.get("engine") for f in faults if f["kind"] == "restart-engine" and _caught_up(rec, f)
     ]
