@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,21 +21,12 @@ from weightbus.bus import subjects
 from weightbus.bus.nats import NatsBus
 from weightbus.producers import VersionPublisher
 from weightbus.producers.artifact import safetensors_artifact
-from weightbus.refengine.reference import EngineState, create_app
-from weightbus.refengine.serve import ServedEngine
+from weightbus.refengine.reference import EngineState
 from weightbus.schemas import FleetQuarantined, LoraAdapter
 
-from .conftest import history
-from .test_catchup import announce_full, truthful, write_safetensors
+from .conftest import announce_full, history, truthful, write_safetensors
 
 pytestmark = pytest.mark.nats
-
-
-@pytest.fixture
-def served() -> Iterator[tuple[EngineState, str]]:
-    state = EngineState()
-    with ServedEngine(create_app(state)) as engine:
-        yield state, engine.url
 
 
 def _catchup(nats_url: str, policy: str, url: str, *extra: str) -> subprocess.Popen[str]:

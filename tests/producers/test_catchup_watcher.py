@@ -15,8 +15,7 @@ from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
 from weightbus.schemas import FleetQuarantined
 
-from .conftest import history
-from .test_catchup import announce_full, loads, truthful, write_safetensors
+from .conftest import announce_full, history, loads, truthful, write_safetensors
 
 pytestmark = pytest.mark.nats
 
