@@ -121,6 +121,7 @@ def write_safetensors(path: Path, seed: int) -> Path:
 
 @pytest.fixture
 def served() -> Iterator[tuple[EngineState, str]]:
+    """A reference engine served over real HTTP in a thread: its state and its URL."""
     state = EngineState()
     with ServedEngine(create_app(state)) as engine:
         yield state, engine.url
