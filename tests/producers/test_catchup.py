@@ -27,7 +27,7 @@ from weightbus.producers.artifact import safetensors_artifact
 from weightbus.refengine.reference import EngineState
 from weightbus.schemas import FleetQuarantined, LoraAdapter, WeightApplied, WeightArtifact, WeightUpdated, now
 
-from .conftest import announce_full, history, loads, truthful, write_safetensors
+from .conftest import HookBus, announce_full, history, loads, truthful, write_safetensors
 
 pytestmark = pytest.mark.nats
 
@@ -301,6 +301,46 @@ async def test_an_announcement_during_the_catch_up_is_followed_or_left_truthfull
     else:
         assert (result.outcome, result.loaded, state.weight_version, result.version) == ("behind", (1,), "1", 1)
     assert state.pause_mode is None
+
+
+@pytest.mark.parametrize("when", ["over_the_load", "after_the_read_back"])
+async def test_a_trainer_push_onto_the_engine_during_the_catch_up_ends_it_at_the_trainers_version(
+    nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path, when: str
+) -> None:
+    # The trainer's full push lands on the engine right after the catch-up's load of v1 returned, or once its
+    # read-back was published: the catch-up never relabels it, and ends at the trainer's version either way.
+    state, url = served
+    async with SGLangClient(url) as trainer_client:
+        pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+        files = dict([await announce_full(pub, tmp_path)])
+        trainer = await VersionPublisher(
+            nats_bus, policy, trainer_id="t2", fleet=EngineFleet([trainer_client]), pause="retract"
+        ).start()
+
+        async def trainer_push() -> None:
+            upd = trainer.update(labels=True)
+            async with upd as version:
+                path = write_safetensors(tmp_path / f"weights-v{version}.safetensors", version)
+                upd.artifact = safetensors_artifact(path)
+                files[version] = path
+                await trainer_client.update_weights_from_disk(str(path), weight_version=str(version))
+
+        pending = [trainer_push]
+
+        async def on_applied(subject: str, event: object) -> None:
+            if when == "after_the_read_back" and isinstance(event, WeightApplied) and pending:
+                await pending.pop()()
+
+        bus = HookBus(nats_bus, on_applied)
+        client = _AnnounceAfterLoad(url, trainer_push if when == "over_the_load" else None)
+        try:
+            result = await catch_up(bus, policy, client)  # type: ignore[arg-type]
+        finally:
+            await client.aclose()
+    pushed = max(files)
+    outcome = "ahead" if when == "over_the_load" else "current"
+    assert (result.outcome, result.version, result.label, result.loaded) == (outcome, pushed, str(pushed), (1,))
+    assert state.weight_version == str(pushed) and truthful(state, files)
 
 
 async def test_a_pending_label_above_the_version_is_a_trainer_update_and_left_alone(

@@ -118,7 +118,10 @@ def catchup_command(
     nats: NatsOption = DEFAULT_NATS,
     connection: ConnectOptions = ConnectOptions(),  # noqa: B008 (replaced by the NATS flags)
     rounds: Annotated[
-        int, typer.Option("--rounds", min=1, help="Newer announcements to follow after the first load before stopping.")
+        int,
+        typer.Option(
+            "--rounds", min=1, help="The most versions to load in turn, following what is announced meanwhile."
+        ),
     ] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per engine.")] = False,
     api_key: ApiKeyOption = None,

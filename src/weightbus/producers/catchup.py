@@ -78,7 +78,8 @@ class CatchupResult:
         label: its label at the end (read back).
         version: the version it serves at the end (the number its label names).
         announced: the policy's current version on the bus at the last read.
-        loaded: the versions whose artifacts were loaded, in order (empty: nothing was loaded).
+        loaded: the versions whose verified artifacts were loaded, in order (empty: nothing was loaded); the last
+            may have been superseded by a trainer's push (outcome ``ahead`` or ``current``).
     """
 
     engine: str
@@ -119,8 +120,9 @@ async def catch_up(
         observer: who catches up, recorded on the events (default: this process' identity, ``catchup:...``).
         metrics: where the outcome is counted, or None.
         pause: the pause mode while loading.
-        rounds: how many newer announcements a catch-up follows after its first load before it stops, truthfully
-            labelled with the verified version it loaded (outcome ``behind``).
+        rounds: the most versions loaded in turn: the target, then each newer one announced while it loaded; past
+            them the engine is left truthfully labelled with the last verified version it loaded (outcome
+            ``behind``).
         history_timeout: seconds each read of the history may take.
 
     Returns:
@@ -222,12 +224,12 @@ class _Catchup:
             if standing == "busy":
                 raise _Failed("busy", f"it carries {label!r}: a trainer's update above v{target} holds it")
             await self._load(plan, label)
+            loaded.append(target)
             label = await self._label()
             if label != str(target):
                 if label_standing(label, target) == "ahead":  # a trainer's push landed over ours: its label stands
                     return self._result("ahead", before, label, target, loaded)
                 raise _Failed("engine_error", f"loaded v{target} but it reads back {label!r}")
-            loaded.append(target)
             await self._report(plan, label, before)
             log.info("engine caught up", extra={"policy": self.policy, "engine": self.url, "version": target})
             history = await read_weights_history(self.bus, self.policy, timeout=history_timeout)
@@ -252,7 +254,8 @@ class _Catchup:
         loaded: list[int],
         announced: int | None = None,
     ) -> CatchupResult:
-        version = int(label) if outcome == "ahead" else loaded[-1] if loaded else target
+        # Current or ahead: the number its label carries; loaded: the last version it verified and loaded.
+        version = int(label) if outcome in ("current", "ahead") else loaded[-1]
         return CatchupResult(
             self.url, outcome, before, label, version, target if announced is None else announced, tuple(loaded)
         )
