@@ -450,11 +450,12 @@ def _registered_metric_names() -> set[str]:
     from weightbus.consumers import StalenessMetrics, TrackerMetrics
     from weightbus.consumers.admission import AdmissionMetrics
     from weightbus.consumers.replicas import ConvergenceMetrics, RequestMetrics
-    from weightbus.producers import PublisherMetrics
+    from weightbus.producers import CatchupMetrics, PublisherMetrics
 
     registry = CollectorRegistry()
     BusMetrics(registry)
     PublisherMetrics(registry)
+    CatchupMetrics(registry)
     AdmissionMetrics(registry)
     TrackerMetrics(registry)
     StalenessMetrics(registry)

@@ -27,6 +27,11 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     ├── EngineError                               retry  an SGLang engine answered with an error or not at all
     │   └── EngineOutOfSyncError                  retry  an engine does not serve the version it was stamped with
     ├── PushCoverageError                         final  no engine holds the weights a version would name after its push
+    ├── CatchupError                              final  a catch-up could not bring one engine to the announced version
+    │   ├── ArtifactDigestError                   final  an artifact's bytes do not match its announced digests
+    │   ├── ArtifactMissingError                  final  an announced artifact's file is not there (or not a local path)
+    │   ├── ArtifactLineageError                  final  the bus names no loadable weights for the version
+    │   └── CatchupEngineError                    retry  the engine failed, or a trainer's update holds it
     ├── VersionRegressionError                    final  a tracker in ``raise`` mode saw a lower version
     ├── EventLoopError (ValueError)               final  ``WEIGHTBUS_EVENT_LOOP`` names a loop that cannot be used
     ├── TaskLoadError (ValueError)                final  a ``--task`` import path names no task factory
@@ -53,9 +58,14 @@ from typing import ClassVar
 
 __all__ = [
     "AdmissionError",
+    "ArtifactDigestError",
+    "ArtifactLineageError",
+    "ArtifactMissingError",
     "BusConfigError",
     "BusConnectError",
     "BusError",
+    "CatchupEngineError",
+    "CatchupError",
     "ConfigError",
     "CounterExhaustedError",
     "DemoError",
@@ -423,6 +433,64 @@ class PushCoverageError(WeightbusError):
             f"version {version}: the push covers no engine of the fleet ({', '.join(missing)} lack the "
             "previous weights); push the whole model"
         )
+
+
+class CatchupError(WeightbusError):
+    """A catch-up (``producers.catchup``) could not bring ``engine`` to ``version`` of ``policy``.
+
+    Raised after the engine was quarantined (``quarantine:<version>``, an alert) when ``quarantined`` is True; an
+    error raised before the engine was touched, or while a trainer's update holds it, leaves its label as it was.
+
+    Attributes:
+        policy: the policy id.
+        engine: the engine URL.
+        version: the version the catch-up was bringing it to (None: the policy never announced one).
+        reason: a low-cardinality label (``digest_mismatch``, ``missing_file``, ``no_artifact``,
+            ``unannounced_base``, ``unsupported``, ``engine_error``, ``busy``, ``never_published``).
+        detail: what happened.
+        quarantined: whether the engine now carries ``quarantine:<version>``.
+    """
+
+    retryable = False
+
+    def __init__(
+        self, policy: str, engine: str, version: int | None, reason: str, detail: str, *, quarantined: bool = False
+    ) -> None:
+        self.policy = policy
+        self.engine = engine
+        self.version = version
+        self.reason = reason
+        self.detail = detail
+        self.quarantined = quarantined
+        target = "no version" if version is None else f"v{version}"
+        super().__init__(f"catch-up of {engine} to {target} of {policy!r} failed ({reason}): {detail}")
+
+
+class ArtifactDigestError(CatchupError):
+    """An artifact's bytes differ from the ``manifest_digest`` (or a tensor's digest) it was announced with, or
+    it has no digest the catch-up can check: nothing was loaded from it."""
+
+    retryable = False
+
+
+class ArtifactMissingError(CatchupError):
+    """An announced artifact's file is not where its ``uri`` says (deleted, or not a local path): nothing loaded."""
+
+    retryable = False
+
+
+class ArtifactLineageError(CatchupError):
+    """The bus names no loadable weights for the version: no artifact on a version the catch-up needs, a delta
+    whose base was never announced (or is no longer retained), or a delta the engine cannot apply."""
+
+    retryable = False
+
+
+class CatchupEngineError(CatchupError):
+    """The engine refused or did not answer during a catch-up, read back another label, or a trainer's update
+    holds it (``busy``: it carries the ``pending:`` label of a version above the catch-up's)."""
+
+    retryable = True
 
 
 class VersionRegressionError(WeightbusError):

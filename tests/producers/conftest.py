@@ -1,17 +1,25 @@
-"""Producer fixtures: strict reference engines reached through httpx's ASGI transport, and bus helpers."""
+"""Producer fixtures: strict reference engines reached through httpx's ASGI transport (or served over real HTTP), bus
+helpers, and the catch-up tests' weight files and their invariant."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import json
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
 
 import httpx
+import pytest
 import pytest_asyncio
 
 from weightbus.bus import Deliver
 from weightbus.bus.protocol import Bus, Envelope, PublishAck
 from weightbus.engines.sglang import SGLangClient
+from weightbus.producers import VersionPublisher
+from weightbus.producers.artifact import safetensors_artifact
 from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
 from weightbus.schemas import Event
 
 
@@ -101,3 +109,40 @@ class HookBus:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def write_safetensors(path: Path, seed: int) -> Path:
+    """A small safetensors file (one F32 tensor of 4 values) whose bytes depend on ``seed``; no torch."""
+    data = struct.pack("<4f", *(float(seed * 10 + i) for i in range(4)))
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, len(data)]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return path
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[EngineState, str]]:
+    """A reference engine served over real HTTP in a thread: its state and its URL."""
+    state = EngineState()
+    with ServedEngine(create_app(state)) as engine:
+        yield state, engine.url
+
+
+async def announce_full(pub: VersionPublisher, weights: Path) -> tuple[int, Path]:
+    """One full update announced by the trainer's own path, with the artifact of a file it wrote for it."""
+    upd = pub.update()
+    async with upd as version:
+        path = write_safetensors(weights / f"weights-v{version}.safetensors", version)
+        upd.artifact = safetensors_artifact(path)
+    return version, path
+
+
+def truthful(state: EngineState, files: dict[int, Path]) -> bool:
+    """The invariant: a numeric label names exactly the weights the engine loaded."""
+    label = state.weight_version
+    if not label.isdigit():
+        return True
+    return int(label) in files and state.model_path == str(files[int(label)])
+
+
+def loads(state: EngineState) -> list[object]:
+    return [r.body for r in state.recorded("/update_weights_from_disk")]

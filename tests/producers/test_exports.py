@@ -16,6 +16,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "weightbus"
 def test_all_is_sorted_and_complete() -> None:
     assert producers.__all__ == sorted(producers.__all__)
     public = {name for name in vars(producers) if not name.startswith("_")} - {
+        "artifact",
+        "catchup",
         "counter",
         "coverage",
         "fleet",
@@ -27,6 +29,7 @@ def test_all_is_sorted_and_complete() -> None:
         "status",
         "sync",
         "update",
+        "watcher",
     }
     assert public == set(producers.__all__)
 

@@ -125,7 +125,7 @@ def _out_of_sync(seq: int, engine: str, published_at: float, reason: str = "unex
     return {"subject": "weightbus.demo.alerts", "seq": seq, "received_at": published_at, "event": event}
 
 
-def test_a_restarted_engine_must_be_alerted_as_unexpected_label_after_its_restart(tmp_path: Path) -> None:
+def test_a_restarted_engine_must_be_caught_up_or_alerted_as_unexpected_label_after_its_restart(tmp_path: Path) -> None:
     config = DemoConfig(steps=2, out_dir=None)
     rows = [_row(1, 2, [1, 2]), _row(2, 3, [2, 3])]
     restart = {"kind": "restart-engine", "step": 1, "time": 150.0, "engine": ENGINES[0]}
@@ -142,7 +142,7 @@ def test_a_restarted_engine_must_be_alerted_as_unexpected_label_after_its_restar
     ]
     for result in not_alerted:
         assert result.problems["restart_alerted"] == [
-            f"engine {ENGINES[0]}, restarted after step 1, was never alerted as "
+            f"engine {ENGINES[0]}, restarted after step 1, was neither caught up from the bus nor alerted as "
             "EngineOutOfSync(reason=unexpected_label)"
         ]
         assert result.summary["restart_alerts"] == []
@@ -152,6 +152,30 @@ def test_a_restarted_engine_must_be_alerted_as_unexpected_label_after_its_restar
     assert alerted.summary["restart_alerts"] == [
         {"engine": ENGINES[0], "actual": "default", "expected": "3", "published_at": 152.0}
     ]
+
+
+def test_a_restarted_engine_caught_up_from_the_bus_needs_its_read_back_after_the_restart(tmp_path: Path) -> None:
+    config = DemoConfig(steps=2, out_dir=None)
+    rows = [_row(1, 2, [1, 2]), _row(2, 3, [2, 3])]
+    said = {"outcome": "caught_up", "version": 3, "before": "default", "loaded": [3], "time": 126.0}
+    restart = {"kind": "restart-engine", "step": 1, "time": 125.0, "engine": ENGINES[0], "catchup": said}
+
+    def check(fault: dict[str, Any], *extra: dict[str, Any]) -> Any:
+        recording = _write(tmp_path / "bus.jsonl", _healthy() + list(extra))
+        return analyse(config, rows=rows, recording=recording, faults=[fault], engines=ENGINES, wall_s=1.0)
+
+    healed = check(restart, _applied(30, 3, ENGINES[0]))  # the catch-up's WeightApplied, at 130.0
+    assert healed.ok, healed.problems
+    assert healed.summary["restart_caught_up"] == [ENGINES[0]] and healed.summary["restart_alerts"] == []
+    not_healed = [
+        check(restart),  # the catch-up said so, but the bus never heard a read-back after the restart
+        check(restart | {"catchup": {"outcome": "failed", "reason": "bus"}}, _applied(30, 3, ENGINES[0])),
+        check(restart | {"catchup": said | {"outcome": "current"}}, _applied(30, 3, ENGINES[0])),
+        check(restart, _applied(30, 3, ENGINES[0], read_back="quarantine:3")),
+    ]
+    for result in not_healed:
+        assert result.problems["restart_alerted"], result.summary
+        assert result.summary["restart_caught_up"] == []
 
 
 def test_overhead_shares_are_totals_over_the_steps_time(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from weightbus.cli import demo, engine, follow, publish, rl, schema, server, status, stream, trace, watch
+from weightbus.cli import catchup, demo, engine, follow, publish, rl, schema, server, status, stream, trace, watch
 from weightbus.cli.exits import CommandGroup as _CommandGroup
 from weightbus.cli.options import with_log_options as _with_log_options
 
@@ -60,7 +60,7 @@ def _root(
     """The root options (--version); the help text is the app's."""
 
 
-for _module in (server, stream, schema, trace, publish, status, watch, follow, engine, rl, demo):
+for _module in (server, stream, schema, trace, publish, status, catchup, watch, follow, engine, rl, demo):
     _module.register(app)
 
 

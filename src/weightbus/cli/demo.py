@@ -127,6 +127,7 @@ def _print_summary(result: DemoResult) -> None:
         f"groups filtered for a non-version label ('default' after an engine restart): "
         f"{s['unknown_version_groups']}; engine-out-of-sync alerts: {s['engine_out_of_sync_alerts']} "
         f"({len(s['restart_alerts'])} naming a restarted engine); "
+        f"restarted engines caught up from the bus: {len(s.get('restart_caught_up', []))}; "
         f"regression alerts for the rogue v1: {s['regression_alerts']}"
     )
     if s["weightbus_share"] is not None:

@@ -10,7 +10,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
-from weightbus.schemas import QUARANTINE_PREFIX, PublisherClaimed, VersionReserved, WeightUpdated, parse_version
+from weightbus.schemas import (
+    PENDING_PREFIX,
+    QUARANTINE_PREFIX,
+    PublisherClaimed,
+    VersionReserved,
+    WeightUpdated,
+    parse_version,
+)
 
 __all__ = [
     "PENDING_PREFIX",
@@ -26,9 +33,6 @@ __all__ = [
 
 Push = Literal["full", "delta"]
 """What a push covers: ``full`` (the whole model) or ``delta`` (the difference from the last announced version)."""
-
-#: Engines carry ``pending:<v>`` from the pause to the stamp of update ``v`` when its push does not label them.
-PENDING_PREFIX = "pending:"
 
 
 def pending_label(version: int) -> str:

@@ -2,7 +2,9 @@
 
 ``weightbus_update_phase_seconds{policy, phase, outcome}`` times each phase an update ran, observed once when the
 update ends (announced or failed); the ``weightbus_publisher_*`` gauges are read from the counter's ``.state``
-snapshot at scrape time, so they always equal it. Families: docs/operations.md#metrics. Never a version as a label.
+snapshot at scrape time, so they always equal it; ``weightbus_catchup_total{policy, outcome}`` and
+``weightbus_catchup_failures_total{policy, reason}`` count catch-ups. Families: docs/operations.md#metrics. Never a
+version as a label.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from collections.abc import Iterator, Mapping
 from threading import Lock
 from typing import Final, Literal
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from weightbus.producers.counter import FencedCounter
 
-__all__ = ["PHASE_SECONDS_BUCKETS", "PHASES", "Outcome", "PublisherMetrics"]
+__all__ = ["PHASE_SECONDS_BUCKETS", "PHASES", "CatchupMetrics", "Outcome", "PublisherMetrics"]
 
 #: The phases of an update, in the order they run (``take`` and ``pause`` overlap; ``quarantine`` only on failure).
 PHASES: Final = ("take", "pause", "relabel", "push", "stamp", "announce", "resume", "quarantine")
@@ -121,3 +123,30 @@ class PublisherMetrics:
         """Record the phases one update ran (``VersionUpdate.phases``), once, when it ended."""
         for phase, seconds in phases.items():
             self.phase_seconds.labels(policy, phase, outcome).observe(seconds)
+
+
+class CatchupMetrics:
+    """The catch-up's metric families, registered once on ``registry`` (one per registry, every policy).
+
+    ``weightbus_catchup_total{policy, outcome}``: catch-ups by how they ended (``caught_up``, ``current``,
+    ``ahead``, ``behind``, ``failed``); ``weightbus_catchup_failures_total{policy, reason}``: the failed ones by
+    ``CatchupError.reason``.
+
+    Args:
+        registry: where the families are registered; a private one when None (scripts only).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.runs = Counter(
+            "weightbus_catchup",
+            "Catch-ups of one engine to the announced version, by how they ended.",
+            ["policy", "outcome"],
+            registry=self.registry,
+        )
+        self.failures = Counter(
+            "weightbus_catchup_failures",
+            "Catch-ups that failed (the engine quarantined, or left as it was), by reason.",
+            ["policy", "reason"],
+            registry=self.registry,
+        )

@@ -85,6 +85,8 @@ class EngineState:
             updates answer success but leave the version unchanged (an engine that ignores the stamp).
         fail_weight_updates: fault injection: when set, every ``/update_weights_*`` fails with 400 and this
             message, leaving weights and version unchanged.
+        weight_update_delay: fault injection: seconds every ``/update_weights_*`` takes before it applies (a
+            slow load, so a test can act while one is in flight).
 
     Attributes:
         requests: every request received, oldest first (see :meth:`recorded`).
@@ -104,6 +106,7 @@ class EngineState:
         token_delay: float = 0.0,
         ignore_version_updates: bool = False,
         fail_weight_updates: str | None = None,
+        weight_update_delay: float = 0.0,
     ) -> None:
         self.model: EngineModel = model if model is not None else HashModel()
         self.weight_version = weight_version
@@ -113,6 +116,7 @@ class EngineState:
         self.token_delay = token_delay
         self.ignore_version_updates = ignore_version_updates
         self.fail_weight_updates = fail_weight_updates
+        self.weight_update_delay = weight_update_delay
         self.lora_adapters: dict[str, LoraAdapter] = {}
         self.pause_mode: PauseMode | None = None
         self.in_flight: dict[str, InFlightRequest] = {}

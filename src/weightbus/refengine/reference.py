@@ -223,6 +223,8 @@ async def _apply_update(
 ) -> tuple[bool, str]:
     if abort_all_requests:
         await state.abort_all("Abort all requests due to a weight update")
+    if state.weight_update_delay > 0:
+        await asyncio.sleep(state.weight_update_delay)
     if state.fail_weight_updates is not None:
         return False, state.fail_weight_updates
     try:

@@ -269,8 +269,23 @@ def _faults_survived(rec: _Recorded, rows: list[dict[str, Any]], steps: int, fau
     return problems
 
 
+def _caught_up(rec: _Recorded, fault: dict[str, Any]) -> bool:
+    """Whether the catch-up after ``fault`` brought its engine to a version, read back on the bus after the restart."""
+    catchup = fault.get("catchup") or {}
+    if catchup.get("outcome") != "caught_up":
+        return False
+    return any(
+        a["engine"] == fault.get("engine")
+        and a["version"] == catchup.get("version")
+        and a.get("ok")
+        and a["published_at"] >= fault["time"]
+        for a in rec.applied
+    )
+
+
 def _restart_alerts(rec: _Recorded, faults: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The alerts naming each restarted engine after its restart, and a problem per engine never alerted."""
+    """The alerts naming each restarted engine after its restart, and a problem per engine neither caught up from
+    the bus (``producers.catch_up``, read back) nor alerted by the trainer's next update."""
     alerts, problems = [], []
     for fault in faults:
         if fault["kind"] != "restart-engine":
@@ -282,10 +297,10 @@ def _restart_alerts(rec: _Recorded, faults: list[dict[str, Any]]) -> tuple[list[
             if a.get("reason") == "unexpected_label" and a["engine"] == engine and a["published_at"] >= fault["time"]
         ]
         alerts += named
-        if not named:
+        if not named and not _caught_up(rec, fault):
             problems.append(
-                f"engine {engine}, restarted after step {fault['step']}, was never alerted as "
-                "EngineOutOfSync(reason=unexpected_label)"
+                f"engine {engine}, restarted after step {fault['step']}, was neither caught up from the bus nor "
+                "alerted as EngineOutOfSync(reason=unexpected_label)"
             )
     return alerts, problems
 
@@ -432,11 +447,16 @@ def analyse(
     }
     if rec.rogue and not any(a["incoming"] == 1 and a["action"] == "hold" for a in rec.regressions):
         problems["regression_caught"].append("the rogue v1 was not held and alerted by the rollout's tracker")
+    summary = _summary(rec, rows, restart_alerts, wall_s)
+    # The restarted engines brought back from the bus by the catch-up before the trainer's push reached them.
+    summary["restart_caught_up"] = [
+        f.get("engine") for f in faults if f["kind"] == "restart-engine" and _caught_up(rec, f)
+    ]
     return DemoResult(
         rows=rows,
         problems=problems,
         faults=faults,
-        summary=_summary(rec, rows, restart_alerts, wall_s),
+        summary=summary,
         config=_config_dict(config),
         announced=[r["event"] for r in rec.updates],
         read_backs=rec.applied,

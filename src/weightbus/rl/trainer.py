@@ -6,14 +6,11 @@ The counter is the bus's (a replacement resumes it); a step's ``steps.jsonl`` li
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import struct
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -26,10 +23,11 @@ from weightbus.bus.options import ConnectOptions
 from weightbus.errors import EngineError, WeightbusError
 from weightbus.process.overhead import OverheadMeter, covered
 from weightbus.producers import EngineFleet, VersionPublisher
+from weightbus.producers.artifact import safetensors_artifact
 from weightbus.rl.batches import BatchReply, BatchRequest, request_batch
 from weightbus.rl.config import TrainerConfig
 from weightbus.rl.report import trained_staleness
-from weightbus.schemas import LoraAdapter, WeightArtifact
+from weightbus.schemas import LoraAdapter
 from weightbus.schemas.rollouts import Group
 
 if TYPE_CHECKING:
@@ -62,37 +60,6 @@ class TrainerProgress(msgspec.Struct, kw_only=True, frozen=True):
     step_s: float
     judged_staleness_max: int | None = None
     """The largest staleness the drain judged for this batch, recycled and dropped groups too."""
-
-
-def safetensors_artifact(path: Path, base: int | None = None) -> WeightArtifact:
-    """The ``WeightArtifact`` of the safetensors file at ``path``: ``full``, or a ``delta`` on ``base``.
-
-    The manifest digest is the file's sha256; each tensor's is the sha256 of its bytes in the file (the
-    format's 8-byte little-endian header length, its JSON header, then the data the offsets index), so a
-    replica checks what it loads without torch.
-    """
-    data = path.read_bytes()
-    (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + length])
-    start = 8 + length
-    tensors = tuple(
-        sorted(
-            (
-                name,
-                "sha256:"
-                + hashlib.sha256(data[start + meta["data_offsets"][0] : start + meta["data_offsets"][1]]).hexdigest(),
-            )
-            for name, meta in header.items()
-            if name != "__metadata__"
-        )
-    )
-    return WeightArtifact(
-        uri=str(path),
-        lineage="full" if base is None else "delta",
-        base=base,
-        manifest_digest="sha256:" + hashlib.sha256(data).hexdigest(),
-        tensors=tensors,
-    )
 
 
 def grpo_loss(policy: Any, groups: list[Group], clip: float) -> tuple[Any, float]:

@@ -65,6 +65,8 @@ class WeightsHistory:
             reserved (None: no mark credited).
         mark: the credited mark itself (its ``announced``: the last version announced and acknowledged).
         unexplained_marks: every stored mark the rule refused (never credited), oldest first.
+        updates: every retained ``WeightUpdated`` the rule took as a new version, oldest first: the versions
+            trackers hold were announced (what a catch-up reads the artifacts of).
     """
 
     policy: str
@@ -81,6 +83,7 @@ class WeightsHistory:
     issued: int | None = None
     mark: CounterHighWater | None = None
     unexplained_marks: list[UnexplainedMark] = field(default_factory=list)
+    updates: list[WeightUpdated] = field(default_factory=list)
 
 
 def fold_history(
@@ -104,6 +107,7 @@ def fold_history(
     latest_rejected = False
     events = 0
     last_update: WeightUpdated | None = None
+    updates: list[WeightUpdated] = []
     epoch_high = -1
     for env in envelopes:
         event = env.event
@@ -132,6 +136,7 @@ def fold_history(
         state, last, last_seq, latest_rejected = decision.state, event, env.seq, False
         if isinstance(event, WeightUpdated) and decision.changed:
             last_update = event
+            updates.append(event)
     judge.settle(state)
     return WeightsHistory(
         policy,
@@ -148,4 +153,5 @@ def fold_history(
         judge.issued,
         judge.mark,
         judge.unexplained,
+        updates,
     )

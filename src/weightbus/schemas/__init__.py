@@ -5,6 +5,7 @@ Families: ``weights``, ``counter``, ``applied``, ``alerts``, ``drains``, ``admis
 
 from weightbus.schemas.admission import AdmissionLedger, AdmissionMessage, Holding
 from weightbus.schemas.alerts import (
+    PENDING_PREFIX,
     QUARANTINE_PREFIX,
     AlertMessage,
     EngineOutOfSync,
@@ -37,6 +38,7 @@ __all__ = [
     "FAMILIES",
     "MAX_EVENT_BYTES",
     "MAX_VERSION",
+    "PENDING_PREFIX",
     "QUARANTINE_PREFIX",
     "AlertMessage",
     "AppliedMessage",

@@ -9,6 +9,7 @@ import msgspec
 from weightbus.schemas.common import Epoch, PolicyId, Timestamp, Version
 
 __all__ = [
+    "PENDING_PREFIX",
     "QUARANTINE_PREFIX",
     "AlertEvent",
     "AlertMessage",
@@ -21,6 +22,8 @@ __all__ = [
 
 #: Engine labels that start with this are quarantine labels: never a version, so always judged stale.
 QUARANTINE_PREFIX = "quarantine:"
+#: Engines carry ``pending:<v>`` from the pause to the stamp of update ``v`` when its push does not label them.
+PENDING_PREFIX = "pending:"
 
 RejectReason = Literal[
     "not_owner",
@@ -117,8 +120,10 @@ class FleetQuarantined(AlertEvent, frozen=True, tag="alert.fleet_quarantined"):
     Attributes:
         reason: ``update_failed`` (an exception or engine failure after the engines may have been
             touched), ``publish_failed`` (the announcement was not confirmed), ``fenced`` (another
-            publisher took over mid-update).
-        version: the reserved number of the update that failed; it is never issued again.
+            publisher took over mid-update), ``catchup_failed`` (a catch-up, ``producers.catchup``, could not bring
+            the engine to ``version``; ``detail`` starts with its reason).
+        version: the reserved number of the update that failed; it is never issued again (``catchup_failed``: the
+            announced version the catch-up was bringing the engine to).
         engines: the engines relabelled; ``failed`` those that could not be (listed with errors).
         resumed: whether this publisher resumes the engines right after this alert (it held them
             paused). The alert is published before the resume, so no engine generates again before it
