@@ -23,8 +23,7 @@ from tests.chaos.conftest import (
     nats_py_tasks,
     report,
 )
-from weightbus.bus import NatsBus, connect
-from weightbus.bus._connection import RECONNECT_TIME_WAIT
+from weightbus.bus import NatsBus, _connection, connect
 from weightbus.bus.nats import CLOSE_TASKS_BOUND
 from weightbus.consumers import VersionTracker
 from weightbus.embedded.server import EmbeddedNats
@@ -150,9 +149,14 @@ CLOSE_TRIALS = 50
 # few loop iterations (0.3-0.5 ms here) and the loop oversleeps timers by up to 1 ms, so the trials sweep the close
 # over 0.8-2.0 ms; a cancel is swallowed only when it lands in the two iterations after the refusal.
 CLOSE_OFFSETS_S = tuple((0.8 + 0.05 * i) / 1000 for i in range(25))
+#: nats-py's wait before the first reconnection attempt, in these trials: what the race needs is the attempt and its
+#: refusal, not the wait before it (0.5 s by default, ``RECONNECT_TIME_WAIT``): 50 trials of it were most of the test.
+TRIAL_RECONNECT_TIME_WAIT = 0.1
 
 
-async def test_close_at_the_first_reconnect_attempt_leaves_no_nats_py_task(own_server: EmbeddedNats) -> None:
+async def test_close_at_the_first_reconnect_attempt_leaves_no_nats_py_task(
+    own_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The server dies right after connect; ``aclose()`` comes at nats-py's first reconnection attempt.
 
     That attempt starts ``reconnect_time_wait`` after the disconnect and gets a refused connection. A close
@@ -160,6 +164,8 @@ async def test_close_at_the_first_reconnect_attempt_leaves_no_nats_py_task(own_s
     drain-cancel scenario, 1 of 10 of a minimal repro; 11 of these 50 trials), so ``asyncio.run()`` never
     returned. Over every trial, ``aclose()`` returns within its bound and no nats-py task is left.
     """
+    monkeypatch.setattr(_connection, "RECONNECT_TIME_WAIT", TRIAL_RECONNECT_TIME_WAIT)
+    wait = _connection.RECONNECT_TIME_WAIT
     loop = asyncio.get_running_loop()
     leaks: list[tuple[int, float, list[str]]] = []
     slowest = 0.0
@@ -172,9 +178,9 @@ async def test_close_at_the_first_reconnect_attempt_leaves_no_nats_py_task(own_s
             await wait_until(lambda: mark.at is not None, 5, "the client to notice the dead server")
             assert mark.at is not None
             offset = CLOSE_OFFSETS_S[trial % len(CLOSE_OFFSETS_S)]
-            await asyncio.sleep(max(0.0, mark.at + RECONNECT_TIME_WAIT + offset - loop.time()))
+            await asyncio.sleep(max(0.0, mark.at + wait + offset - loop.time()))
             started = time.monotonic()
-            async with asyncio.timeout(CLOSE_TASKS_BOUND + RECONNECT_TIME_WAIT + 2.0):
+            async with asyncio.timeout(CLOSE_TASKS_BOUND + wait + 2.0):
                 await bus.aclose()
             slowest = max(slowest, time.monotonic() - started)
             left = nats_py_tasks()

@@ -798,6 +798,7 @@ def test_a_bus_that_is_down_at_init_is_a_clear_error_within_the_connect_timeout(
         uninstall()
 
 
+@pytest.mark.usefixtures("quick_outage_timeouts")
 async def test_a_bus_that_goes_down_mid_run_fails_the_update_within_the_bound_and_pushes_nothing(
     policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, standin: dict[str, Any], ref_engines: RefEngines
 ) -> None:
@@ -847,6 +848,7 @@ def test_install_fsdp_patches_miles_fsdp_updater_when_it_is_imported(
         uninstall()
 
 
+@pytest.mark.usefixtures("quick_outage_timeouts")
 async def test_a_bus_that_goes_down_during_the_push_quarantines_the_engines_instead_of_announcing(
     policy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, standin: dict[str, Any], ref_engines: RefEngines
 ) -> None:

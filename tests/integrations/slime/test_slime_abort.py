@@ -28,7 +28,9 @@ from weightbus.refengine.engine_state import EngineState
 from weightbus.refengine.reference import create_app
 from weightbus.refengine.serve import ServedEngine
 
-pytestmark = [pytest.mark.nats, pytest.mark.usefixtures("slime_modules")]
+# The engines first, so that they outlive slime: its worker's last requests find them up, and its stop returns at
+# once instead of after its 5 s join, the worker thread retrying against closed ports.
+pytestmark = [pytest.mark.nats, pytest.mark.usefixtures("engines", "slime_modules")]
 
 LONG, SHORT = 400, 4  # tokens of the long answer (4 s at the engine's 10 ms a token) and of every other one
 WEIGHTBUS_GENERATE = "weightbus.integrations.slime.generate"

@@ -81,6 +81,7 @@ async def test_admission_holds_the_top_up_while_the_horizon_is_full_and_resumes(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("quick_outage_timeouts")
 @pytest.mark.parametrize("shared", [False, True])
 async def test_admission_through_a_nats_restart_admits_nothing_on_a_guess_and_loses_nothing(
     tmp_path: Any, policy: str, monkeypatch: pytest.MonkeyPatch, shared: bool
@@ -161,6 +162,7 @@ async def test_admission_through_a_nats_restart_admits_nothing_on_a_guess_and_lo
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("quick_outage_timeouts")
 async def test_a_rollout_waits_out_an_outage_longer_than_its_ready_timeout_and_ends_nothing(
     tmp_path: Any, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
