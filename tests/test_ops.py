@@ -9,6 +9,7 @@ recycling; an invalid payload on a subscription), not from a hand-written list.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,9 @@ from weightbus.consumers.admission.metrics import AdmissionMetrics
 from weightbus.consumers.replicas import ConvergenceMetrics, ReplicaFollower
 from weightbus.embedded.cluster import CLUSTER_CONF, EmbeddedCluster
 from weightbus.embedded.server import find_nats_server
+from weightbus.engines import SGLangClient
+from weightbus.errors import CatchupError
+from weightbus.producers import CatchupMetrics, catch_up
 from weightbus.schemas import WeightApplied
 from weightbus.schemas.rollouts import SampleStatus
 
@@ -75,6 +79,9 @@ async def _run_the_code(registry: CollectorRegistry) -> None:
         )
         await bus.publish(subjects.applied(policy), ack, msg_id="ops:applied:8")  # live: activation and convergence
         await replicas.wait_until(lambda view: view.serving(exact_version=8) or None, 5)
+    async with SGLangClient("http://127.0.0.1:9") as engine:  # never touched: the policy never published
+        with contextlib.suppress(CatchupError):
+            await catch_up(bus, "never-published", engine, metrics=CatchupMetrics(registry))
     await bus.aclose()
 
     AdmissionMetrics(registry).for_policy(policy)  # the shared budget's families, each series at 0

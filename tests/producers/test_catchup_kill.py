@@ -104,3 +104,47 @@ async def test_a_catch_up_killed_during_its_load_never_leaves_the_target_number_
     else:
         assert state.weight_version == "1" and truthful(state, files)
     assert [e for e in await history(nats_bus, subjects.alerts(policy)) if isinstance(e.event, FleetQuarantined)] == []
+
+
+@pytest.mark.slow
+async def test_the_watching_command_catches_up_each_version_the_engine_falls_behind(
+    nats_bus: NatsBus, nats_url: str, policy: str, served: tuple[EngineState, str], tmp_path: Path
+) -> None:
+    state, url = served
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    files = dict([await announce_full(pub, tmp_path)])
+    proc = _catchup(nats_url, policy, url, "--watch", "0.1", "--duration", "8", "--json")
+    try:
+        deadline = time.monotonic() + 20
+        while state.weight_version != "1":
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the watcher never caught the engine up to v1"
+            await asyncio.sleep(0.02)
+        # The trainer announces v2 without pushing to this engine (it left the fleet): it falls behind.
+        files.update([await announce_full(pub, tmp_path)])
+        while state.weight_version != "2":
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the watcher never caught the engine up to v2"
+            assert truthful(state, files)
+            await asyncio.sleep(0.02)
+        assert truthful(state, files)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    done = [json.loads(line) for line in out.splitlines()]
+    assert [(d["before"], d["label"], d["outcome"], d["loaded"]) for d in done] == [
+        ("default", "1", "caught_up", [1]),
+        ("1", "2", "caught_up", [2]),
+    ]
+    assert [r.body["weight_version"] for r in state.recorded("/update_weights_from_disk")] == ["1", "2"]  # type: ignore[index]
+
+
+def test_duration_and_metrics_need_watch() -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    for extra in (["--duration", "1"], ["--metrics-port", "9"]):
+        command = [sys.executable, "-m", "weightbus", "catchup", "-p", "p", "--engine", "http://127.0.0.1:1", *extra]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "need --watch" in proc.stderr, proc.stderr

@@ -1,7 +1,8 @@
 """``weightbus catchup``: bring one restarted or lagging engine to the policy's announced version, from the bus alone.
 
 The library call is ``producers.catchup.catch_up``; this command only connects, runs it once and maps how it ended to
-an exit code (docs/cli.md). It never claims the counter (never fences a trainer).
+an exit code (docs/cli.md). With ``--watch`` it runs ``producers.watcher.FleetCatchup`` over the engines instead, until
+``--duration`` or an interrupt, printing each catch-up as it ends. It never claims the counter (never fences a trainer).
 """
 
 from __future__ import annotations
@@ -11,16 +12,21 @@ import json
 from typing import Annotated, Final
 
 import typer
+from prometheus_client import CollectorRegistry
 
+from weightbus.bus.metrics import BusMetrics
 from weightbus.bus.nats import connect
 from weightbus.bus.options import ConnectOptions
 from weightbus.cli.connection import with_connection
 from weightbus.cli.exits import EXIT_DENIED, EXIT_USAGE, fail, run_async
+from weightbus.cli.metrics_server import start_metrics
 from weightbus.cli.options import (
     DEFAULT_NATS,
     ApiKeyOption,
     ConnectTimeoutOption,
     EngineTimeoutOption,
+    MetricsHostOption,
+    MetricsPortOption,
     NatsOption,
     PolicyOption,
     VerboseOption,
@@ -37,6 +43,9 @@ from weightbus.errors import (
 )
 from weightbus.process.logs import setup_logging
 from weightbus.producers.catchup import CatchupResult, catch_up
+from weightbus.producers.fleet import EngineFleet
+from weightbus.producers.metrics import CatchupMetrics
+from weightbus.producers.watcher import FleetCatchup
 
 __all__ = [
     "EXIT_ARTIFACT",
@@ -94,6 +103,44 @@ async def _run(
         await bus.aclose()
 
 
+async def _watch(
+    nats: str,
+    policy: str,
+    engines: list[str],
+    api_key: str | None,
+    engine_timeout: float,
+    connect_timeout: float,
+    rounds: int,
+    connection: ConnectOptions,
+    interval: float,
+    duration: float | None,
+    registry: CollectorRegistry,
+    as_json: bool,
+) -> None:
+    bus = await connect(
+        nats,
+        name="weightbus-catchup",
+        ensure_stream=False,
+        connect_timeout=connect_timeout,
+        options=connection,
+        metrics=BusMetrics(registry),
+    )
+    try:
+        async with EngineFleet(engines, api_key=api_key, timeout=engine_timeout) as fleet:
+            watcher = FleetCatchup(
+                bus, policy, fleet, interval=interval, metrics=CatchupMetrics(registry), rounds=rounds
+            )
+            try:
+                async with asyncio.timeout(duration):
+                    async for done in watcher.results():
+                        for url, outcome in done.items():
+                            _print(url, outcome, as_json)
+            except TimeoutError:
+                return
+    finally:
+        await bus.aclose()
+
+
 def _doc(url: str, outcome: CatchupResult | BaseException) -> dict[str, object]:
     if isinstance(outcome, CatchupError):
         return {"engine": url, "error": str(outcome), "reason": outcome.reason, "quarantined": outcome.quarantined}
@@ -107,6 +154,22 @@ def _doc(url: str, outcome: CatchupResult | BaseException) -> dict[str, object]:
         "announced": outcome.announced,
         "loaded": list(outcome.loaded),
     }
+
+
+def _print(url: str, outcome: CatchupResult | BaseException, as_json: bool) -> None:
+    """One engine's outcome: a JSON object, or a line (an ``error:`` line on stderr when it does not serve it)."""
+    if as_json:
+        typer.echo(json.dumps(_doc(url, outcome), sort_keys=True))
+    elif isinstance(outcome, CatchupResult):
+        loaded = ", ".join(f"v{v}" for v in outcome.loaded) or "nothing"
+        typer.echo(f"{url}  {outcome.before} -> {outcome.label}  {outcome.outcome} (loaded {loaded})")
+        if outcome.outcome == "behind":
+            typer.echo(
+                f"error: {url}: the bus announced v{outcome.announced} meanwhile; it serves v{outcome.version}",
+                err=True,
+            )
+    else:
+        fail(str(outcome))  # one error: line per engine; the exit code is decided by the caller
 
 
 def catchup_command(
@@ -124,6 +187,19 @@ def catchup_command(
         ),
     ] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per engine.")] = False,
+    watch: Annotated[
+        float | None,
+        typer.Option(
+            "--watch",
+            min=0.05,
+            help="Keep watching: every this many seconds, catch up the engines that fall behind (until --duration).",
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", min=0.0, help="With --watch: exit after this many seconds.")
+    ] = None,
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "127.0.0.1",
     api_key: ApiKeyOption = None,
     engine_timeout: EngineTimeoutOption = 300.0,
     connect_timeout: ConnectTimeoutOption = 5.0,
@@ -136,6 +212,10 @@ def catchup_command(
     pauses the engine, loads with the label, reads it back, publishes WeightApplied and resumes. An engine at or
     above the version is not touched. On a failure the engine is quarantined (quarantine:<v>, an alert). The
     files must be readable here at the paths the engine loads them from. Engines are caught up concurrently.
+
+    With --watch: every SECONDS, each engine whose label is behind the announced version is caught up (one whose
+    artifact failed is retried only after a new announcement); each catch-up is printed as it ends; exit 0 at
+    --duration, 130/143 when interrupted; --metrics-port serves the catch-up counters.
 
     Exit codes (lowest wins over the engines): 0 every engine serves the announced version, 2 bad arguments, 3
     an engine does not (it failed and was quarantined, a trainer's update holds it, or the bus moved on: left
@@ -154,6 +234,33 @@ def catchup_command(
         raise fail(str(exc), EXIT_USAGE) from None
     if len(set(engines)) != len(engines):
         raise fail("an engine is named twice", EXIT_USAGE)
+    if watch is None and (duration is not None or metrics_port is not None):
+        raise fail("--duration and --metrics-port need --watch", EXIT_USAGE)
+    if watch is not None:
+        registry = CollectorRegistry()
+        start_metrics(metrics_port, registry, metrics_host)
+        try:
+            run_async(
+                _watch(
+                    nats,
+                    policy,
+                    engines,
+                    api_key,
+                    engine_timeout,
+                    connect_timeout,
+                    rounds,
+                    connection,
+                    watch,
+                    duration,
+                    registry,
+                    as_json,
+                )
+            )
+        except PermissionDeniedError as exc:
+            raise fail(str(exc), EXIT_DENIED) from None
+        except BusError as exc:
+            raise fail(str(exc), EXIT_NATS) from None
+        return
     try:
         outcomes = run_async(_run(nats, policy, engines, api_key, engine_timeout, connect_timeout, rounds, connection))
         codes = [_exit_code(outcome) for outcome in outcomes]
@@ -162,18 +269,7 @@ def catchup_command(
     except BusError as exc:
         raise fail(str(exc), EXIT_NATS) from None
     for url, outcome in zip(engines, outcomes, strict=True):
-        if as_json:
-            typer.echo(json.dumps(_doc(url, outcome), sort_keys=True))
-        elif isinstance(outcome, CatchupResult):
-            loaded = ", ".join(f"v{v}" for v in outcome.loaded) or "nothing"
-            typer.echo(f"{url}  {outcome.before} -> {outcome.label}  {outcome.outcome} (loaded {loaded})")
-            if outcome.outcome == "behind":
-                typer.echo(
-                    f"error: {url}: the bus announced v{outcome.announced} meanwhile; it serves v{outcome.version}",
-                    err=True,
-                )
-        else:
-            fail(str(outcome))  # one error: line per engine; the exit code is decided below
+        _print(url, outcome, as_json)
     failed = [code for code in codes if code != EXIT_OK]
     raise typer.Exit(min(failed, default=EXIT_OK))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 from weightbus.bus.protocol import Bus
 from weightbus.errors import BusError, CatchupError, EngineError
@@ -100,11 +101,23 @@ class FleetCatchup:
             done[client.url] = outcome
         return done
 
-    async def run(self) -> None:
-        """Poll until cancelled; a bus that does not answer is logged and polled again at the next interval."""
+    async def results(self) -> AsyncIterator[dict[str, CatchupResult | CatchupError]]:
+        """Poll every ``interval`` s until closed or cancelled, yielding each poll that caught up (or failed) engines.
+
+        A bus that does not answer is logged and polled again at the next interval; a poll with nothing to do
+        yields nothing.
+        """
         while True:
             try:
-                await self.poll_once()
+                done = await self.poll_once()
             except BusError as exc:
                 log.warning("catch-up poll failed; polling again", extra={"policy": self.policy, "error": str(exc)})
+            else:
+                if done:
+                    yield done
             await asyncio.sleep(self.interval)
+
+    async def run(self) -> None:
+        """Poll until cancelled (``results``, its outcomes only logged and counted)."""
+        async for _ in self.results():
+            pass
