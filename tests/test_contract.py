@@ -185,7 +185,7 @@ async def test_ownership_admission_no_group_that_could_only_be_stale_is_started(
 async def test_requirement_min_version_goes_only_to_an_engine_at_or_above_it(bus: MemoryBus) -> None:
     """miles: "A minimum version permits any replica at or above the requested version": only engines whose
     acknowledgement of v2 or newer stands are picked, while the fleet converges."""
-    await publish(bus, updated(2, engines=(A, B)), ack(1, B), ack(2, A))
+    await publish(bus, ack(1, B), updated(2, engines=(A, B)), ack(2, A))  # B acknowledged v1 before v2
     async with ReplicaFollower(bus, "p") as follower:
         router = VersionRouter(follower, wait_s=1)
         picks = {
@@ -198,7 +198,7 @@ async def test_requirement_min_version_goes_only_to_an_engine_at_or_above_it(bus
 async def test_requirement_exact_version_goes_only_to_the_engine_serving_it(bus: MemoryBus) -> None:
     """miles: "An exact version requires the replica to serve one particular policy": an older engine is picked for its
     own version and for no other; an exact version below the minimum is refused as a request."""
-    await publish(bus, updated(3, engines=(A, B)), ack(2, B), ack(3, A))
+    await publish(bus, ack(2, B), updated(3, engines=(A, B)), ack(3, A))
     async with ReplicaFollower(bus, "p") as follower:
         router = VersionRouter(follower, wait_s=0.1)
         assert {(await router.pick(VersionConstraint(exact_version=2))).engine for _ in range(20)} == {B}
