@@ -285,8 +285,9 @@ async def test_publication_1_a_version_number_names_one_set_of_bytes(bus: Memory
         pass
     registry = CollectorRegistry()
     async with VersionTracker(bus, "p", registry=registry) as tracker:
+        assert pub.state.last_event is not None
         again = msgspec.structs.replace(
-            pub.state.last_event,  # type: ignore[type-var]
+            pub.state.last_event,
             published_at=now(),
             artifact=WeightArtifact(uri="/w1", manifest_digest="sha256:" + "b" * 64),
         )
@@ -310,8 +311,9 @@ async def test_publication_1_a_delta_on_an_unannounced_base_is_rejected(bus: Mem
                 raise RuntimeError("push failed")
     registry = CollectorRegistry()
     async with VersionTracker(bus, "p", registry=registry) as tracker:
+        assert pub.state.last_event is not None
         forged = msgspec.structs.replace(
-            pub.state.last_event,  # type: ignore[type-var]
+            pub.state.last_event,
             version=3,
             published_at=now(),
             artifact=WeightArtifact(uri="/d3", lineage="delta", base=2),
