@@ -586,3 +586,34 @@ def test_the_rollout_example_counts_invalid_events() -> None:
     """Without BusMetrics on connect, ``weightbus_invalid_events_total`` is never exported."""
     code = _one_block("docs/rollout.md", "DrainReporter(bus").code
     assert "connect(" in code and "metrics=BusMetrics(registry)" in code
+
+
+def test_every_contract_clause_names_a_test_that_exists() -> None:
+    """docs/contract.md's rows and tests/test_contract.py name each other: a clause without a test, a test named by no
+    clause, or a renamed test fails here, so the page and the tests cannot drift apart."""
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / "test_contract.py").read_text())
+    tests = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_")
+    }
+    rows = [
+        line
+        for line in (DOCS / "contract.md").read_text().splitlines()
+        if line.startswith("| ") and not line.startswith(("| clause |", "| concept |"))
+    ]
+    assert len(rows) >= 30, "the clause tables are missing"
+    named: set[str] = set()
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 5, f"contract.md: a clause row has 5 cells: {row[:80]}"
+        found = re.findall(r"`(test_[a-z0-9_]+)`", cells[-1])
+        assert found and "".join(f"`{name}`" for name in found) == cells[-1].replace(", ", ""), (
+            f"contract.md: the last cell names the clause's tests, and only them: {cells[0]}"
+        )
+        missing = set(found) - tests
+        assert not missing, f"contract.md: {cells[0]!r} names tests that tests/test_contract.py lacks: {missing}"
+        named |= set(found)
+    assert tests - named == set(), f"tests/test_contract.py tests no clause row names: {sorted(tests - named)}"
