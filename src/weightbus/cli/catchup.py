@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Annotated, Final
 
 import typer
 from prometheus_client import CollectorRegistry
 
 from weightbus.bus.metrics import BusMetrics
-from weightbus.bus.nats import connect
+from weightbus.bus.nats import NatsBus, connect
 from weightbus.bus.options import ConnectOptions
 from weightbus.cli.connection import with_connection
 from weightbus.cli.exits import EXIT_DENIED, EXIT_USAGE, fail, run_async
@@ -77,58 +78,53 @@ def _exit_code(outcome: CatchupResult | BaseException) -> int:
     return EXIT_ENGINE if outcome.outcome == "behind" else EXIT_OK
 
 
-async def _run(
-    nats: str,
-    policy: str,
-    engines: list[str],
-    api_key: str | None,
-    engine_timeout: float,
-    connect_timeout: float,
-    rounds: int,
-    connection: ConnectOptions,
-) -> list[CatchupResult | BaseException]:
-    # ensure_stream=False: catching an engine up must not create or reconfigure the stream.
-    bus = await connect(
-        nats, name="weightbus-catchup", ensure_stream=False, connect_timeout=connect_timeout, options=connection
-    )
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """What a run of the command catches up, and how it reaches the bus and the engines."""
+
+    nats: str
+    policy: str
+    engines: list[str]
+    api_key: str | None
+    engine_timeout: float
+    connect_timeout: float
+    rounds: int
+    connection: ConnectOptions
+
+    async def connect(self, metrics: BusMetrics | None = None) -> NatsBus:
+        # ensure_stream=False: catching an engine up must not create or reconfigure the stream.
+        return await connect(
+            self.nats,
+            name="weightbus-catchup",
+            ensure_stream=False,
+            connect_timeout=self.connect_timeout,
+            options=self.connection,
+            metrics=metrics,
+        )
+
+
+async def _run(job: _Job) -> list[CatchupResult | BaseException]:
+    bus = await job.connect()
 
     async def one(url: str) -> CatchupResult:
-        async with SGLangClient(url, api_key=api_key, timeout=engine_timeout) as client:
-            return await catch_up(bus, policy, client, rounds=rounds)
+        async with SGLangClient(url, api_key=job.api_key, timeout=job.engine_timeout) as client:
+            return await catch_up(bus, job.policy, client, rounds=job.rounds)
 
     try:
         # Each engine on its own: one that fails is quarantined, the others still catch up.
-        return list(await asyncio.gather(*(one(url) for url in engines), return_exceptions=True))
+        return list(await asyncio.gather(*(one(url) for url in job.engines), return_exceptions=True))
     finally:
         await bus.aclose()
 
 
 async def _watch(
-    nats: str,
-    policy: str,
-    engines: list[str],
-    api_key: str | None,
-    engine_timeout: float,
-    connect_timeout: float,
-    rounds: int,
-    connection: ConnectOptions,
-    interval: float,
-    duration: float | None,
-    registry: CollectorRegistry,
-    as_json: bool,
+    job: _Job, interval: float, duration: float | None, registry: CollectorRegistry, as_json: bool
 ) -> None:
-    bus = await connect(
-        nats,
-        name="weightbus-catchup",
-        ensure_stream=False,
-        connect_timeout=connect_timeout,
-        options=connection,
-        metrics=BusMetrics(registry),
-    )
+    bus = await job.connect(BusMetrics(registry))
     try:
-        async with EngineFleet(engines, api_key=api_key, timeout=engine_timeout) as fleet:
+        async with EngineFleet(job.engines, api_key=job.api_key, timeout=job.engine_timeout) as fleet:
             watcher = FleetCatchup(
-                bus, policy, fleet, interval=interval, metrics=CatchupMetrics(registry), rounds=rounds
+                bus, job.policy, fleet, interval=interval, metrics=CatchupMetrics(registry), rounds=job.rounds
             )
             try:
                 async with asyncio.timeout(duration):
@@ -236,33 +232,19 @@ def catchup_command(
         raise fail("an engine is named twice", EXIT_USAGE)
     if watch is None and (duration is not None or metrics_port is not None):
         raise fail("--duration and --metrics-port need --watch", EXIT_USAGE)
+    job = _Job(nats, policy, engines, api_key, engine_timeout, connect_timeout, rounds, connection)
     if watch is not None:
         registry = CollectorRegistry()
         start_metrics(metrics_port, registry, metrics_host)
         try:
-            run_async(
-                _watch(
-                    nats,
-                    policy,
-                    engines,
-                    api_key,
-                    engine_timeout,
-                    connect_timeout,
-                    rounds,
-                    connection,
-                    watch,
-                    duration,
-                    registry,
-                    as_json,
-                )
-            )
+            run_async(_watch(job, watch, duration, registry, as_json))
         except PermissionDeniedError as exc:
             raise fail(str(exc), EXIT_DENIED) from None
         except BusError as exc:
             raise fail(str(exc), EXIT_NATS) from None
         return
     try:
-        outcomes = run_async(_run(nats, policy, engines, api_key, engine_timeout, connect_timeout, rounds, connection))
+        outcomes = run_async(_run(job))
         codes = [_exit_code(outcome) for outcome in outcomes]
     except PermissionDeniedError as exc:
         raise fail(str(exc), EXIT_DENIED) from None
