@@ -135,10 +135,10 @@ async def test_the_watching_command_catches_up_each_version_the_engine_falls_beh
             proc.communicate()
     assert proc.returncode == 0, err
     done = [json.loads(line) for line in out.splitlines()]
-    assert [(d["before"], d["label"], d["outcome"], d["loaded"]) for d in done] == [
-        ("default", "1", "caught_up", [1]),
-        ("1", "2", "caught_up", [2]),
-    ]
+    # Two catch-ups, or one that followed v2 (announced while it re-read the bus after loading v1): either way,
+    # each version loaded once, in order, every catch-up ending at the version then announced.
+    assert [v for d in done for v in d["loaded"]] == [1, 2]
+    assert {d["outcome"] for d in done} == {"caught_up"} and done[0]["before"] == "default" and done[-1]["label"] == "2"
     assert [r.body["weight_version"] for r in state.recorded("/update_weights_from_disk")] == ["1", "2"]  # type: ignore[index]
 
 
