@@ -56,3 +56,23 @@ async def test_engines_behind_are_caught_up_and_a_bad_artifact_is_tried_once_per
         done = await watcher.poll_once()
         assert set(done) == {url_a, url_b} and a.weight_version == b.weight_version == str(version)
         assert truthful(a, files) and truthful(b, files) and watcher.failed == {}
+
+
+async def test_an_engine_that_does_not_answer_is_logged_once_and_caught_up_when_it_does(
+    nats_bus: NatsBus, policy: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    files = dict([await announce_full(pub, tmp_path)])
+    state = EngineState()
+    engine = ServedEngine(create_app(state))
+    url = engine.url  # its port, before it serves
+    async with EngineFleet([url], timeout=2.0) as fleet:
+        watcher = FleetCatchup(nats_bus, policy, fleet)
+        with caplog.at_level("WARNING", logger="weightbus.producers"):
+            assert await watcher.poll_once() == {} and await watcher.poll_once() == {}
+        down = [r for r in caplog.records if "cannot be read" in r.getMessage()]
+        assert len(down) == 1 and watcher.unreachable == {url}
+        with engine:
+            done = await watcher.poll_once()
+        assert list(done) == [url] and state.weight_version == "1" and truthful(state, files)
+        assert watcher.unreachable == set()

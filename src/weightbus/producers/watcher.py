@@ -4,8 +4,8 @@ Invariants: each poll reads the weights history once (what trackers hold) and ev
 caught up only when its label stands ``behind`` the announced version (``rules.catchup``); one whose catch-up to ``v``
 failed for a reason a retry cannot fix (a bad or missing artifact) is not tried again until the bus announces another
 version (the same files would fail the same way), so a bad artifact is alerted once, not once per poll; an engine
-that does not answer, or whose catch-up failed for a retryable reason (``CatchupEngineError``), is tried again at
-the next poll.
+that does not answer (logged once when it stops answering), or whose catch-up failed for a retryable reason
+(``CatchupEngineError``), is tried again at the next poll.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ class FleetCatchup:
         self.metrics, self.observer, self.rounds = metrics, observer, rounds
         self.failed: dict[str, int] = {}
         """The engines whose last catch-up failed for good, and the version it was bringing them to."""
+        self.unreachable: set[str] = set()
+        """The engines whose label could not be read at the last poll (logged once each time one stops answering)."""
 
     async def poll_once(self) -> dict[str, CatchupResult | CatchupError]:
         """One poll: catch up every engine behind the announced version, concurrently; what each catch-up did.
@@ -71,6 +73,17 @@ class FleetCatchup:
         if target is None:
             return {}
         labels = await self.fleet.read_versions()
+        for url, label in labels.items():
+            if isinstance(label, EngineError):
+                if url not in self.unreachable:
+                    self.unreachable.add(url)
+                    log.warning(
+                        "an engine's label cannot be read; it is not caught up until it answers",
+                        extra={"policy": self.policy, "engine": url, "error": str(label)},
+                    )
+            elif url in self.unreachable:
+                self.unreachable.discard(url)
+                log.info("an engine answers again", extra={"policy": self.policy, "engine": url})
         behind = [
             client
             for client in self.fleet.clients
