@@ -295,8 +295,12 @@ class VersionTracker:
 
     async def _follow(self) -> None:
         cursor = self._cursor
-        await self._high_water.load()  # before the boundary: every version it names is in what we replay
         async with self._bus.subscribe(self._subject, deliver=Deliver.ALL, include_invalid=True) as sub:
+            # The marks are read once the subscription holds its consumer (a read holds one too, for a while
+            # after it ends: read first, a tracker retrying at the stream's consumer limit filled every free
+            # slot with its own reads and never subscribed), and before the boundary: every version a mark
+            # names was announced before it was read, so it is in what we replay.
+            await self._high_water.load()
             subscribed_at = time.time()
             stored = await self._bus.last_seq(self._subject)
             handled = cursor.last_handled
