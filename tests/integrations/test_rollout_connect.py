@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests._builders import wait_until
 from tests.integrations.slime.slime_standin import announce, make_args
 from tests.tls import tls_files, tls_server
 from weightbus.bus import ConnectOptions, connect
@@ -92,7 +91,8 @@ async def test_a_rollout_half_takes_its_credentials_and_tls_from_args(
         await announce(trainer, policy, 5)
         tracker = half.tracker
         assert tracker is not None
-        await wait_until(lambda: tracker.current == 5, 10, "the rollout half to follow over TLS")
+        # slime's start does not wait for the tracker (its judgement does): wait here for it to follow.
+        assert await tracker.wait_for(5, 10) == 5
     finally:
         await trainer.aclose()
         await half.aclose()
