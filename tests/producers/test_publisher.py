@@ -13,6 +13,7 @@ from weightbus.bus.protocol import Bus
 from weightbus.consumers import VersionTracker
 from weightbus.errors import FencedError, PublishError
 from weightbus.producers import EngineFleet, VersionPublisher, read_status
+from weightbus.producers.status import read_weights_history
 from weightbus.schemas import (
     CounterHighWater,
     Event,
@@ -364,3 +365,32 @@ async def test_a_tracker_reads_the_mark_past_garbage_and_reports_a_lost_history(
         assert tracker.current is None
         rejected = {"policy": policy, "reason": "counter_reset"}
         assert registry.get_sample_value("weightbus_events_rejected_total", rejected) == 1
+
+
+async def test_a_zombie_that_missed_several_updates_never_stores_a_mark_below_the_owners(bus: Bus, policy: str) -> None:
+    # The zombie's own chain stops at its v1; the owner's mark after two updates is above what that chain
+    # explains. The zombie must learn it is fenced, not take the owner's mark for a forged one and store
+    # its lower mark after it (a lower mark after a higher one voids the higher one: the mark would fall).
+    # reserve_next=False: each take of the zombie writes its own mark (beside its reservation).
+    zombie = await VersionPublisher(bus, policy, trainer_id="zombie", reserve_next=False).start()
+    async with zombie.update():
+        pass
+    owner = await VersionPublisher(bus, policy, trainer_id="owner").start()
+    for _ in range(3):
+        async with owner.update():
+            pass
+    with pytest.raises(FencedError):
+        async with zombie.update():
+            pytest.fail("a fenced publisher's block never runs")
+    marks = [e.event for e in await history(bus, subjects.counter(policy))]
+    versions = [m.version for m in marks]
+    assert versions == sorted(versions), f"a mark below an earlier one: {versions}"
+    assert marks[-1].trainer_id == "owner" and marks[-1].version >= owner.state.issued
+    assert (await read_weights_history(bus, policy)).unexplained_marks == []
+    # What the mark is for: with the weights history gone, a successor never reissues the owner's numbers.
+    if isinstance(bus, MemoryBus):
+        bus.purge(subjects.weights(policy))
+    else:
+        await bus.js.purge_stream(bus.stream, subject=subjects.weights(policy))  # type: ignore[attr-defined]
+    blind = await VersionPublisher(bus, policy, trainer_id="blind").start()
+    assert blind.state.next_version > owner.state.issued

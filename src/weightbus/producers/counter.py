@@ -120,7 +120,9 @@ class FencedCounter:
         self._seq: int | None = None
         self._fenced: FencedError | None = None
         self._last_event: WeightUpdated | None = None
-        self._mark = HighWaterMark(bus, policy, trainer_id=trainer_id, incarnation=incarnation)
+        self._mark = HighWaterMark(
+            bus, policy, trainer_id=trainer_id, incarnation=incarnation, confirm_owner=self.check_owner
+        )
         self._lineage = Lineage.UNKNOWN
         self._standing: ClaimStanding | None = None
 
@@ -526,7 +528,7 @@ class FencedCounter:
         any engine may carry it.
 
         Raises:
-            BaseException: anything but a ``BusError`` (a cancellation).
+            BaseException: anything but a ``BusError`` or ``FencedError`` (a cancellation).
         """
         event = self._last_event
         if event is None or self._epoch is None:
@@ -540,6 +542,11 @@ class FencedCounter:
             log.error(
                 "the counter's mark was not written after the announcement; the next take writes it",
                 extra={"policy": self._policy, "version": event.version, "error": repr(exc)},
+            )
+        except FencedError as exc:
+            log.warning(
+                "fenced before the counter's mark after the announcement was written; the new owner's mark stands",
+                extra={"policy": self._policy, "version": event.version, "owner": exc.owner},
             )
 
     async def check_owner(self) -> None:

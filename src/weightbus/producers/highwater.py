@@ -1,13 +1,15 @@
 """``HighWaterMark``: the counter's high-water mark on ``weightbus.<policy>.counter``, apart from the weights history.
 
 ``cover(v)`` returns only once a mark of at least ``v`` is stored; writes are conditional, so a fenced zombie never
-lowers it; a mark the writer's chain does not explain covers nothing.
+lowers it; a mark the writer's chain does not explain covers nothing, and is written after only by a writer that
+is still the owner (a zombie's chain is too short to explain the new owner's marks).
 Why: docs/design.md#the-counter-one-owner-fenced-by-the-bus.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from weightbus.bus import subjects
@@ -31,13 +33,25 @@ class HighWaterMark:
         bus: the bus (borrowed).
         policy: the policy id.
         trainer_id, incarnation: the writer, recorded on each mark.
+        confirm_owner: raises ``FencedError`` when another owner took the counter (the writer's
+            ``check_owner``): awaited before a mark above what the writer's chain explains is taken
+            for a forged one.
 
     Attributes:
         standing: the writer's claim standing, recorded on each mark (set by the counter's claim).
     """
 
-    def __init__(self, bus: Bus, policy: str, *, trainer_id: str, incarnation: str) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        policy: str,
+        *,
+        trainer_id: str,
+        incarnation: str,
+        confirm_owner: Callable[[], Awaitable[None]],
+    ) -> None:
         self._bus = bus
+        self._confirm_owner = confirm_owner
         self._policy = policy
         self._subject = subjects.counter(policy)
         self._trainer_id = trainer_id
@@ -84,6 +98,8 @@ class HighWaterMark:
         Raises:
             PublishError: no mark covering ``version`` could be stored (nothing may carry ``version``).
             BusError: the newest mark could not be read after a lost race.
+            FencedError: the newest mark is above what the writer's chain explains, and another owner
+                took the counter (its mark, not a forged one): nothing was stored.
         """
         if version <= self._covers:
             return
@@ -105,6 +121,10 @@ class HighWaterMark:
                 newest = await self.read()
                 seen = max(issued, version)
                 if newest is not None and not mark_explained(newest.version, seen, newest.announced):
+                    # Unexplained by *our* chain: a forged mark, or a new owner's that a zombie's chain is too
+                    # short to explain. Storing ours after a new owner's would lower the mark (a lower mark voids
+                    # the ones before it), so a fenced writer stops here.
+                    await self._confirm_owner()
                     log.error(
                         "the newest counter mark is above what this owner's chain explains (an unexplained mark); "
                         "storing ours after it",
