@@ -16,6 +16,7 @@ __all__ = ["LABELS", "TARGETS", "fmt", "ratios", "summarise", "write_reports"]
 
 LABELS = {
     "weightbus": "weightbus VersionPublisher → VersionTracker",
+    "weightbus_mark_now": "the same, the counter's mark written at once (mark_delay=0)",
     "nats_core": "raw NATS core pub/sub",
     "jetstream": "raw JetStream ordered consumer (last per subject)",
     "jetstream_events": "raw JetStream ordered consumer of weightbus's own events",

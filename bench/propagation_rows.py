@@ -27,6 +27,7 @@ from weightbus.bus.nats import DEFAULT_STREAM
 from weightbus.embedded.server import free_port
 from weightbus.process.eventloop import run as run_loop
 from weightbus.producers import VersionPublisher
+from weightbus.producers.publisher import MARK_DELAY
 
 __all__ = [
     "POLL_TTL",
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 WORKER = Path(__file__).parent / "propagation_worker.py"
-ROWS = ("weightbus", "nats_core", "jetstream", "jetstream_events", "redis", "http_poll")
+ROWS = ("weightbus", "weightbus_mark_now", "nats_core", "jetstream", "jetstream_events", "redis", "http_poll")
 RAW_STREAM = "BENCH"
 POLL_TTL = 1.0
 
@@ -204,12 +205,14 @@ def _pace(start: float, i: int, interval: float) -> float:
     return max(0.0, start + i * interval - time.monotonic())
 
 
-async def publish_weightbus(url: str, policy: str, n: int, interval: float) -> tuple[list[int], list[float]]:
+async def publish_weightbus(
+    url: str, policy: str, n: int, interval: float, mark_delay: float = MARK_DELAY
+) -> tuple[list[int], list[float]]:
     bus = await connect(url, name="bench-publisher")
     sent: list[int] = []
     calls: list[float] = []
     try:
-        pub = await VersionPublisher(bus, policy).start()
+        pub = await VersionPublisher(bus, policy, mark_delay=mark_delay).start()
         start = time.monotonic()
         for i in range(n):
             await asyncio.sleep(_pace(start, i, interval))
@@ -336,6 +339,9 @@ def run_trial(
     workers.command(m, cmd)
     if row in ("weightbus", "jetstream_events"):
         sent, calls = run_loop(publish_weightbus(env["nats"], cmd["policy"], n, args.interval))
+    elif row == "weightbus_mark_now":
+        # The counter's mark written right after each announcement (mark_delay=0), as before the delay.
+        sent, calls = run_loop(publish_weightbus(env["nats"], cmd["policy"], n, args.interval, mark_delay=0.0))
     elif row in ("nats_core", "jetstream"):
         sent, calls = run_loop(_publish_nats(env["nats"], cmd["subject"], n, args.interval, row == "jetstream"))
     elif row == "redis":

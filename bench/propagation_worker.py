@@ -68,6 +68,7 @@ def _row(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return register
 
 
+@_row("weightbus_mark_now")
 @_row("weightbus")
 def _weightbus(cmd: dict[str, Any], ready: Callable[[], None]) -> list[int | None]:
     from prometheus_client import CollectorRegistry

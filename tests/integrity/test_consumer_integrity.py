@@ -275,6 +275,7 @@ async def test_a_resume_above_the_engines_labels_after_a_lost_history_is_still_f
             async with pub.update():
                 pass
         await running.wait_for(5, 5)
+        await pub.settle()  # the mark after the last announcement (deferred by mark_delay) is written
         await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
         # The replacement finds no history and resumes above the engines' label and the counter's mark:
         # its claim names 5, and 6, which the predecessor's last announcement reserved, is never reissued.

@@ -120,6 +120,7 @@ async def test_a_mark_forged_while_the_trainer_runs_is_superseded_and_never_cred
     for _ in range(2):
         async with pub.update():
             pass
+    await pub.settle()  # the mark after the last announcement (deferred by mark_delay) is written
     newest = await nats_bus.last(subjects.counter(policy))
     assert newest is not None and isinstance(newest.event, CounterHighWater) and newest.event.version == 6
     # Then the whole weights history is evicted (264 low writes; 256 are retained): only the marks remain,

@@ -230,6 +230,7 @@ async def test_a_purged_history_is_resumed_above_the_counter_mark_and_trackers_h
             async with pub.update():
                 pass
         await tracker.wait_for(3, 5)
+        await pub.settle()  # the mark after the last announcement (deferred by mark_delay) is written
         await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
         # A replacement trainer without a fleet resumes above the counter's mark (4, reserved by the
         # announcement of 3): it used to restart at 1, reissuing numbers the engines had carried.
@@ -252,6 +253,43 @@ async def test_a_purged_history_is_resumed_above_the_counter_mark_and_trackers_h
     # The blind claim names 3, the mark's announced (written once 3 was stored): what trackers hold, no reset.
     assert "counter_reset" not in reasons
     assert not any(type(a).__name__ == "VersionRegressed" for a in alerts)  # no version went backwards
+
+
+async def test_a_history_purged_before_the_deferred_mark_is_written_reissues_no_carried_number(
+    nats_bus: NatsBus, policy: str, engines: Engines
+) -> None:
+    # The purge lands inside mark_delay: the newest mark covers 3 (written at its take) but not 4, which the
+    # announcement of 3 reserved, and names 2 as announced. Nothing carried 4, so a blind successor may take
+    # it; no engine may ever carry a number twice, and the running owner must not lower the mark later.
+    fleet = EngineFleet([engines.add("e1")])
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t", fleet=fleet, mark_delay=30).start()
+    registry = CollectorRegistry()
+    async with VersionTracker(nats_bus, policy, registry=registry, check_interval=0.2) as tracker:
+        for _ in range(3):
+            async with pub.update():
+                pass
+        await tracker.wait_for(3, 5)
+        await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
+        blind = await VersionPublisher(nats_bus, policy, trainer_id="blind", mark_delay=0).start()
+        async with blind.update() as version:
+            assert version == 4  # above the mark (3); 4 was reserved ahead by t, never carried
+        await pub.settle()  # t's deferred mark, after the successor's: t is fenced and stores nothing
+        with pytest.raises(FencedError):
+            async with pub.update():
+                pytest.fail("the fenced owner's block never runs")
+        restarted = await VersionPublisher(nats_bus, policy, trainer_id="t2", fleet=fleet).start()
+        async with restarted.update() as version:
+            assert version == 6  # 5 was reserved by the blind announcement of 4
+        assert await tracker.wait_for(6, 5) == 6
+    announced = [v for v, _ in _announced(await history(nats_bus, subjects.weights(policy)))]
+    assert announced == [4, 6]
+    assert _stamped_numbers(engines, "http://e1") == ["1", "2", "3", "6"]  # each number once, none of blind's
+    marks = [e.event.version for e in await history(nats_bus, subjects.counter(policy))]
+    assert marks == sorted(marks), f"the mark went down: {marks}"
+    alerts = [e.event for e in await history(nats_bus, subjects.alerts(policy))]
+    assert not any(type(a).__name__ == "VersionRegressed" for a in alerts)
+    # The blind claim names 2 (the newest mark's announced) while trackers hold 3: reported, and held.
+    assert _rejected_total(registry, policy, "counter_reset") == 1
 
 
 async def test_the_running_owner_survives_a_purge_by_reclaiming_its_counter(nats_bus: NatsBus, policy: str) -> None:
@@ -456,6 +494,7 @@ async def test_history_evicted_by_low_writes_is_resumed_above_the_counter_mark_a
     for _ in range(5):
         async with pub.update():
             pass
+    await pub.settle()  # the mark after the last announcement (deferred by mark_delay) is written
     # 264 low-version writes (retention is 256 per subject) evict every event of the real history.
     for i in range(264):
         low = updated(1, policy=policy, epoch=0, trainer="rogue")
@@ -491,6 +530,7 @@ async def test_a_tracker_of_a_purged_history_reports_the_counter_reset(nats_bus:
     for _ in range(3):
         async with pub.update():
             pass
+    await pub.settle()  # the mark after the last announcement (deferred by mark_delay) is written
     await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
     registry = CollectorRegistry()
     async with VersionTracker(nats_bus, policy, registry=registry) as tracker:

@@ -183,6 +183,7 @@ async def test_after_a_purged_history_a_restarted_engine_is_not_assumed_to_hold_
     pub = await VersionPublisher(nats_bus, policy, trainer_id="t", fleet=EngineFleet(clients)).start()
     a1 = LoraAdapter(name="math-1", path="/adapters/math-1")
     assert await pub.publish_lora(a1) == 1
+    await pub.settle()  # the mark after the last announcement (deferred by mark_delay) is written
     await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
     successor = await VersionPublisher(nats_bus, policy, trainer_id="t2", fleet=EngineFleet(clients)).start()
     engines.add("e2")

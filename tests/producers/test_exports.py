@@ -36,7 +36,7 @@ def test_all_is_sorted_and_complete() -> None:
 
 def test_the_publisher_exposes_start_update_publish_lora_and_read_only_state() -> None:
     members = {name for name in dir(VersionPublisher) if not name.startswith("_")}
-    methods = {"start", "update", "publish_lora", "check_owner", "check_outranks"}
+    methods = {"start", "update", "publish_lora", "check_owner", "check_outranks", "settle", "aclose"}
     assert members == methods | {"state"}
     prop = inspect.getattr_static(VersionPublisher, "state")
     assert isinstance(prop, property) and prop.fset is None and prop.fdel is None

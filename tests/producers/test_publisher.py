@@ -312,6 +312,7 @@ async def test_a_mark_that_cannot_be_written_fails_the_take_before_any_engine_an
     refuse = False
     async with pub.update() as version:
         assert version == 1  # the reservation that landed is taken again, not burned
+    await pub.settle()  # the mark after v1 waits out mark_delay; settle writes it now
     mark = (await mem.last(subjects.counter(policy))).event
     assert isinstance(mark, CounterHighWater) and (mark.version, mark.announced) == (2, 1)  # written once v1 is stored
     assert state.weight_version == "1"
@@ -324,6 +325,7 @@ async def test_a_fenced_zombie_never_lowers_the_mark(bus: Bus, policy: str) -> N
     owner = await VersionPublisher(bus, policy, trainer_id="owner").start()
     async with owner.update() as version:
         assert version == 2
+    await owner.settle()  # the mark after v2 (deferred by mark_delay)
     with pytest.raises(FencedError):
         async with zombie.update():  # its number 2 is below the owner's mark: its write loses the race
             pytest.fail("a fenced publisher's block never runs")
@@ -341,6 +343,7 @@ async def test_garbage_stored_on_the_counter_subject_hides_no_mark(policy: str) 
     for _ in range(3):
         async with pub.update():
             pass
+    await pub.settle()  # the mark after v3 (4), deferred by mark_delay
     await mem.publish_raw(subjects.counter(policy), b"hello", msg_id=f"{policy}:garbage")
     mem.purge(subjects.weights(policy))
     restarted = await VersionPublisher(mem, policy, trainer_id="t2").start()
@@ -372,10 +375,10 @@ async def test_a_zombie_that_missed_several_updates_never_stores_a_mark_below_th
     # explains. The zombie must learn it is fenced, not take the owner's mark for a forged one and store
     # its lower mark after it (a lower mark after a higher one voids the higher one: the mark would fall).
     # reserve_next=False: each take of the zombie writes its own mark (beside its reservation).
-    zombie = await VersionPublisher(bus, policy, trainer_id="zombie", reserve_next=False).start()
+    zombie = await VersionPublisher(bus, policy, trainer_id="zombie", reserve_next=False, mark_delay=0).start()
     async with zombie.update():
         pass
-    owner = await VersionPublisher(bus, policy, trainer_id="owner").start()
+    owner = await VersionPublisher(bus, policy, trainer_id="owner", mark_delay=0).start()
     for _ in range(3):
         async with owner.update():
             pass

@@ -90,6 +90,9 @@ class FencedCounter:
         claim_attempts: how often ``claim()`` re-reads and retries when another publisher claims at
             the same moment.
         reserve_next: every announcement also reserves the next number (``reserves_next``).
+        mark_delay: seconds the mark after an announcement (``after_announcement``) waits before it is
+            written, so that it never competes with the announcement's delivery to the trackers; the
+            next ``take`` and ``settle`` write it sooner. 0 writes it at once.
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
@@ -104,6 +107,7 @@ class FencedCounter:
         incarnation: str,
         claim_attempts: int,
         reserve_next: bool,
+        mark_delay: float = 0.0,
     ) -> None:
         self._subject = subjects.weights(policy)
         self._bus = bus
@@ -125,6 +129,10 @@ class FencedCounter:
         )
         self._lineage = Lineage.UNKNOWN
         self._standing: ClaimStanding | None = None
+        self._mark_delay = max(0.0, mark_delay)
+        self._deferred: asyncio.Task[None] | None = None  # the mark after the last announcement, waiting
+        self._mark_now = asyncio.Event()  # cuts the wait short: a settle()
+        self._deferred_writing = False  # the deferred task is past its wait: cancelling it could split a write
 
     # -- read-only state ---------------------------------------------------------------------------
 
@@ -425,6 +433,7 @@ class FencedCounter:
             raise CounterExhaustedError(self._subject, self._policy, self._issued)
         if self._fenced is not None:
             raise self._fenced
+        await self._drop_deferred()  # this take writes the mark itself when it does not cover the number
         step = self._take_held(version, lora) if self._holds(version) else self.reserve(version, lora)
         if version > self._mark.covers:
             # Beside the fence: the mark must cover the number before any engine may carry it.
@@ -519,10 +528,68 @@ class FencedCounter:
         )
         return event
 
+    async def after_announcement(self) -> None:
+        """The mark after an acknowledged announcement: written now (``mark_delay`` 0), else deferred.
+
+        Deferred, it is written ``mark_delay`` seconds later in a task of its own, unless the next
+        ``take`` (which then writes the mark itself, beside its read of the subject) or ``settle``
+        comes first. Nothing depends on it being written: each take covers its own number before any
+        engine may carry it. It records ``announced`` early, for a successor that finds the weights
+        history gone, and saves the next take a write.
+
+        Raises:
+            BaseException: as ``cover_announced`` (only when written now).
+        """
+        if self._mark_delay <= 0:
+            await self.cover_announced()
+            return
+        await self._drop_deferred()
+        self._mark_now.clear()
+        self._deferred_writing = False
+        task = asyncio.create_task(self._deferred_cover(), name=f"weightbus-mark-{self._policy}")
+        task.add_done_callback(_report_deferred)
+        self._deferred = task
+
+    async def _deferred_cover(self) -> None:
+        try:
+            async with asyncio.timeout(self._mark_delay):
+                await self._mark_now.wait()
+        except TimeoutError:
+            pass  # the delay is over: write it
+        self._deferred_writing = True
+        await self.cover_announced()
+
+    async def settle(self) -> None:
+        """Write the deferred mark now, if one waits (a publisher that stops, or a caller that reads it next).
+
+        Raises:
+            BaseException: anything but a ``BusError`` (a cancellation).
+        """
+        task = self._deferred
+        if task is None:
+            return
+        self._mark_now.set()
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done() and self._deferred is task:
+                self._deferred = None
+
+    async def _drop_deferred(self) -> None:
+        """Cancel a deferred mark that still waits (its write may be in flight: then let it land)."""
+        task, self._deferred = self._deferred, None
+        if task is None or task.done():
+            return
+        if self._deferred_writing or self._mark_now.is_set():
+            await asyncio.wait([task])  # writing (or about to): the take reads what it stored
+            return
+        task.cancel()
+        await asyncio.wait([task])
+
     async def cover_announced(self) -> None:
         """Write the mark for the number the last announcement reserved ahead, unless it already covers it.
 
-        Called after the announcement is acknowledged, beside the fleet's resume: off the path from the
+        Called after the announcement is acknowledged (``after_announcement``): off the path from the
         push to the trackers. A write that fails is logged and not raised: the engines carry the
         announced version, which its take covered, and the next take covers the reserved number before
         any engine may carry it.
@@ -653,6 +720,14 @@ def _show(standing: ClaimStanding | None) -> str:
     if standing is None:
         return "(none)"
     return f"(scope {standing.scope}, term {standing.term}, rank {standing.rank})"
+
+
+def _report_deferred(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("the deferred counter mark failed", extra={"error": repr(exc)})
 
 
 async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:

@@ -257,7 +257,7 @@ class SyncVersionPublisher:
         return self._run(self.publisher.publish_lora(adapter, pinned=pinned, base=base, artifact=artifact))
 
     def close(self) -> None:
-        """Close the fleet and the bus, then stop the private loop."""
+        """Write the deferred mark (``VersionPublisher.aclose``), close the fleet and the bus, stop the private loop."""
         loop, thread = self._loop, self._thread
         if loop is None:
             return
@@ -272,8 +272,10 @@ class SyncVersionPublisher:
             self._pub = None
 
     async def _aclose(self) -> None:
-        fleet, bus = self._fleet, self._bus
+        fleet, bus, pub = self._fleet, self._bus, self._pub
         self._fleet = self._bus = None
+        if pub is not None:
+            await pub.aclose()  # the deferred mark, while the bus is still open
         if fleet is not None:
             await fleet.aclose()
         if bus is not None:

@@ -366,7 +366,7 @@ class VersionUpdate:
             if fleet is not None:
                 await self._resume_and_report()
             else:
-                await counter.cover_announced()
+                await counter.after_announcement()
         finally:
             self._turn.active = False
             self._observe()
@@ -440,7 +440,7 @@ class VersionUpdate:
         assert fleet is not None and self.version is not None
         known = counter.state
         applied = publish_applied(self._bus, known.policy, known.trainer_id, self.version, self.lora, self.stamps)
-        marked = counter.cover_announced()
+        marked = counter.after_announcement()
         if not self._paused:
             resumed = None
             reported, covered = await asyncio.gather(applied, marked, return_exceptions=True)
@@ -450,7 +450,7 @@ class VersionUpdate:
             resume = asyncio.shield(self._timed("resume", fleet.resume()))
             resumed, reported, covered = await asyncio.gather(resume, applied, marked, return_exceptions=True)
         if isinstance(covered, BaseException):
-            raise covered  # cover_announced raises only what is not a bus failure (a cancellation)
+            raise covered  # after_announcement raises only what is not a bus failure (a cancellation)
         if isinstance(reported, BaseException):
             if not isinstance(reported, Exception):
                 raise reported

@@ -244,6 +244,7 @@ async def run_trainer(
     http = httpx.AsyncClient(event_hooks=trainer.meter.http_hooks(), timeout=30.0)
     steps_log = (config.run_path / "steps.jsonl").open("a", encoding="utf-8")
     fleet: EngineFleet | None = None
+    pub: VersionPublisher | None = None
     try:
         fleet = await EngineFleet.from_router(config.router_url, http=http)
         # The checkpoint's version is a floor: a bus that lost its history never reissues a number this run used.
@@ -282,6 +283,8 @@ async def run_trainer(
         return version
     finally:
         steps_log.close()
+        if pub is not None:
+            await pub.aclose()
         if fleet is not None:
             await fleet.aclose()
         await http.aclose()
