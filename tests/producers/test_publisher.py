@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests._builders import updated
+from tests._builders import updated, wait_until
 from weightbus.bus import MemoryBus, subjects
 from weightbus.bus.protocol import Bus
 from weightbus.consumers import VersionTracker
@@ -397,3 +397,65 @@ async def test_a_zombie_that_missed_several_updates_never_stores_a_mark_below_th
         await bus.js.purge_stream(bus.stream, subject=subjects.weights(policy))  # type: ignore[attr-defined]
     blind = await VersionPublisher(bus, policy, trainer_id="blind").start()
     assert blind.state.next_version > owner.state.issued
+
+
+async def _marks(bus: Bus, policy: str) -> list[tuple[int, int | None]]:
+    return [(e.event.version, e.event.announced) for e in await history(bus, subjects.counter(policy))]
+
+
+async def test_the_mark_after_an_announcement_waits_then_is_written_or_taken_over_by_the_next_take(
+    policy: str,
+) -> None:
+    mem = MemoryBus()
+    pub = await VersionPublisher(mem, policy, trainer_id="t", mark_delay=30).start()
+    async with pub.update():
+        pass
+    assert await _marks(mem, policy) == [(1, None)]  # the take's own; the one for 2 waits
+    async with pub.update() as version:  # the take of 2 covers 2 itself, naming 1 as announced
+        assert version == 2
+    assert await _marks(mem, policy) == [(1, None), (2, 1)]
+    await pub.settle()
+    assert await _marks(mem, policy) == [(1, None), (2, 1), (3, 2)]
+    await pub.settle()  # nothing waits: nothing written
+    assert len(await _marks(mem, policy)) == 3
+    short = await VersionPublisher(mem, policy, trainer_id="t2", mark_delay=0.05).start()
+    async with short.update() as version:
+        assert version == 4  # 3 was reserved by the announcement of 2
+
+    async def written() -> bool:
+        return len(await _marks(mem, policy)) == 5  # its take wrote 4
+
+    await wait_until(written, timeout=5)
+    assert (await _marks(mem, policy))[-1] == (5, 4)  # written by itself once mark_delay was over
+
+
+async def test_leaving_the_publisher_writes_the_waiting_mark(policy: str) -> None:
+    mem = MemoryBus()
+    async with VersionPublisher(mem, policy, trainer_id="t", mark_delay=30) as pub:
+        async with pub.update():
+            pass
+    assert await _marks(mem, policy) == [(1, None), (2, 1)]
+    with pytest.raises(ValueError, match="mark_delay"):
+        VersionPublisher(mem, policy, mark_delay=-1)
+
+
+async def test_a_deferred_mark_that_fails_is_logged_and_the_next_take_covers_its_number(
+    policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    mem = MemoryBus()
+    refuse = False
+
+    async def refuse_marks(subject: str, event: Event) -> None:
+        if refuse and isinstance(event, CounterHighWater):
+            raise PublishError(subject, "no acknowledgement after 5 attempts")
+
+    pub = await VersionPublisher(HookBus(mem, refuse_marks), policy, trainer_id="t", mark_delay=30).start()
+    async with pub.update():
+        pass
+    refuse = True
+    await pub.settle()
+    assert "the counter's mark was not written after the announcement" in caplog.text
+    refuse = False
+    async with pub.update() as version:
+        assert version == 2
+    assert await _marks(mem, policy) == [(1, None), (2, 1)]  # covered by its take before the block ran

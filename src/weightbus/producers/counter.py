@@ -544,6 +544,9 @@ class FencedCounter:
             await self.cover_announced()
             return
         await self._drop_deferred()
+        event = self._last_event
+        if event is None or not event.reserves_next or event.version + 1 <= self._mark.covers:
+            return  # nothing to write (reserve_next=False: the take covered the number announced)
         self._mark_now.clear()
         self._deferred_writing = False
         task = asyncio.create_task(self._deferred_cover(), name=f"weightbus-mark-{self._policy}")
