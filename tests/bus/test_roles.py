@@ -87,6 +87,7 @@ async def test_each_role_can_do_its_job(server: EmbeddedNats, stream: None) -> N
         pub_b = await VersionPublisher(trainer_b, "policy-b", trainer_id="t-b").start()
         async with pub_b.update() as v1:
             pass
+        await pub_b.settle()  # the mark after v1 (deferred by mark_delay), under the trainer's credential
         pub_a = await VersionPublisher(trainer_a, "policy-a", trainer_id="t-a").start()
         async with pub_a.update() as va:
             pass

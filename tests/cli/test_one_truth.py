@@ -91,10 +91,10 @@ def test_status_and_publish_send_the_api_key(nats_url: str, policy: str, monkeyp
 async def _publish_updates(url: str, policy: str, n: int) -> None:
     bus = await connect(url)
     try:
-        pub = await VersionPublisher(bus, policy, trainer_id="trainer-a").start()
-        for _ in range(n):
-            async with pub.update():
-                pass
+        async with VersionPublisher(bus, policy, trainer_id="trainer-a") as pub:  # leaving it writes the mark
+            for _ in range(n):
+                async with pub.update():
+                    pass
     finally:
         await bus.aclose()
 

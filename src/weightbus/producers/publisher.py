@@ -98,7 +98,7 @@ class VersionPublisher:
         mark_delay: seconds the counter's mark after an announcement waits before it is written
             (default 0.5), so that it never competes with the announcement's delivery; the next
             ``update()``, ``settle()`` and ``aclose()`` write it sooner. 0 writes it at once, beside the
-            resume (docs/design.md#the-high-water-mark).
+            resume (docs/design.md#the-counter-one-owner-fenced-by-the-bus, "The high-water mark").
 
     Raises:
         InvalidPolicyError: ``policy`` is not a valid policy id.
