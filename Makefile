@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.weightbus-installed
 BENCH_STAMP := $(VENV)/.weightbus-bench-installed
+# Test processes (pytest-xdist): 2 halves the suite on CI's 2 cores (11.5 to 6 min); every test starts its own
+# servers on free ports; more may be faster where there are more cores (untested here).
+TEST_WORKERS ?= 2
 
 # torch for the CPU reference engine and the demo; TORCH_INDEX may name a mirror of PyTorch's CPU wheel index.
 TORCH_VERSION ?= 2.13.0
@@ -43,7 +46,7 @@ $(STAMP): pyproject.toml
 # The import contracts and the package's types first (a broken house rule fails fast), then the alert rules' own
 # tests where promtool is installed (Debian's prometheus package), then the suite.
 test: venv lint-imports typecheck rules-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 lint-imports: venv
 	$(BIN)/lint-imports --no-cache --no-logo
