@@ -147,6 +147,28 @@ def test_engine_read_backs_count_for_the_newest_version() -> None:
     assert (view.applied_version, view.applied_ok, view.applied_failed) == (2, 1, 1)
 
 
+def test_an_engine_reported_twice_counts_once_by_its_latest_read_back() -> None:
+    s = "weightbus.p.applied"
+
+    def applied(version: int, engine: str, ok: bool) -> WeightApplied:
+        return WeightApplied(
+            policy="p", version=version, engine=engine, read_back=str(version), ok=ok, published_at=1.0
+        )
+
+    # The trainer's read-back and a catch-up's (or a redelivery after a resubscribe) name the same engine.
+    view = run(
+        (s, applied(3, "e0", True), 1.0, True),
+        (s, applied(3, "e0", True), 1.1, True),
+        (s, applied(3, "e1", True), 1.2, True),
+    ).policies["p"]
+    assert (view.applied_version, view.applied_ok, view.applied_failed) == (3, 2, 0)
+    later = run(
+        (s, applied(3, "e0", True), 1.0, True),
+        (s, applied(3, "e0", False), 1.1, True),  # read back again, now wrong: the latest counts
+    ).policies["p"]
+    assert (later.applied_ok, later.applied_failed) == (0, 1)
+
+
 def test_policies_are_kept_apart() -> None:
     other = updated(9, policy="q", trainer="x", at=1.0)
     state = run((W, upd(1), 1.0, True), ("weightbus.q.weights", other, 1.0, True))

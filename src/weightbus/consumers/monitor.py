@@ -96,7 +96,10 @@ class PolicyView:
         weights: version, epoch, publisher and time of the last update (``TrackerState``).
         lag: publish-to-receive delay of the latest live weight update, in seconds.
         last_action: what the latest weights event did (``advanced``, ``claimed``, ``followed``...).
-        applied_version, applied_ok, applied_failed: engine read-backs of the newest stamped version.
+        applied_version: the newest version an engine read back.
+        applied: each engine's latest read-back of ``applied_version`` (True: it matched); an engine
+            reported twice (the trainer's read-back and a catch-up's, or a redelivery) counts once.
+        applied_ok, applied_failed: how many engines of ``applied`` matched, and how many did not.
         replicas: the replica view (``rules.replicas``): what each engine acknowledged serving, and each
             version's announcement and acknowledgement times.
         drains: the most recent drain reports, newest last.
@@ -116,8 +119,7 @@ class PolicyView:
     lag: float | None = None
     last_action: TrackerAction | None = None
     applied_version: int | None = None
-    applied_ok: int = 0
-    applied_failed: int = 0
+    applied: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
     replicas: ReplicaView = ReplicaView()
     drains: tuple[DrainView, ...] = ()
     kept: int = 0
@@ -135,6 +137,16 @@ class PolicyView:
     tokens_saved: int = 0
     by_length: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
     by_reward: Mapping[str, Mapping[str, int]] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def applied_ok(self) -> int:
+        """Engines whose latest read-back of ``applied_version`` matched."""
+        return sum(self.applied.values())
+
+    @property
+    def applied_failed(self) -> int:
+        """Engines whose latest read-back of ``applied_version`` did not match."""
+        return len(self.applied) - self.applied_ok
 
     @property
     def last_drain(self) -> DrainView | None:
@@ -221,11 +233,9 @@ def _apply(view: PolicyView, event: Event, received_at: float, live: bool, limit
             return _apply_weights(view, event, received_at, live, limit)
         case WeightApplied():
             if view.applied_version is None or event.version > view.applied_version:
-                view = replace(view, applied_version=event.version, applied_ok=0, applied_failed=0)
+                view = replace(view, applied_version=event.version, applied=MappingProxyType({}))
             if event.version == view.applied_version:
-                if event.ok:
-                    return replace(view, applied_ok=view.applied_ok + 1)
-                return replace(view, applied_failed=view.applied_failed + 1)
+                return replace(view, applied=MappingProxyType({**view.applied, event.engine: event.ok}))
             return view
         case DrainReport():
             return _apply_drain(view, event, limit)
