@@ -378,3 +378,31 @@ def test_the_replay_cursor_handles_each_event_once_and_tells_replayed_from_live(
     cursor.arrived(1)
     assert cursor.take(1, 50.0) is True and not cursor.empty
     assert cursor.subscribe(0, subscribed_at=500.0) and cursor.empty  # emptied: reset too, and nothing to replay
+
+
+class _MarksUnreadableBus(MemoryBus):
+    """A MemoryBus on which the counter subject cannot be read (the consumer limit, a denied read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unreadable = True
+
+    async def last_seq(self, subject: str) -> int:
+        if self.unreadable and subject.endswith(".counter"):
+            raise BusError("cannot subscribe: the stream has all the consumers it allows")
+        return await super().last_seq(subject)
+
+
+async def test_a_tracker_that_cannot_read_the_marks_follows_and_says_so_in_a_gauge(
+    policy: str, registry: CollectorRegistry
+) -> None:
+    bus = _MarksUnreadableBus()
+    await publish(bus, policy, 3)
+    async with VersionTracker(bus, policy, registry=registry, retry_delay=0.01) as tracker:
+        assert await tracker.wait_ready(TIMEOUT) == 3  # never deaf for want of the marks
+        assert sample(registry, "weightbus_tracker_marks_unread", policy) == 1
+    bus.unreadable = False
+    later = CollectorRegistry()
+    async with VersionTracker(bus, policy, registry=later) as tracker:
+        assert await tracker.wait_ready(TIMEOUT) == 3
+        assert sample(later, "weightbus_tracker_marks_unread", policy) == 0

@@ -57,11 +57,15 @@ class HighWaterWatch:
         try:
             stored = await read_subject_history(self._bus, subjects.counter(self._policy))
         except BusError as exc:
+            # Not raised: marks that cannot be read never make the tracker deaf. Loud instead: the gauge stays 1
+            # until a read succeeds (the next subscribe), since a counter reset goes unreported until then.
+            self._m.set_marks_unread(True)
             log.warning(
                 "could not read the counter's high-water marks; following with those judged before",
                 extra={"policy": self._policy, "error": repr(exc)},
             )
             return
+        self._m.set_marks_unread(False)
         self._judge.load(self._policy, stored.events)
 
     def before(self, seq: int | None, state: TrackerState) -> None:

@@ -104,6 +104,13 @@ class TrackerMetrics:
             ["policy"],
             registry=self.registry,
         )
+        self.marks_unread = Gauge(
+            "weightbus_tracker_marks_unread",
+            "1 while the tracker follows without the counter's high-water marks (their read failed when it last "
+            "subscribed): it cannot report a counter reset until it subscribes again; 0 otherwise.",
+            ["policy"],
+            registry=self.registry,
+        )
         self._bound: dict[str, PolicyTrackerMetrics] = {}
 
     def for_policy(self, policy: str) -> PolicyTrackerMetrics:
@@ -132,6 +139,11 @@ class PolicyTrackerMetrics:
         self._rejected = {reason: families.rejected.labels(policy, reason) for reason in get_args(RejectReason)}
         self._ready_family = families.ready
         self._ready_bound = False
+        self._marks_unread = families.marks_unread.labels(policy)
+
+    def set_marks_unread(self, unread: bool) -> None:
+        """Whether the counter's marks could not be read at the last subscribe (``weightbus_tracker_marks_unread``)."""
+        self._marks_unread.set(1 if unread else 0)
 
     def set_state(self, version: int | None, epoch: int | None, updated_at: float | None) -> None:
         """Set the version, epoch and last-update gauges now (``watch``); a None leaves its gauge as it was."""
