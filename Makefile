@@ -74,6 +74,7 @@ bench: venv $(BENCH_STAMP)
 	$(BIN)/python bench/drain.py --profile && \
 	$(BIN)/python bench/update.py && \
 	$(BIN)/python bench/fleet.py && \
+	$(BIN)/python bench/http_client.py && \
 	$(BIN)/python bench/propagation.py && \
 	$(BIN)/python bench/fanout.py && \
 	$(BIN)/python bench/demo_overhead.py && \
