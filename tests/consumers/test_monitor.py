@@ -130,13 +130,12 @@ def test_alerts_from_trackers_and_engines() -> None:
     assert view.weights.version is None  # an alert is not a version
 
 
+def applied(version: int, engine: str, ok: bool) -> WeightApplied:
+    return WeightApplied(policy="p", version=version, engine=engine, read_back=str(version), ok=ok, published_at=1.0)
+
+
 def test_engine_read_backs_count_for_the_newest_version() -> None:
     s = "weightbus.p.applied"
-
-    def applied(version: int, engine: str, ok: bool) -> WeightApplied:
-        return WeightApplied(
-            policy="p", version=version, engine=engine, read_back=str(version), ok=ok, published_at=1.0
-        )
 
     view = run(
         (s, applied(1, "e0", True), 1.0, True),
@@ -149,11 +148,6 @@ def test_engine_read_backs_count_for_the_newest_version() -> None:
 
 def test_an_engine_reported_twice_counts_once_by_its_latest_read_back() -> None:
     s = "weightbus.p.applied"
-
-    def applied(version: int, engine: str, ok: bool) -> WeightApplied:
-        return WeightApplied(
-            policy="p", version=version, engine=engine, read_back=str(version), ok=ok, published_at=1.0
-        )
 
     # The trainer's read-back and a catch-up's (or a redelivery after a resubscribe) name the same engine.
     view = run(

@@ -289,27 +289,31 @@ async def test_read_status_shows_what_trackers_hold_with_the_rejected_event_flag
     assert status.invalid == 1
 
 
+class MarkRefuser:
+    """A ``HookBus`` hook that refuses every counter mark while ``refuse`` is set (a publish that never acks)."""
+
+    def __init__(self, *, refuse: bool) -> None:
+        self.refuse = refuse
+
+    async def __call__(self, subject: str, event: Event) -> None:
+        if self.refuse and isinstance(event, CounterHighWater):
+            raise PublishError(subject, "no acknowledgement after 5 attempts")
+
+
 async def test_a_mark_that_cannot_be_written_fails_the_take_before_any_engine_and_burns_no_number(
     policy: str, engines: Engines
 ) -> None:
     mem = MemoryBus()
-    refuse = True
-
-    async def refuse_marks(subject: str, event: Event) -> None:
-        if refuse and isinstance(event, CounterHighWater):
-            raise PublishError(subject, "no acknowledgement after 5 attempts")
-
+    marks = MarkRefuser(refuse=True)
     fleet = EngineFleet([engines.add("e1")])
-    pub = await VersionPublisher(
-        HookBus(mem, refuse_marks), policy, trainer_id="t", fleet=fleet, pause="retract"
-    ).start()
+    pub = await VersionPublisher(HookBus(mem, marks), policy, trainer_id="t", fleet=fleet, pause="retract").start()
     with pytest.raises(PublishError, match="no acknowledgement"):
         async with pub.update():
             pytest.fail("nothing may carry a number the mark does not cover")
     state = engines.states["http://e1"]
     assert state.pause_mode is None and state.weight_version == "default"  # paused beside the take, resumed
     assert not state.recorded("/update_weight_version")
-    refuse = False
+    marks.refuse = False
     async with pub.update() as version:
         assert version == 1  # the reservation that landed is taken again, not burned
     await pub.settle()  # the mark after v1 waits out mark_delay; settle writes it now
@@ -443,19 +447,14 @@ async def test_a_deferred_mark_that_fails_is_logged_and_the_next_take_covers_its
     policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     mem = MemoryBus()
-    refuse = False
-
-    async def refuse_marks(subject: str, event: Event) -> None:
-        if refuse and isinstance(event, CounterHighWater):
-            raise PublishError(subject, "no acknowledgement after 5 attempts")
-
-    pub = await VersionPublisher(HookBus(mem, refuse_marks), policy, trainer_id="t", mark_delay=30).start()
+    marks = MarkRefuser(refuse=False)
+    pub = await VersionPublisher(HookBus(mem, marks), policy, trainer_id="t", mark_delay=30).start()
     async with pub.update():
         pass
-    refuse = True
+    marks.refuse = True
     await pub.settle()
     assert "the counter's mark was not written after the announcement" in caplog.text
-    refuse = False
+    marks.refuse = False
     async with pub.update() as version:
         assert version == 2
     assert await _marks(mem, policy) == [(1, None), (2, 1)]  # covered by its take before the block ran
