@@ -435,7 +435,8 @@ class VersionUpdate:
 
     async def _resume_and_report(self) -> None:
         """Resume the fleet; beside it, publish the engines' ``WeightApplied`` read-backs (monitoring only) and
-        the counter's mark for the number the announcement reserved ahead."""
+        the counter's mark for the number the announcement reserved ahead (``after_announcement``: written
+        ``mark_delay`` later unless that is 0)."""
         counter, fleet = self._counter, self._fleet
         assert fleet is not None and self.version is not None
         known = counter.state
