@@ -203,3 +203,30 @@ async def test_a_tracker_past_the_streams_consumer_limit_is_deaf_and_says_why_th
         for tracker in trackers:
             await tracker.aclose()
         await bus.aclose()
+
+
+async def test_a_history_read_gives_its_consumer_back_within_about_a_second(server: EmbeddedNats, admin) -> None:
+    # Each history read is an ephemeral ordered consumer; the server keeps one whose reader has gone for the
+    # consumer's inactive threshold (5 s unless set). Readers in a loop near the stream's consumer limit (a
+    # trainer's claim retries, trackers resubscribing) then fill it with their own leftovers.
+    import asyncio
+    import time
+
+    from weightbus.bus import subjects
+    from weightbus.bus.history import read_subject_history
+    from weightbus.producers import VersionPublisher
+
+    bus = await connect(server.url)
+    try:
+        async with VersionPublisher(bus, "p-reads", mark_delay=0) as pub:
+            async with pub.update():
+                pass
+        for _ in range(10):
+            history = await read_subject_history(bus, subjects.weights("p-reads"))
+            assert [e.event.version for e in history.events if hasattr(e.event, "reserves_next")] == [1]
+        start = time.monotonic()
+        while (await admin.stream_info("WEIGHTBUS")).state.consumer_count > 0:
+            assert time.monotonic() - start < 3.0, "history reads still hold consumers after 3 s"
+            await asyncio.sleep(0.1)
+    finally:
+        await bus.aclose()

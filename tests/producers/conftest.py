@@ -98,8 +98,15 @@ class HookBus:
     async def publish_raw(self, subject: str, data: bytes, *, msg_id: str, headers=None) -> PublishAck:  # noqa: ANN001
         return await self.inner.publish_raw(subject, data, msg_id=msg_id, headers=headers)
 
-    def subscribe(self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False):  # noqa: ANN201
-        return self.inner.subscribe(pattern, deliver=deliver, include_invalid=include_invalid)
+    def subscribe(  # noqa: ANN201
+        self,
+        pattern: str,
+        *,
+        deliver: Deliver = Deliver.LAST_PER_SUBJECT,
+        include_invalid: bool = False,
+        transient: bool = False,
+    ):
+        return self.inner.subscribe(pattern, deliver=deliver, include_invalid=include_invalid, transient=transient)
 
     async def last_seq(self, subject: str) -> int:
         return await self.inner.last_seq(subject)

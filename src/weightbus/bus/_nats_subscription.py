@@ -41,7 +41,7 @@ class SubscriptionHost(Protocol):
     async def guard(self, match: Callable[[str, str], bool], op: Awaitable[Any]) -> Any: ...
 
 
-__all__ = ["NatsSubscription", "SubscriptionHost", "stream_seq"]
+__all__ = ["TRANSIENT_INACTIVE", "NatsSubscription", "SubscriptionHost", "stream_seq"]
 
 log = logging.getLogger("weightbus.bus")
 
@@ -50,6 +50,11 @@ log = logging.getLogger("weightbus.bus")
 # the 12-token form with a domain and an account hash after $JS.ACK (11 when the random token is absent).
 _SEQ_TOKEN_V1: Final = 5
 _SEQ_TOKEN_V2: Final = 7
+
+#: Seconds the server keeps a transient subscription's consumer once its reader has gone (JetStream's default for an
+#: ephemeral consumer is 5 s): a history read in a loop at the stream's consumer limit no longer fills it with its own
+#: leftovers. While the reader is subscribed, its interest keeps the consumer, however slow the read.
+TRANSIENT_INACTIVE: Final = 1.0
 
 #: JetStream's "maximum consumers limit reached".
 _CONSUMER_LIMIT: Final = 10026
@@ -81,10 +86,19 @@ def stream_seq(reply: str | None) -> int | None:
 class NatsSubscription(QueueSubscription):
     """A ``QueueSubscription`` fed by a JetStream ordered push consumer."""
 
-    def __init__(self, bus: SubscriptionHost, pattern: str, deliver: Deliver, include_invalid: bool = False) -> None:
+    def __init__(
+        self,
+        bus: SubscriptionHost,
+        pattern: str,
+        deliver: Deliver,
+        include_invalid: bool = False,
+        *,
+        transient: bool = False,
+    ) -> None:
         super().__init__(pattern, bus.metrics, on_close=self._unsubscribe, include_invalid=include_invalid)
         self._bus = bus
         self._deliver = deliver
+        self._transient = transient
         self._js_sub: Any = None
         self._source: Any = None  # the JetStream subscription that fed the queue; kept after close, for _unpack
         self._start_lock = asyncio.Lock()
@@ -108,6 +122,7 @@ class NatsSubscription(QueueSubscription):
                         deliver_policy=_DELIVER[self._deliver],
                         pending_msgs_limit=0,
                         pending_bytes_limit=0,
+                        inactive_threshold=TRANSIENT_INACTIVE if self._transient else None,
                     ),
                 )
             except nats.js.errors.APIError as exc:

@@ -65,7 +65,7 @@ async def read_subject_history(bus: Bus, subject: str, *, timeout: float = 10.0)
     last_error: InvalidEventError | None = None
     try:
         async with asyncio.timeout(timeout):
-            async with bus.subscribe(subject, deliver=Deliver.ALL, include_invalid=True) as sub:
+            async with bus.subscribe(subject, deliver=Deliver.ALL, include_invalid=True, transient=True) as sub:
                 async for item in sub:
                     if isinstance(item, Skipped):
                         last_error = item.error

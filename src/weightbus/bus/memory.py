@@ -88,9 +88,14 @@ class MemoryBus:
         return PublishAck(self._seq)
 
     def subscribe(
-        self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False
+        self,
+        pattern: str,
+        *,
+        deliver: Deliver = Deliver.LAST_PER_SUBJECT,
+        include_invalid: bool = False,
+        transient: bool = False,
     ) -> QueueSubscription:
-        """Subscribe to ``pattern``; stored events are queued first according to ``deliver``."""
+        """Subscribe to ``pattern``; stored events are queued first according to ``deliver`` (``transient``: no-op)."""
         sub: QueueSubscription
 
         async def _remove() -> None:

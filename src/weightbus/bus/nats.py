@@ -307,13 +307,20 @@ class NatsBus:
         return None
 
     def subscribe(
-        self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False
+        self,
+        pattern: str,
+        *,
+        deliver: Deliver = Deliver.LAST_PER_SUBJECT,
+        include_invalid: bool = False,
+        transient: bool = False,
     ) -> NatsSubscription:
         """Subscribe to ``pattern`` with an ordered consumer; see ``Bus.subscribe``.
 
-        The consumer is created lazily on the first ``__anext__`` (or ``await sub.start()``).
+        The consumer is created lazily on the first ``__anext__`` (or ``await sub.start()``). A
+        ``transient`` one is deleted by the server about ``TRANSIENT_INACTIVE`` seconds after it closes,
+        not the 5 s JetStream keeps an ephemeral consumer by default.
         """
-        return NatsSubscription(self, pattern, deliver, include_invalid)
+        return NatsSubscription(self, pattern, deliver, include_invalid, transient=transient)
 
     async def last_seq(self, subject: str) -> int:
         """The last stored sequence on ``subject``, whatever its payload; see ``Bus.last_seq``.

@@ -123,13 +123,19 @@ class Bus(Protocol):
         ...
 
     def subscribe(
-        self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False
+        self,
+        pattern: str,
+        *,
+        deliver: Deliver = Deliver.LAST_PER_SUBJECT,
+        include_invalid: bool = False,
+        transient: bool = False,
     ) -> Subscription:
         """Subscribe to ``pattern`` (NATS wildcards ``*`` and ``>`` allowed).
 
         The subscription is live (every later publish reaches it) once ``async with`` has entered it
         or its first ``__anext__`` has begun. With ``include_invalid`` it also yields ``Skipped`` for
-        payloads that fail the decode (they are counted either way).
+        payloads that fail the decode (they are counted either way). ``transient``: a short read (a
+        subject's history) whose server-side state, if any, is dropped soon after it closes.
         """
         ...
 

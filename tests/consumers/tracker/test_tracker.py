@@ -265,9 +265,14 @@ class _RecordingBus(MemoryBus):
         self.subscriptions: list[QueueSubscription] = []
 
     def subscribe(
-        self, pattern: str, *, deliver: Deliver = Deliver.LAST_PER_SUBJECT, include_invalid: bool = False
+        self,
+        pattern: str,
+        *,
+        deliver: Deliver = Deliver.LAST_PER_SUBJECT,
+        include_invalid: bool = False,
+        transient: bool = False,
     ) -> QueueSubscription:
-        sub = super().subscribe(pattern, deliver=deliver, include_invalid=include_invalid)
+        sub = super().subscribe(pattern, deliver=deliver, include_invalid=include_invalid, transient=transient)
         self.subscriptions.append(sub)
         return sub
 
