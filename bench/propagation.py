@@ -176,7 +176,10 @@ def main() -> None:
     parser = _parser()
     args = parser.parse_args()
     if args.replot:
-        write_reports(json.loads((args.out / "propagation.json").read_text()), args.out)
+        result = json.loads((args.out / "propagation.json").read_text())
+        # Ratios from the stored latencies, so an older file gets the columns added since.
+        result["ratios"] = ratios(result["summary"], result["config"]["subscribers"])
+        write_reports(result, args.out)
         return
     ms = [int(x) for x in args.subscribers.split(",")]
     rows = [r for r in args.rows.split(",") if r]

@@ -150,7 +150,7 @@ def _markdown(result: dict[str, Any]) -> str:
     for m in ms:
         r = ratios[str(m)]
         cells = [
-            fmt(r[k]) + ("×" if r[k] is not None else "")
+            fmt(r.get(k)) + ("×" if r.get(k) is not None else "")
             for k in (
                 "weightbus_over_jetstream_p50",
                 "mark_now_over_jetstream_p50",

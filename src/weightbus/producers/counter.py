@@ -131,7 +131,6 @@ class FencedCounter:
         self._standing: ClaimStanding | None = None
         self._mark_delay = max(0.0, mark_delay)
         self._deferred: asyncio.Task[None] | None = None  # the mark after the last announcement, waiting
-        self._mark_now = asyncio.Event()  # cuts the wait short: a settle()
         self._deferred_writing = False  # the deferred task is past its wait: cancelling it could split a write
 
     # -- read-only state ---------------------------------------------------------------------------
@@ -544,21 +543,15 @@ class FencedCounter:
             await self.cover_announced()
             return
         await self._drop_deferred()
-        event = self._last_event
-        if event is None or not event.reserves_next or event.version + 1 <= self._mark.covers:
+        if self._uncovered() is None:
             return  # nothing to write (reserve_next=False: the take covered the number announced)
-        self._mark_now.clear()
         self._deferred_writing = False
         task = asyncio.create_task(self._deferred_cover(), name=f"weightbus-mark-{self._policy}")
         task.add_done_callback(_report_deferred)
         self._deferred = task
 
     async def _deferred_cover(self) -> None:
-        try:
-            async with asyncio.timeout(self._mark_delay):
-                await self._mark_now.wait()
-        except TimeoutError:
-            pass  # the delay is over: write it
+        await asyncio.sleep(self._mark_delay)
         self._deferred_writing = True
         await self.cover_announced()
 
@@ -566,28 +559,21 @@ class FencedCounter:
         """Write the deferred mark now, if one waits (a publisher that stops, or a caller that reads it next).
 
         Raises:
-            BaseException: anything but a ``BusError`` (a cancellation).
+            BaseException: anything but a ``BusError`` or ``FencedError`` (a cancellation).
         """
-        task = self._deferred
-        if task is None:
+        if self._deferred is None:
             return
-        self._mark_now.set()
-        try:
-            await asyncio.shield(task)
-        finally:
-            if task.done() and self._deferred is task:
-                self._deferred = None
+        await self._drop_deferred()
+        await self.cover_announced()  # nothing to do when the write it let land covered the number
 
     async def _drop_deferred(self) -> None:
         """Cancel a deferred mark that still waits (its write may be in flight: then let it land)."""
         task, self._deferred = self._deferred, None
         if task is None or task.done():
             return
-        if self._deferred_writing or self._mark_now.is_set():
-            await asyncio.wait([task])  # writing (or about to): the take reads what it stored
-            return
-        task.cancel()
-        await asyncio.wait([task])
+        if not self._deferred_writing:
+            task.cancel()
+        await asyncio.wait([task])  # writing: the caller reads what it stored
 
     async def cover_announced(self) -> None:
         """Write the mark for the number the last announcement reserved ahead, unless it already covers it.
@@ -600,12 +586,11 @@ class FencedCounter:
         Raises:
             BaseException: anything but a ``BusError`` or ``FencedError`` (a cancellation).
         """
+        ahead = self._uncovered()
+        if ahead is None:
+            return
         event = self._last_event
-        if event is None or self._epoch is None:
-            return
-        ahead = event.version + 1 if event.reserves_next else event.version
-        if ahead <= self._mark.covers:
-            return
+        assert event is not None and self._epoch is not None  # _uncovered: an announcement of this epoch
         try:
             await self._mark.cover(ahead, epoch=self._epoch, announced=self._version, issued=self._issued)
         except BusError as exc:
@@ -618,6 +603,14 @@ class FencedCounter:
                 "fenced before the counter's mark after the announcement was written; the new owner's mark stands",
                 extra={"policy": self._policy, "version": event.version, "owner": exc.owner},
             )
+
+    def _uncovered(self) -> int | None:
+        """The number the last announcement reserved ahead (or announced), when no stored mark covers it yet."""
+        event = self._last_event
+        if event is None or self._epoch is None:
+            return None
+        ahead = event.version + 1 if event.reserves_next else event.version
+        return ahead if ahead > self._mark.covers else None
 
     async def check_owner(self) -> None:
         """One read: raise ``FencedError`` if another owner has written since our last event (resolving doubt)."""
