@@ -292,6 +292,56 @@ async def test_a_history_purged_before_the_deferred_mark_is_written_reissues_no_
     assert _rejected_total(registry, policy, "counter_reset") == 1
 
 
+_TRAINER = """
+import asyncio, sys
+from weightbus.bus import connect
+from weightbus.producers import VersionPublisher
+
+async def main() -> None:
+    bus = await connect(sys.argv[1])
+    pub = await VersionPublisher(bus, sys.argv[2], trainer_id="killed", mark_delay=60).start()
+    for _ in range(3):
+        async with pub.update():
+            pass
+    print("announced", flush=True)
+    await asyncio.sleep(3600)  # killed here, its mark after v3 still waiting
+
+asyncio.run(main())
+"""
+
+
+async def test_a_trainer_killed_while_its_mark_waits_reissues_no_number(
+    nats_bus: NatsBus, nats_url: str, policy: str
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINER, nats_url, policy], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        assert line.strip() == "announced"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    marks = [e.event.version for e in await history(nats_bus, subjects.counter(policy))]
+    assert marks[-1] == 3  # the take's own; the one for 4 never written
+    # With the history: above 4, which the announcement of 3 reserved.
+    restarted = await VersionPublisher(nats_bus, policy, trainer_id="restarted", mark_delay=0).start()
+    async with restarted.update() as version:
+        assert version == 5
+    # And without it: above the restarted trainer's numbers, never one a trainer announced.
+    await nats_bus.js.purge_stream(nats_bus.stream, subject=subjects.weights(policy))
+    blind = await VersionPublisher(nats_bus, policy, trainer_id="blind").start()
+    async with blind.update() as version:
+        assert version > 5
+    marks = [e.event.version for e in await history(nats_bus, subjects.counter(policy))]
+    assert marks == sorted(marks), f"the mark went down: {marks}"
+
+
 async def test_the_running_owner_survives_a_purge_by_reclaiming_its_counter(nats_bus: NatsBus, policy: str) -> None:
     pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
     async with VersionTracker(nats_bus, policy, check_interval=0.2) as tracker:
