@@ -7,6 +7,8 @@ side against the same fake SGLang fleet (``bench/fake_sglang.py``, one process, 
 each sent to every engine at once, rounds alternating between the two clients:
 
 * ``httpx``: one ``httpx.AsyncClient`` per engine, as ``EngineFleet`` builds them (keep-alive, reused);
+* ``keepalive``: weightbus's own lean client, one ``KeepAliveHttp`` per engine (what ``EngineFleet(urls)`` builds);
+* ``weightbus``: the whole fleet path, ``SGLangClient`` over that ``KeepAliveHttp`` (encode, send, check, decode);
 * ``bare``: a keep-alive connection per engine over asyncio streams, writing the request line and headers itself
   and reading a ``Content-Length`` body: the least any Python client can do per request, not a client weightbus
   ships (no TLS, redirects, chunked bodies or retries).
@@ -33,10 +35,13 @@ from typing import Any
 
 import httpx
 
+from weightbus.engines.keepalive import KeepAliveHttp
+from weightbus.engines.sglang import SGLangClient
 from weightbus.process.eventloop import run as run_loop
 
 RESULTS = Path(__file__).parent / "results" / "http-client.json"
 FAKE = Path(__file__).parent / "fake_sglang.py"
+ROUTES = ("model_info", "update_weight_version")
 
 
 class BareConnection:
@@ -72,12 +77,21 @@ async def _run(ports: list[int], rounds: int) -> dict[str, Any]:
     engines = len(ports)
     clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") for port in ports]
     bare = [BareConnection(port) for port in ports]
+    lean = [KeepAliveHttp(f"http://127.0.0.1:{port}") for port in ports]
+    engines_ = [SGLangClient(k.url, http=k) for k in lean]
     stamp = {"new_version": "7", "abort_all_requests": False}
     body = json.dumps(stamp).encode()
+    json_type = {"Content-Type": "application/json"}
     calls = {
         ("httpx", "model_info"): lambda: [c.get("/model_info") for c in clients],
+        ("keepalive", "model_info"): lambda: [k.request("GET", "/model_info") for k in lean],
+        ("weightbus", "model_info"): lambda: [e.model_info() for e in engines_],
         ("bare", "model_info"): lambda: [b.request("GET", "/model_info") for b in bare],
         ("httpx", "update_weight_version"): lambda: [c.post("/update_weight_version", json=stamp) for c in clients],
+        ("keepalive", "update_weight_version"): lambda: [
+            k.request("POST", "/update_weight_version", content=body, headers=json_type) for k in lean
+        ],
+        ("weightbus", "update_weight_version"): lambda: [e.update_weight_version("7") for e in engines_],
         ("bare", "update_weight_version"): lambda: [b.request("POST", "/update_weight_version", body) for b in bare],
     }
     for make in calls.values():  # warm-up: every connection open
@@ -92,6 +106,8 @@ async def _run(ports: list[int], rounds: int) -> dict[str, Any]:
         await client.aclose()
     for conn in bare:
         await conn.aclose()
+    for k in lean:
+        await k.aclose()
     p50 = {f"{client}/{route}": statistics.median(values) for (client, route), values in cpu.items()}
     return {
         "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version()},
@@ -99,9 +115,12 @@ async def _run(ports: list[int], rounds: int) -> dict[str, Any]:
         "engines": engines,
         "rounds": rounds,
         "client_cpu_us_per_request_p50": p50,
-        "ratio_httpx_over_bare": {
-            route: p50[f"httpx/{route}"] / p50[f"bare/{route}"] for route in ("model_info", "update_weight_version")
+        "ratio_over_bare": {
+            f"{client}/{route}": p50[f"{client}/{route}"] / p50[f"bare/{route}"]
+            for client in ("httpx", "keepalive", "weightbus")
+            for route in ROUTES
         },
+        "ratio_httpx_over_weightbus": {route: p50[f"httpx/{route}"] / p50[f"weightbus/{route}"] for route in ROUTES},
     }
 
 
@@ -126,8 +145,10 @@ def main() -> None:
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     for key, value in result["client_cpu_us_per_request_p50"].items():
         print(f"{key:32s} {value:8.1f} µs CPU per request (p50)")
-    for route, ratio in result["ratio_httpx_over_bare"].items():
-        print(f"httpx / bare, {route}: {ratio:.1f}x")
+    for key, ratio in result["ratio_over_bare"].items():
+        print(f"{key} / bare: {ratio:.1f}x")
+    for route, ratio in result["ratio_httpx_over_weightbus"].items():
+        print(f"httpx / weightbus, {route}: {ratio:.1f}x")
     print(f"wrote {RESULTS}")
 
 

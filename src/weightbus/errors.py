@@ -25,6 +25,7 @@ Library errors derive from ``WeightbusError`` and, where the meaning matches, fr
     ├── VersionUnavailableError                   retry  no engine is known to serve a version a request allows
     ├── AdmissionError                            final  an admission slot used twice, or a drain of slotless groups
     ├── EngineError                               retry  an SGLang engine answered with an error or not at all
+    │   ├── EngineTransportError                  retry  the keep-alive client got no whole HTTP/1.1 answer in time
     │   └── EngineOutOfSyncError                  retry  an engine does not serve the version it was stamped with
     ├── PushCoverageError                         final  no engine holds the weights a version would name after its push
     ├── CatchupError                              final  a catch-up could not bring one engine to the announced version
@@ -71,6 +72,7 @@ __all__ = [
     "DemoError",
     "EngineError",
     "EngineOutOfSyncError",
+    "EngineTransportError",
     "EventLoopError",
     "FencedError",
     "InstallError",
@@ -400,6 +402,16 @@ class EngineError(WeightbusError):
         self.message = message
         where = f"HTTP {status}" if status is not None else "no response"
         super().__init__(f"engine {url}: {where}: {message}")
+
+
+class EngineTransportError(EngineError):
+    """``KeepAliveHttp`` could not connect, lost the connection, read an answer that is not HTTP/1.1, or had no
+    whole answer within its deadline; ``status`` is None, ``message`` names the request and why."""
+
+    retryable = True
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(url, None, message)
 
 
 class EngineOutOfSyncError(EngineError):

@@ -1,10 +1,11 @@
-"""SGLang engines: an async HTTP client per engine and worker discovery behind a router.
+"""SGLang engines: an async client per engine, the lean HTTP/1.1 client a fleet gives it, and worker discovery.
 
-It imports only httpx and msgspec; the CPU reference engine is ``weightbus.refengine``.
+It imports only httpx, msgspec and the standard library; the CPU reference engine is ``weightbus.refengine``.
 """
 
 from __future__ import annotations
 
+from weightbus.engines.keepalive import HttpReply, KeepAliveHttp
 from weightbus.engines.router import discover_workers
 from weightbus.engines.sglang import SGLangClient
 from weightbus.engines.wire import (
@@ -22,6 +23,8 @@ __all__ = [
     "FinishReason",
     "GenerateMetaInfo",
     "GenerateOutput",
+    "HttpReply",
+    "KeepAliveHttp",
     "LoraResult",
     "ModelInfo",
     "PauseMode",

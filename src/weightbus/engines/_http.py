@@ -5,10 +5,28 @@ Internal; nothing here raises ``httpx`` errors (a malformed URL is a ``ValueErro
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import httpx
 import msgspec
 
-__all__ = ["normalize_url", "server_message"]
+__all__ = ["Reply", "normalize_url", "server_message"]
+
+
+class Reply(Protocol):
+    """What the engine clients read of an answer: an ``httpx.Response`` or a ``KeepAliveHttp`` reply."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def reason_phrase(self) -> str: ...
+    @property
+    def content(self) -> bytes: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def is_success(self) -> bool: ...
+
 
 # Server messages can be whole tracebacks; keep errors readable.
 _MAX_MESSAGE = 2000
@@ -38,7 +56,7 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def server_message(response: httpx.Response) -> str:
+def server_message(response: Reply) -> str:
     """The most specific human message in an error response, whatever shape the server chose.
 
     Looks at JSON ``message``, ``error_message``, ``detail`` and ``error`` (or ``error.message``), then the

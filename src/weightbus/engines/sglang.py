@@ -1,7 +1,10 @@
 """Async HTTP client for one SGLang 0.5.23 engine: weight pushes, version stamps, pause/continue, generate.
 
 Each method sends a fixed set of keys (``wire``, pinned by tests); every failure is an ``EngineError`` (URL, status,
-server message): httpx errors are translated here only. A client passed in is borrowed, never closed.
+server message): httpx errors are translated here only (the keep-alive client raises ``EngineTransportError``,
+an ``EngineError``, itself). It speaks through an
+``httpx.AsyncClient`` or a ``KeepAliveHttp`` (what a fleet built from URLs uses); one passed in is borrowed, never
+closed.
 See docs/engines.md#the-sglang-client.
 """
 
@@ -13,7 +16,8 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from weightbus.engines._http import normalize_url, server_message
+from weightbus.engines._http import Reply, normalize_url, server_message
+from weightbus.engines.keepalive import KeepAliveHttp
 from weightbus.engines.wire import (
     AbortReq,
     ContinueGenerationReq,
@@ -61,23 +65,27 @@ class SGLangClient:
 
     Args:
         url: the engine's base URL, e.g. ``http://10.0.0.5:30000``; a missing scheme means ``http``.
-        http: a shared ``httpx.AsyncClient`` to borrow; it is not closed by :meth:`aclose`.
+        http: an ``httpx.AsyncClient`` to borrow, or a ``KeepAliveHttp`` for this same URL (the lean client
+            ``EngineFleet`` gives each engine); neither is closed by :meth:`aclose`.
         api_key: sent as ``Authorization: Bearer <api_key>`` (the server's ``--api-key`` or ``--admin-api-key``).
         timeout: seconds per request when this client creates its own ``httpx.AsyncClient``.
 
     Raises:
-        ValueError: ``url`` is empty or malformed (not http/https, no host, a bad port).
+        ValueError: ``url`` is empty or malformed (not http/https, no host, a bad port), or ``http`` is a
+            ``KeepAliveHttp`` for another URL.
     """
 
     def __init__(
         self,
         url: str,
         *,
-        http: httpx.AsyncClient | None = None,
+        http: httpx.AsyncClient | KeepAliveHttp | None = None,
         api_key: str | None = None,
         timeout: float = 30.0,
     ) -> None:
         self.url = normalize_url(url)
+        if isinstance(http, KeepAliveHttp) and http.url != self.url:
+            raise ValueError(f"a KeepAliveHttp for {http.url} cannot serve the engine {self.url}")
         self._owns_http = http is None
         self._http = http if http is not None else httpx.AsyncClient(timeout=timeout)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -111,19 +119,23 @@ class SGLangClient:
         *,
         params: dict[str, str] | None = None,
         timeout: float | None = None,
-    ) -> httpx.Response:
+    ) -> Reply:
         headers = dict(self._headers)
         content = None
         if body is not None:
             content = msgspec.json.encode(body)
             headers["Content-Type"] = "application/json"
-        extra: dict[str, Any] = {}
-        if timeout is not None:
-            extra["timeout"] = timeout
+        response: Reply
         try:
-            response = await self._http.request(
-                method, self.url + path, content=content, headers=headers, params=params, **extra
-            )
+            if isinstance(self._http, KeepAliveHttp):
+                response = await self._http.request(
+                    method, path, content=content, headers=headers, params=params, timeout=timeout
+                )
+            else:
+                extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+                response = await self._http.request(
+                    method, self.url + path, content=content, headers=headers, params=params, **extra
+                )
         except httpx.TimeoutException as exc:
             raise EngineError(self.url, None, f"{method} {path} timed out ({type(exc).__name__})") from exc
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
@@ -132,7 +144,7 @@ class SGLangClient:
             raise EngineError(self.url, response.status_code, server_message(response))
         return response
 
-    def _decode(self, response: httpx.Response, path: str, type_: type[_T]) -> _T:
+    def _decode(self, response: Reply, path: str, type_: type[_T]) -> _T:
         try:
             return msgspec.json.decode(response.content, type=type_)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -385,7 +397,7 @@ class SGLangClient:
         params = None if timeout is None else {"timeout": repr(float(timeout))}
         http_timeout = None
         if timeout is not None:
-            base = self._http.timeout.read
+            base = self._http.timeout if isinstance(self._http, KeepAliveHttp) else self._http.timeout.read
             http_timeout = None if base is None else base + float(timeout)
         response = await self._send("POST", "/flush_cache", params=params, timeout=http_timeout)
         return response.text

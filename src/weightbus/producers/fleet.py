@@ -2,9 +2,10 @@
 
 Workers, not routers. Only an engine reading ``expect`` is stamped, and it counts only when it reads back ``str(v)``;
 engines are addressed concurrently, every failure reported (the first raised, the others as notes), none retried.
-A fleet built from URLs gives each engine its own small HTTP pool (one TLS context for all), never one pool for
-hundreds of engines (httpcore scans its whole pool on every request); at most ``max_in_flight`` engine requests
-of the fleet are in flight at once (a larger fleet is addressed in waves).
+A fleet built from URLs gives each engine its own small pool of the lean keep-alive client (``KeepAliveHttp``: one
+TLS context for all, about a tenth of httpx's CPU per request), never one pool for hundreds of engines (httpcore
+scans its whole pool on every request); at most ``max_in_flight`` engine requests of the fleet are in flight at
+once (a larger fleet is addressed in waves).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Final, TypeVar
 
 import httpx
 
+from weightbus.engines.keepalive import KeepAliveHttp
 from weightbus.engines.router import discover_workers
 from weightbus.engines.sglang import PauseMode, SGLangClient
 from weightbus.errors import EngineError, EngineOutOfSyncError
@@ -28,8 +30,8 @@ log = logging.getLogger("weightbus.producers")
 #: The most engine requests a fleet has in flight at once (each holds one connection): one per engine up to this.
 DEFAULT_MAX_IN_FLIGHT: Final = 256
 #: Each engine's pool in a fleet built from URLs: the fleet's request, and one beside it (the trainer's push through
-#: ``fleet.clients``, a status read); one connection kept alive between the steps of an update.
-_ENGINE_LIMITS: Final = httpx.Limits(max_connections=2, max_keepalive_connections=1)
+#: ``fleet.clients``, a status read); one connection is kept alive between the steps of an update.
+_ENGINE_CONNECTIONS: Final = 2
 
 _T = TypeVar("_T")
 
@@ -66,9 +68,10 @@ class EngineFleet:
     Args:
         engines: ``SGLangClient`` objects, or objects with the same methods (borrowed, not closed by
             ``aclose``), or worker URLs (a client is created for each; see ``http`` and ``max_in_flight``).
-        http: a shared ``httpx.AsyncClient`` for the clients created from URLs (borrowed). One pool for
-            many engines is slow with httpcore 1.0 (each request scans the pool: 256 engines on one client
-            took seconds per step here) and can close a connection under a queued request
+        http: a shared ``httpx.AsyncClient`` for the clients created from URLs (borrowed), e.g. one with
+            event hooks or a mock transport. Without it, each engine gets its own ``KeepAliveHttp``. One httpx
+            pool for many engines is slow with httpcore 1.0 (each request scans the pool: 256 engines on one
+            client took seconds per step here) and can close a connection under a queued request
             (encode/httpcore#1110): for more than a few dozen engines, leave it out.
         api_key: bearer token for the clients created from URLs.
         timeout: per-request seconds for the clients created from URLs.
@@ -95,19 +98,19 @@ class EngineFleet:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self._slots = asyncio.Semaphore(max_in_flight)
-        self._owned_http: list[httpx.AsyncClient] = []
+        self._owned_http: list[KeepAliveHttp] = []
         tls = None
         if http is None and any(isinstance(engine, str) for engine in engines):
             # One TLS context for the fleet: building one costs ~20 ms and ~1 MiB (256 engines: 6 s, 210 MiB).
             tls = httpx.create_ssl_context()
         clients: list[SGLangClient] = []
         for engine in engines:
-            if isinstance(engine, str):
-                own = http
-                if tls is not None:
-                    own = httpx.AsyncClient(timeout=timeout, verify=tls, limits=_ENGINE_LIMITS)
-                    self._owned_http.append(own)
-                clients.append(SGLangClient(engine, http=own, api_key=api_key, timeout=timeout))
+            if isinstance(engine, str) and http is None:
+                lean = KeepAliveHttp(engine, timeout=timeout, ssl=tls, max_connections=_ENGINE_CONNECTIONS)
+                self._owned_http.append(lean)
+                clients.append(SGLangClient(lean.url, http=lean, api_key=api_key))
+            elif isinstance(engine, str):
+                clients.append(SGLangClient(engine, http=http, api_key=api_key, timeout=timeout))
             else:
                 # An SGLangClient, or an object with its engine surface (an RL framework's engine handles).
                 clients.append(engine)
