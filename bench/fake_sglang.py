@@ -210,6 +210,7 @@ class FakeFleet:
                         "accepted": self.accepted,
                         "peak_in_flight": self.peak_in_flight,
                         "engines": len(self.engines),
+                        "cpu_s": time.process_time(),  # the whole fleet's CPU so far: it shares the machine
                     }
                 elif url.path == "/_reset" and method == "POST":
                     self.peak_connections = self.open_connections

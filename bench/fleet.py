@@ -203,20 +203,24 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 async def _one_update(pub: VersionPublisher, fleet: EngineFleet, server: _Server) -> dict[str, Any]:
     """One update; its phases, and what the server saw of it."""
     await server.records()  # everything before this round
+    server_cpu = (await server.stats())["cpu_s"]
     update = pub.update()
+    cpu, push_cpu = time.process_time(), 0.0
     started = time.monotonic()
     error: str | None = None
     pushed = (0.0, 0.0)
     try:
         async with update as version:
-            push_start = time.monotonic()
+            push_start, push_cpu = time.monotonic(), time.process_time()
             await asyncio.gather(
                 *(c.update_weights_from_disk(f"/ckpt/step-{version}", weight_version=version) for c in fleet.clients)
             )
-            pushed = (push_start, time.monotonic())
+            pushed, push_cpu = (push_start, time.monotonic()), time.process_time() - push_cpu
     except EngineError as exc:
         error = f"{type(exc).__name__}: {str(exc)[:200]}"
     ended = time.monotonic()
+    cpu = time.process_time() - cpu - push_cpu
+    server_cpu = (await server.stats())["cpu_s"] - server_cpu
     rows = await server.records()
     control = [(a, b) for _, path, a, b, _ in rows if path != "/update_weights_from_disk"]
     wall = ended - started
@@ -230,6 +234,8 @@ async def _one_update(pub: VersionPublisher, fleet: EngineFleet, server: _Server
         "control_s": wall - push,
         "phases": dict(update.phases),
         "engine_busy_s": _union(control),  # control requests held by the server (at least one)
+        "publisher_cpu_s": cpu,  # this process, the update without the trainer's push
+        "server_cpu_s": server_cpu,  # the fake fleet's process, every request of the update (the push's too)
         "requests": len(rows),
         "by_path": {p: sum(1 for r in rows if r[1] == p) for p in sorted({r[1] for r in rows})},
         "rows": rows,
@@ -449,6 +455,9 @@ def _summarise(raw: dict[str, Any], receipts: list[dict[str, Any]], delay: float
             "control_own_p50_ms": 1000
             * statistics.median(r["control_s"] - CONTROL_ROUND_TRIPS * delay for r in records),
             "engine_busy_p50_ms": 1000 * statistics.median(r["engine_busy_s"] for r in records),
+            "publisher_cpu_p50_ms": 1000 * statistics.median(r["publisher_cpu_s"] for r in records),
+            "publisher_cpu_per_engine_p50_us": 1e6 * statistics.median(r["publisher_cpu_s"] for r in records) / int(n),
+            "server_cpu_p50_ms": 1000 * statistics.median(r["server_cpu_s"] for r in records),
             "requests_per_update": records[0]["by_path"],
             "paused_window_p50_ms": statistics.median(r["paused_window"]["p50_ms"] for r in records),
             "converged": f"{len(done)}/{len(conv)}",
@@ -469,6 +478,9 @@ def _summarise(raw: dict[str, Any], receipts: list[dict[str, Any]], delay: float
         "update_wall": big["update_wall_p50_ms"] / small["update_wall_p50_ms"],
         "control": big["control_p50_ms"] / small["control_p50_ms"],
         "control_own": big["control_own_p50_ms"] / small["control_own_p50_ms"],
+        "publisher_cpu": big["publisher_cpu_p50_ms"] / small["publisher_cpu_p50_ms"],
+        "publisher_cpu_per_engine": big["publisher_cpu_per_engine_p50_us"] / small["publisher_cpu_per_engine_p50_us"],
+        "server_cpu": big["server_cpu_p50_ms"] / small["server_cpu_p50_ms"],
     }
     for phase in PHASES:
         a, b = small["phases"][phase]["own_p50_ms"], big["phases"][phase]["own_p50_ms"]
@@ -511,6 +523,9 @@ def _markdown(result: dict[str, Any]) -> str:
     rows = [
         ("**control** (update wall minus the push)", "control_p50_ms", "control"),
         ("**control, own** (minus the injected latency)", "control_own_p50_ms", "control_own"),
+        ("publisher CPU per update, control (without the push)", "publisher_cpu_p50_ms", "publisher_cpu"),
+        ("publisher CPU per engine per update, µs", "publisher_cpu_per_engine_p50_us", "publisher_cpu_per_engine"),
+        ("fake fleet's CPU per update (same cores; push included)", "server_cpu_p50_ms", "server_cpu"),
         ("whole update wall (with the push)", "update_wall_p50_ms", "update_wall"),
         ("convergence: announcement → last WeightApplied", "convergence_p50_ms", "convergence"),
     ]
