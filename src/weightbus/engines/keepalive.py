@@ -81,7 +81,6 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._more: asyncio.Future[None] | None = None
-        self._writable: asyncio.Future[None] | None = None
         self._eof = False
         self._error: Exception | None = None
         # Set while the connection waits in the pool: a byte arriving then is no answer to anything we sent.
@@ -112,16 +111,6 @@ class _Connection(asyncio.Protocol):
         self._eof = True
         self._error = exc
         self._wake()
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._writable = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-        self._writable = None
 
     def _wake(self) -> None:
         if self._more is not None and not self._more.done():
@@ -131,10 +120,12 @@ class _Connection(asyncio.Protocol):
 
     @property
     def usable(self) -> bool:
-        """Whether the connection may carry another request: open, quiet, with nothing unread."""
+        """Whether the connection may carry another request: open, quiet, nothing unread and nothing unsent (a
+        server that answered before reading the whole body has not read the rest, and may never)."""
         return (
             self.transport is not None
             and not self.transport.is_closing()
+            and self.transport.get_write_buffer_size() == 0
             and not self._eof
             and not self.stray
             and not self._buffer
@@ -195,9 +186,9 @@ class _Connection(asyncio.Protocol):
         """Send ``raw`` and read one answer; returns it and whether the connection may be reused."""
         assert self.transport is not None
         try:
+            # The transport buffers what the socket cannot take yet; the answer is read at once, not after
+            # the body is out, since a server may answer (a 413, a 400) before it has read the whole request.
             self.transport.write(raw)
-            if self._writable is not None:
-                await self._writable
             while True:
                 try:
                     head = await self._until(b"\r\n\r\n", _MAX_HEAD)

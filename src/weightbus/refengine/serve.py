@@ -17,7 +17,14 @@ import uvicorn
 __all__ = ["ServedEngine", "listen", "serve_forever"]
 
 
-def _config(app: Any, host: str, port: int, graceful_timeout: float | None, log_level: str | None) -> uvicorn.Config:
+def _config(
+    app: Any,
+    host: str,
+    port: int,
+    graceful_timeout: float | None,
+    log_level: str | None,
+    keep_alive: float = 5.0,
+) -> uvicorn.Config:
     # h11 and no websockets: the engine needs neither httptools nor websockets, and both are optional imports.
     return uvicorn.Config(
         app,
@@ -31,6 +38,8 @@ def _config(app: Any, host: str, port: int, graceful_timeout: float | None, log_
         log_config=None,
         log_level=log_level,
         access_log=False,
+        # uvicorn's default, which SGLang keeps: an idle keep-alive connection is closed after 5 s.
+        timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
         timeout_graceful_shutdown=None if graceful_timeout is None else max(1, round(graceful_timeout)),
     )
 
@@ -44,6 +53,7 @@ class ServedEngine:
         startup_timeout: seconds to wait for the server to accept connections.
         graceful_timeout: seconds in-flight requests get at shutdown before they are cut.
         log_level: uvicorn's log level.
+        keep_alive: seconds an idle keep-alive connection stays open (uvicorn's and SGLang's default: 5).
 
     Attributes:
         url: ``http://host:port``, valid once constructed.
@@ -57,6 +67,7 @@ class ServedEngine:
         startup_timeout: float = 10.0,
         graceful_timeout: float = 1.0,
         log_level: str = "warning",
+        keep_alive: float = 5.0,
     ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -64,7 +75,7 @@ class ServedEngine:
         self.port: int = self._socket.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self._startup_timeout = startup_timeout
-        self._server = uvicorn.Server(_config(app, host, self.port, graceful_timeout, log_level))
+        self._server = uvicorn.Server(_config(app, host, self.port, graceful_timeout, log_level, keep_alive))
         self._thread = threading.Thread(target=self._run, name=f"weightbus-engine-{self.port}", daemon=True)
         self._error: BaseException | None = None
 

@@ -21,6 +21,8 @@ from weightbus.engines.keepalive import KeepAliveHttp
 from weightbus.engines.sglang import SGLangClient
 from weightbus.errors import EngineError, EngineTransportError
 from weightbus.producers import EngineFleet
+from weightbus.refengine.reference import EngineState, create_app
+from weightbus.refengine.serve import ServedEngine
 
 
 @dataclass
@@ -71,7 +73,7 @@ def answer(body: bytes, *, status: str = "200 OK", extra: str = "") -> bytes:
 
 def echo(request: Request) -> bytes:
     """An answer that names its request, so that a misdelivered answer is seen."""
-    return answer(f"{request.line}|{request.body.decode()}".encode())
+    return answer(request.line.encode() + b"|" + request.body)
 
 
 async def serve_echo(reader: Reader, writer: Writer, conn: int, server: Server) -> None:
@@ -407,3 +409,51 @@ async def test_a_fleet_from_urls_speaks_through_its_own_keepalive_clients_with_t
             "/continue_generation",
         ]
         assert server.requests[0].body == b'{"mode":"retract"}'
+
+
+async def test_a_large_body_goes_out_whole_and_a_large_answer_comes_back_whole() -> None:
+    big = bytes(range(256)) * (8 * 4096)  # 8 MiB: more than any socket buffer, so writing pauses
+    async with scripted(serve_echo) as server, KeepAliveHttp(server.url) as http:
+        reply = await http.request("POST", "/update_weights_from_tensor", content=big)
+        again = await http.request("GET", "/after")
+    assert reply.content == b"POST /update_weights_from_tensor HTTP/1.1|" + big
+    assert again.content == b"GET /after HTTP/1.1|"
+    assert server.accepted == 1
+
+
+async def test_requests_timed_to_uvicorns_keepalive_close_all_succeed() -> None:
+    """The reference engine on uvicorn (as SGLang runs) closing idle connections after 0.3 s, and a fleet whose
+    requests come just before, at and just after that moment: every request succeeds. A connection uvicorn closed
+    is either seen closed before it is used, or the request crosses the close and is sent once more."""
+    state = EngineState()
+    with ServedEngine(create_app(state), keep_alive=0.3) as engine:
+        async with EngineFleet([engine.url]) as fleet:
+            labels = []
+            for i in range(12):
+                await asyncio.sleep(0.27 + 0.005 * i)
+                labels.append((await fleet.read_versions())[engine.url])
+    assert labels == ["default"] * 12
+
+
+async def test_an_answer_before_the_whole_body_was_read_is_taken_and_its_connection_retired() -> None:
+    async def early(reader: Reader, writer: Writer, conn: int, server: Server) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        server.requests.append(Request(head.decode("latin-1").split("\r\n")[0], {}, b"", conn))
+        if conn == 1:
+            # Refuses the body unread, and reads nothing more: the client's write stays in its buffer.
+            writer.write(answer(b"too large", status="413 Payload Too Large"))
+            await writer.drain()
+            await asyncio.sleep(3)
+            return
+        await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+        writer.write(answer(b"ok"))
+        await writer.drain()
+
+    big = b"x" * (32 * 1024 * 1024)
+    async with scripted(early) as server, KeepAliveHttp(server.url, timeout=2) as http:
+        refused = await http.request("POST", "/update_weights_from_tensor", content=big)
+        assert http.open_connections == 0
+        accepted = await http.request("POST", "/update_weights_from_tensor", content=b"{}")
+    assert (refused.status_code, refused.content) == (413, b"too large")
+    assert accepted.content == b"ok"
+    assert server.accepted == 2
