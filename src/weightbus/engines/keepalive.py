@@ -13,7 +13,8 @@ Invariants:
 - At most ``max_connections`` connections are open at once, and at most one is kept idle between requests.
 - A request is sent a second time only once, and only on a fresh connection, when a *reused* connection closed
   before a single byte of the answer arrived. That is a server dropping an idle keep-alive connection (uvicorn does
-  after 5 s) just as the request left. The engine routes a fleet sends are idempotent for the same body.
+  after 5 s) just as the request left. The engine routes a fleet sends are idempotent for the same body, but for a
+  LoRA load, whose repeat the engine refuses (a loud failure, never a second adapter).
 - Every failure is an ``EngineTransportError`` (an ``EngineError`` with no status) naming the request and why.
 """
 
