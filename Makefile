@@ -68,7 +68,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev,engine,rl,bench]"
 	touch $(BENCH_STAMP)
 
-# All benchmarks, about 11 minutes on 2 cores; results in bench/results/ (json, md, png).
+# All benchmarks, about 13 minutes on 2 cores; results in bench/results/ (json, md, png).
 bench: venv $(BENCH_STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/python bench/drain.py --profile && \
@@ -77,6 +77,8 @@ bench: venv $(BENCH_STAMP)
 	$(BIN)/python bench/http_client.py && \
 	$(BIN)/python bench/propagation.py && \
 	$(BIN)/python bench/fanout.py && \
+	for k in 1 200; do $(BIN)/python bench/fanout.py --servers single --layouts coroutines --trackers $$k \
+	  --processes 1 --versions 500 --interval 0.01 --repeats 4 --out bench/results/tracker-cpu/k$$k || exit 1; done && \
 	$(BIN)/python bench/demo_overhead.py && \
 	$(BIN)/python bench/admission.py && \
 	echo "make bench: all benchmarks took $$(( $$(date +%s) - start )) s"

@@ -173,13 +173,13 @@ def _load_range(result: dict[str, Any]) -> str:
 def _report(result: dict[str, Any]) -> str:
     cfg = result["config"]
     lines = [
-        "# Fan-out: one policy's announcements to ~1,000 followers",
+        f"# Fan-out: one policy's announcements to {cfg['trackers']:,} followers",
         "",
         f"{cfg['trackers']} followers; {cfg['versions']} versions {cfg['interval'] * 1000:.0f} ms apart; "
         f"{cfg['repeats']} repeats, rows alternating. Layouts: coroutines (1 process, one connection) and "
         f"processes ({cfg['processes']} processes, {cfg['trackers'] // cfg['processes']} followers and one "
         f"connection each). Machine: {result['machine']}; 1-min load average {_load_range(result)} during the "
-        f"trials (other jobs shared the machine). Whole run: {result['duration_s']:.0f} s.",
+        f"trials. Whole run: {result['duration_s']:.0f} s.",
         "",
         "Median over repeats of each trial's p50 / p99 / max in ms (time.time_ns() when a follower first holds >= v "
         "minus the wall time where the push ends); lost = versions some follower never held; server CPU = the "
