@@ -200,7 +200,7 @@ def _plot(result: dict[str, Any], path: Path) -> str | None:
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, frameon=False)
     ax.grid(axis="y", which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend sits below the axes, outside the figure
     plt.close(fig)
     return None
 

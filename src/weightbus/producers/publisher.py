@@ -31,8 +31,8 @@ log = logging.getLogger("weightbus.producers")
 
 _CLAIM_ATTEMPTS: Final = 5
 #: Seconds the counter's mark after an announcement waits (``VersionPublisher(mark_delay=...)``): far past the
-#: announcement's delivery to every tracker (p99 46 ms, max 136 ms at 64 subscriber processes on 2 cores, in
-#: bench/results/propagation.md).
+#: announcement's delivery to every tracker (at 64 subscriber processes on 2 cores, p99 6 ms and max 46 ms on a
+#: quiet machine, bench/results/propagation.md; p99 46 ms and max 136 ms on a loaded one, propagation-loaded/).
 MARK_DELAY: Final = 0.5
 _UNLOAD_TIMEOUT: Final = 30.0  # seconds an unload after a failed LoRA update may take
 
