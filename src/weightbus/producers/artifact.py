@@ -2,7 +2,13 @@
 
 One definition of the digests (``WeightArtifact.manifest_digest``: ``sha256:`` of the file's bytes; ``tensors``: the
 sha256 of each tensor's bytes in a safetensors file, as the format's header indexes them), used on both sides.
-Files are read in chunks, never whole, and no torch is needed. ``verify_artifact`` says what is wrong, or None.
+Files are read in chunks, never whole, and no torch is needed. ``check_artifact`` says what is wrong, or returns the
+``CheckedFile``; ``verify_artifact`` only says what is wrong.
+
+The engine reads the file again after the check, so a check alone proves nothing about what it loads: a trainer that
+writes every version to one path can rewrite it in between. A ``CheckedFile`` keeps the file's identity as it was
+before its bytes were hashed (device, inode, size, modification and change times, in ns); ``changed()`` compares it
+with the file's now. A rewrite or a replace moves it, even with the same bytes, so the check errs toward "changed".
 """
 
 from __future__ import annotations
@@ -11,13 +17,22 @@ import hashlib
 import json
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final, Literal
 from urllib.parse import unquote, urlparse
 
 from weightbus.schemas import WeightArtifact
 
-__all__ = ["ArtifactProblem", "local_path", "safetensors_artifact", "safetensors_tensor_digests", "verify_artifact"]
+__all__ = [
+    "ArtifactProblem",
+    "CheckedFile",
+    "check_artifact",
+    "local_path",
+    "safetensors_artifact",
+    "safetensors_tensor_digests",
+    "verify_artifact",
+]
 
 _CHUNK: Final = 1 << 20
 #: A safetensors header larger than this is refused (the format's own readers cap it at 100 MB).
@@ -105,12 +120,46 @@ def safetensors_artifact(path: Path, base: int | None = None) -> WeightArtifact:
     )
 
 
-def verify_artifact(artifact: WeightArtifact) -> ArtifactProblem | None:
-    """Check the file ``artifact`` names against its digests; None when every announced digest matches.
+#: A file's identity without its bytes: device, inode, size, modification and change times (ns).
+_Identity = tuple[int, int, int, int, int]
+
+
+def _identity(path: Path) -> _Identity | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedFile:
+    """A file whose bytes matched an artifact's digests, and its identity from before they were read.
+
+    Attributes:
+        path: the file.
+        identity: device, inode, size, modification and change times (ns) before its bytes were hashed.
+    """
+
+    path: Path
+    identity: _Identity
+
+    def changed(self) -> str | None:
+        """Why the file may no longer hold the bytes that were checked (written again, replaced, removed), or None."""
+        now = _identity(self.path)
+        if now is None:
+            return f"{self.path} is no longer there"
+        if now != self.identity:
+            return f"{self.path} was written or replaced (its inode, size or times moved)"
+        return None
+
+
+def check_artifact(artifact: WeightArtifact) -> ArtifactProblem | CheckedFile:
+    """Check the file ``artifact`` names against its digests; the ``CheckedFile`` when every announced one matches.
 
     An artifact without a ``manifest_digest`` cannot be checked, so it is refused (``digest_mismatch``): a
     catch-up loads only bytes it verified. Where per-tensor digests are given, every tensor must be there with
-    its digest, and no other.
+    its digest, and no other. A file written while it was read is refused too (``digest_mismatch``).
     """
     path = local_path(artifact.uri)
     if path is None:
@@ -121,6 +170,7 @@ def verify_artifact(artifact: WeightArtifact) -> ArtifactProblem | None:
     algorithm = expected.split(":", 1)[0]
     if algorithm != "sha256":
         return "digest_mismatch", f"{artifact.uri}: cannot check a {algorithm!r} digest (only sha256)"
+    identity = _identity(path)
     try:
         actual = _file_digest(path)
     except FileNotFoundError:
@@ -137,4 +187,14 @@ def verify_artifact(artifact: WeightArtifact) -> ArtifactProblem | None:
         if tensors != tuple(sorted(artifact.tensors)):
             differ = sorted(set(tensors) ^ set(artifact.tensors))
             return "digest_mismatch", f"{artifact.uri}: tensor digests differ from the announced ones: {differ[:4]}"
-    return None
+    checked = CheckedFile(path, identity) if identity is not None else None
+    why = "it could not be looked at" if checked is None else checked.changed()
+    if checked is None or why is not None:
+        return "digest_mismatch", f"{artifact.uri} changed while it was checked: {why}"
+    return checked
+
+
+def verify_artifact(artifact: WeightArtifact) -> ArtifactProblem | None:
+    """What is wrong with the file ``artifact`` names (see ``check_artifact``), or None when it matches."""
+    checked = check_artifact(artifact)
+    return None if isinstance(checked, CheckedFile) else checked

@@ -2,9 +2,10 @@
 
 The version and its artifacts come from the weights history as trackers fold it (``rules.history``); the plan is the
 pure rule ``rules.catchup``. Invariants: every file is checked against its announced digests before the engine is
-touched. A label is only ever set together with the weights it names: a full load carries ``weight_version``; a LoRA
-version's base is loaded as ``quarantine:<v>`` (or is the boot base that ``producers.coverage``'s lineage rule says
-the engine holds), and it is relabelled ``v`` only after its adapter, and only if nothing relabelled it meanwhile.
+touched, and must still be the file that was checked when its load ends (else the engine is quarantined). A label
+is only ever set together with the weights it names: a full load carries ``weight_version``; a LoRA version's base
+is loaded as ``quarantine:<v>`` (or is the boot base that ``producers.coverage``'s lineage rule says the engine
+holds), and it is relabelled ``v`` only after its adapter, and only if nothing relabelled it meanwhile.
 An engine at or above the target is never brought down. After a load the bus is read again and a newer announcement
 is followed (``rounds`` at most), else the engine is left truthfully labelled with the verified version it holds.
 On a failure the engine is quarantined (``quarantine:<v>``, a ``FleetQuarantined`` alert, a metric) and a
@@ -33,7 +34,7 @@ from weightbus.errors import (
     CatchupError,
     EngineError,
 )
-from weightbus.producers.artifact import verify_artifact
+from weightbus.producers.artifact import CheckedFile, check_artifact
 from weightbus.producers.coverage import fold_lineage, is_boot_label
 from weightbus.producers.fleet import EngineFleet, EngineStamp
 from weightbus.producers.lora import push_lora_adapter
@@ -98,6 +99,17 @@ class _Failed(Exception):
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}")
+
+
+def _unchanged(checked: list[CheckedFile], target: int) -> None:
+    """Raise unless every checked file is still the one whose bytes were checked."""
+    for file in checked:
+        why = file.changed()
+        if why is not None:
+            raise _Failed(
+                "digest_mismatch",
+                f"{why}: it changed after it was checked, so the engine may hold other bytes than v{target}'s",
+            )
 
 
 async def catch_up(
@@ -205,11 +217,13 @@ class _Catchup:
                 plan = plan_catchup(history.updates, target, boot_base=True)
             if isinstance(plan, PlanRefused):
                 raise _Failed(plan.reason, plan.detail)
+            checked: list[CheckedFile] = []
             for announcement in plan.announcements:
                 assert announcement.artifact is not None  # a plan names only announcements with one
-                problem = verify_artifact(announcement.artifact)
-                if problem is not None:
-                    raise _Failed(*problem)
+                result = check_artifact(announcement.artifact)
+                if not isinstance(result, CheckedFile):
+                    raise _Failed(*result)
+                checked.append(result)
             if not self.paused:
                 try:
                     await self.client.pause_generation(self.pause)
@@ -223,7 +237,7 @@ class _Catchup:
                 return self._result(standing, before, label, target, loaded)
             if standing == "busy":
                 raise _Failed("busy", f"it carries {label!r}: a trainer's update above v{target} holds it")
-            await self._load(plan, label)
+            await self._load(plan, label, checked)
             loaded.append(target)
             label = await self._label()
             if label != str(target):
@@ -266,13 +280,18 @@ class _Catchup:
         lineage = fold_lineage(e.event for e in events.events)
         return lineage.untouched or (lineage.boot_base and is_boot_label(label))
 
-    async def _load(self, plan: CatchupPlan, label: str) -> None:
-        """Load the plan's files; a label is set only with the weights it names (see the module docstring)."""
+    async def _load(self, plan: CatchupPlan, label: str, checked: list[CheckedFile]) -> None:
+        """Load the plan's checked files; a label is set only with the weights it names (see the module docstring).
+
+        A file that changed between its check and the end of the load may not be what the engine holds: the engine
+        is then quarantined (``digest_mismatch``) before it is resumed, even if its load read the checked bytes.
+        """
         client, target = self.client, plan.target
         try:
             if plan.adapter is None:
                 assert plan.full is not None and plan.full.artifact is not None
                 await client.update_weights_from_disk(plan.full.artifact.uri, weight_version=str(target))
+                _unchanged(checked, target)
                 return
             adapter, lora = plan.adapter.artifact, plan.adapter.lora
             assert adapter is not None and lora is not None
@@ -287,6 +306,7 @@ class _Catchup:
             label = await client.weight_version()
             if label != transitional:
                 raise _Failed("engine_error", f"relabelled {label!r} while its adapter was loaded")
+            _unchanged(checked, target)
             await client.update_weight_version(str(target), abort_all_requests=False)
         except EngineError as exc:
             raise _Failed("engine_error", f"the load failed: {exc}") from exc

@@ -1,0 +1,211 @@
+"""A catch-up whose artifact file changes after its digest was checked: the trainer writes its next version to the
+same path while the catch-up pauses the engine, or while the engine loads.
+
+On a real nats-server with a reference engine over real HTTP. The engine client records the sha256 of the bytes at
+the path at the moment each load goes out (what an engine reading that path would load), and every test asserts
+the invariant from those records and the engine's label: a numeric label never names bytes other than that
+version's announced ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from weightbus.bus import subjects
+from weightbus.bus.nats import NatsBus
+from weightbus.engines.sglang import SGLangClient
+from weightbus.errors import ArtifactDigestError
+from weightbus.producers import VersionPublisher, catch_up
+from weightbus.producers.artifact import check_artifact, safetensors_artifact
+from weightbus.refengine.reference import EngineState
+from weightbus.schemas import FleetQuarantined, LoraAdapter
+
+from .conftest import history, write_safetensors
+
+pytestmark = pytest.mark.nats
+
+Hook = Callable[[], Awaitable[None]] | None
+
+
+def _digest(path: Path) -> str:
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _rewrite_in_place(path: Path, seed: int) -> None:
+    write_safetensors(path, seed)  # same size and header, other weights; same inode
+
+
+def _replace_atomically(path: Path, seed: int) -> None:
+    fresh = write_safetensors(path.with_suffix(".tmp"), seed)
+    os.replace(fresh, path)  # a careful trainer's write: a new inode under the same name
+
+
+class _RecordingEngine(SGLangClient):
+    """An engine client that records what each load would read from disk, and runs a hook at a chosen step."""
+
+    def __init__(self, url: str, *, before_pause: Hook = None, after_load: Hook = None) -> None:
+        super().__init__(url)
+        self.before_pause, self.after_load = before_pause, after_load
+        self.loaded: list[tuple[str, str]] = []  # (path, sha256 of its bytes when the load went out)
+
+    async def pause_generation(self, mode: str = "retract") -> None:  # type: ignore[override]
+        hook, self.before_pause = self.before_pause, None
+        if hook is not None:
+            await hook()
+        await super().pause_generation(mode)  # type: ignore[arg-type]
+
+    async def update_weights_from_disk(self, model_path: str, **kwargs: object):  # type: ignore[no-untyped-def,override]
+        self.loaded.append((model_path, _digest(Path(model_path))))
+        result = await super().update_weights_from_disk(model_path, **kwargs)  # type: ignore[arg-type]
+        hook, self.after_load = self.after_load, None
+        if hook is not None:
+            await hook()
+        return result
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str, **kwargs: object):  # type: ignore[no-untyped-def,override]
+        self.loaded.append((lora_path, _digest(Path(lora_path))))
+        return await super().load_lora_adapter(lora_name, lora_path, **kwargs)  # type: ignore[arg-type]
+
+
+def _label_names_announced_bytes(state: EngineState, engine: _RecordingEngine, announced: dict[int, str]) -> bool:
+    """The invariant: an engine labelled ``v`` loaded nothing but ``v``'s announced bytes in this catch-up."""
+    label = state.weight_version
+    if not label.isdigit():
+        return True
+    return all(digest in announced.values() for _, digest in engine.loaded) and int(label) in announced
+
+
+async def _alerts(bus: NatsBus, policy: str) -> list[FleetQuarantined]:
+    return [e.event for e in await history(bus, subjects.alerts(policy)) if isinstance(e.event, FleetQuarantined)]
+
+
+@pytest.mark.parametrize("rewrite", [_rewrite_in_place, _replace_atomically])
+async def test_a_file_the_trainer_rewrites_after_the_check_is_never_served_under_the_checked_number(
+    nats_bus: NatsBus,
+    policy: str,
+    served: tuple[EngineState, str],
+    tmp_path: Path,
+    rewrite: Callable[[Path, int], None],
+) -> None:
+    state, url = served
+    path = write_safetensors(tmp_path / "latest.safetensors", 1)  # one path for every version
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    async with pub.update(artifact=safetensors_artifact(path)):
+        pass
+    announced = {1: _digest(path)}
+
+    async def trainer_writes_its_next_version() -> None:  # after the digest check, before the load
+        rewrite(path, 2)
+
+    engine = _RecordingEngine(url, before_pause=trainer_writes_its_next_version)
+    try:
+        with pytest.raises(ArtifactDigestError, match="changed after it was checked") as caught:
+            await catch_up(nats_bus, policy, engine)
+    finally:
+        await engine.aclose()
+    assert engine.loaded and engine.loaded[0][1] != announced[1]  # the engine did read other bytes
+    assert _label_names_announced_bytes(state, engine, announced)
+    assert caught.value.quarantined and state.weight_version == "quarantine:1" and state.pause_mode is None
+    [alert] = await _alerts(nats_bus, policy)
+    assert alert.engines == (url,) and "digest_mismatch" in alert.detail
+
+
+async def test_a_change_during_the_load_quarantines_too_since_what_the_engine_read_cannot_be_told(
+    nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path
+) -> None:
+    # The engine may have read the checked bytes, or a torn mix of both: it errs toward stale, loudly.
+    state, url = served
+    path = write_safetensors(tmp_path / "latest.safetensors", 1)
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    async with pub.update(artifact=safetensors_artifact(path)):
+        pass
+
+    async def trainer_writes_its_next_version() -> None:
+        _rewrite_in_place(path, 2)
+
+    engine = _RecordingEngine(url, after_load=trainer_writes_its_next_version)
+    try:
+        with pytest.raises(ArtifactDigestError, match="changed after it was checked"):
+            await catch_up(nats_bus, policy, engine)
+    finally:
+        await engine.aclose()
+    assert state.weight_version == "quarantine:1" and state.pause_mode is None
+
+
+async def test_an_adapter_rewritten_after_the_check_never_gets_the_number(
+    nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path
+) -> None:
+    state, url = served
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    base = write_safetensors(tmp_path / "weights-v1.safetensors", 1)
+    async with pub.update(artifact=safetensors_artifact(base)):
+        pass
+    adapter = write_safetensors(tmp_path / "adapter.safetensors", 2)  # the trainer's one adapter path
+    async with pub.update(
+        lora=LoraAdapter(name="lora-v2", path=str(adapter)), artifact=safetensors_artifact(adapter, 1)
+    ):
+        pass
+    announced = {1: _digest(base), 2: _digest(adapter)}
+
+    async def trainer_writes_its_next_adapter() -> None:
+        _replace_atomically(adapter, 3)
+
+    engine = _RecordingEngine(url, before_pause=trainer_writes_its_next_adapter)
+    try:
+        with pytest.raises(ArtifactDigestError, match="changed after it was checked"):
+            await catch_up(nats_bus, policy, engine)
+    finally:
+        await engine.aclose()
+    assert _label_names_announced_bytes(state, engine, announced)
+    assert state.weight_version == "quarantine:2" and state.pause_mode is None
+
+
+async def test_a_file_left_alone_is_caught_up_as_before(
+    nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path
+) -> None:
+    state, url = served
+    path = write_safetensors(tmp_path / "latest.safetensors", 1)
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    async with pub.update(artifact=safetensors_artifact(path)):
+        pass
+    engine = _RecordingEngine(url)
+    try:
+        result = await catch_up(nats_bus, policy, engine)
+    finally:
+        await engine.aclose()
+    assert (result.outcome, state.weight_version) == ("caught_up", "1")
+    assert engine.loaded == [(str(path), _digest(path))]
+
+
+def test_a_checked_file_tells_when_it_was_written_again_even_with_the_same_bytes(tmp_path: Path) -> None:
+    path = write_safetensors(tmp_path / "w.safetensors", 1)
+    checked = check_artifact(safetensors_artifact(path))
+    assert not isinstance(checked, tuple) and checked.changed() is None
+    _rewrite_in_place(path, 1)  # what a load reads now cannot be told from its identity: counted as a change
+    assert checked.changed() is not None
+    path.unlink()
+    assert "no longer" in (checked.changed() or "")
+
+
+def test_a_file_written_while_its_digest_is_computed_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from weightbus.producers import artifact as module
+
+    path = write_safetensors(tmp_path / "w.safetensors", 1)
+    announced = safetensors_artifact(path)
+    digest = module._file_digest
+
+    def digest_then_rewrite(at: Path) -> str:
+        value = digest(at)
+        _rewrite_in_place(at, 1)  # the hash read the old bytes; the file moved on before the check ended
+        return value
+
+    monkeypatch.setattr(module, "_file_digest", digest_then_rewrite)
+    problem = check_artifact(announced)
+    assert isinstance(problem, tuple) and problem[0] == "digest_mismatch" and "while it was checked" in problem[1]
