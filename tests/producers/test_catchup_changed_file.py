@@ -80,6 +80,25 @@ def _label_names_announced_bytes(state: EngineState, engine: _RecordingEngine, a
     return all(digest in announced.values() for _, digest in engine.loaded) and int(label) in announced
 
 
+async def _announce_at_one_path(bus: NatsBus, policy: str, weights: Path) -> Path:
+    """v1 announced with its artifact at the path a trainer writes every version to."""
+    path = write_safetensors(weights / "latest.safetensors", 1)
+    pub = await VersionPublisher(bus, policy, trainer_id="t").start()
+    async with pub.update(artifact=safetensors_artifact(path)):
+        pass
+    return path
+
+
+async def _run(bus: NatsBus, policy: str, engine: _RecordingEngine) -> ArtifactDigestError:
+    """The catch-up, which must find a file changed after its check; its error."""
+    try:
+        with pytest.raises(ArtifactDigestError, match="changed after it was checked") as caught:
+            await catch_up(bus, policy, engine)
+    finally:
+        await engine.aclose()
+    return caught.value
+
+
 async def _alerts(bus: NatsBus, policy: str) -> list[FleetQuarantined]:
     return [e.event for e in await history(bus, subjects.alerts(policy)) if isinstance(e.event, FleetQuarantined)]
 
@@ -93,24 +112,17 @@ async def test_a_file_the_trainer_rewrites_after_the_check_is_never_served_under
     rewrite: Callable[[Path, int], None],
 ) -> None:
     state, url = served
-    path = write_safetensors(tmp_path / "latest.safetensors", 1)  # one path for every version
-    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
-    async with pub.update(artifact=safetensors_artifact(path)):
-        pass
+    path = await _announce_at_one_path(nats_bus, policy, tmp_path)
     announced = {1: _digest(path)}
 
     async def trainer_writes_its_next_version() -> None:  # after the digest check, before the load
         rewrite(path, 2)
 
     engine = _RecordingEngine(url, before_pause=trainer_writes_its_next_version)
-    try:
-        with pytest.raises(ArtifactDigestError, match="changed after it was checked") as caught:
-            await catch_up(nats_bus, policy, engine)
-    finally:
-        await engine.aclose()
+    error = await _run(nats_bus, policy, engine)
     assert engine.loaded and engine.loaded[0][1] != announced[1]  # the engine did read other bytes
     assert _label_names_announced_bytes(state, engine, announced)
-    assert caught.value.quarantined and state.weight_version == "quarantine:1" and state.pause_mode is None
+    assert error.quarantined and state.weight_version == "quarantine:1" and state.pause_mode is None
     [alert] = await _alerts(nats_bus, policy)
     assert alert.engines == (url,) and "digest_mismatch" in alert.detail
 
@@ -120,20 +132,12 @@ async def test_a_change_during_the_load_quarantines_too_since_what_the_engine_re
 ) -> None:
     # The engine may have read the checked bytes, or a torn mix of both: it errs toward stale, loudly.
     state, url = served
-    path = write_safetensors(tmp_path / "latest.safetensors", 1)
-    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
-    async with pub.update(artifact=safetensors_artifact(path)):
-        pass
+    path = await _announce_at_one_path(nats_bus, policy, tmp_path)
 
     async def trainer_writes_its_next_version() -> None:
         _rewrite_in_place(path, 2)
 
-    engine = _RecordingEngine(url, after_load=trainer_writes_its_next_version)
-    try:
-        with pytest.raises(ArtifactDigestError, match="changed after it was checked"):
-            await catch_up(nats_bus, policy, engine)
-    finally:
-        await engine.aclose()
+    await _run(nats_bus, policy, _RecordingEngine(url, after_load=trainer_writes_its_next_version))
     assert state.weight_version == "quarantine:1" and state.pause_mode is None
 
 
@@ -156,11 +160,7 @@ async def test_an_adapter_rewritten_after_the_check_never_gets_the_number(
         _replace_atomically(adapter, 3)
 
     engine = _RecordingEngine(url, before_pause=trainer_writes_its_next_adapter)
-    try:
-        with pytest.raises(ArtifactDigestError, match="changed after it was checked"):
-            await catch_up(nats_bus, policy, engine)
-    finally:
-        await engine.aclose()
+    await _run(nats_bus, policy, engine)
     assert _label_names_announced_bytes(state, engine, announced)
     assert state.weight_version == "quarantine:2" and state.pause_mode is None
 
@@ -169,10 +169,7 @@ async def test_a_file_left_alone_is_caught_up_as_before(
     nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path
 ) -> None:
     state, url = served
-    path = write_safetensors(tmp_path / "latest.safetensors", 1)
-    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
-    async with pub.update(artifact=safetensors_artifact(path)):
-        pass
+    path = await _announce_at_one_path(nats_bus, policy, tmp_path)
     engine = _RecordingEngine(url)
     try:
         result = await catch_up(nats_bus, policy, engine)
