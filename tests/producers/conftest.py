@@ -126,6 +126,26 @@ def write_safetensors(path: Path, seed: int) -> Path:
     return path
 
 
+def write_checkpoint(root: Path, seed: int = 1) -> Path:
+    """A small HF-style checkpoint: a config, two shards, an index, and a tokenizer file in a subdirectory."""
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({"architectures": ["HashLM"], "seed": seed}))
+    write_safetensors(root / "model-00001-of-00002.safetensors", seed)
+    rename_tensor(write_safetensors(root / "model-00002-of-00002.safetensors", seed + 1), "w", "v")
+    (root / "model.safetensors.index.json").write_text('{"weight_map": {"w": "model-00001", "v": "model-00002"}}')
+    (root / "tokenizer").mkdir()
+    (root / "tokenizer" / "vocab.txt").write_text("a\nb\n")
+    return root
+
+
+def rename_tensor(path: Path, old: str, new: str) -> None:
+    """Rename a tensor in a safetensors file written by ``write_safetensors`` (the names have the same length)."""
+    raw = path.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = raw[8 : 8 + length].replace(f'"{old}"'.encode(), f'"{new}"'.encode())
+    path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + length :])
+
+
 @pytest.fixture
 def served() -> Iterator[tuple[EngineState, str]]:
     """A reference engine served over real HTTP in a thread: its state and its URL."""

@@ -21,11 +21,11 @@ from weightbus.bus.nats import NatsBus
 from weightbus.engines.sglang import SGLangClient
 from weightbus.errors import ArtifactDigestError
 from weightbus.producers import VersionPublisher, catch_up
-from weightbus.producers.artifact import check_artifact, safetensors_artifact
+from weightbus.producers.artifact import check_artifact, checkpoint_artifact, safetensors_artifact
 from weightbus.refengine.reference import EngineState
 from weightbus.schemas import FleetQuarantined, LoraAdapter
 
-from .conftest import history, write_safetensors
+from .conftest import history, write_checkpoint, write_safetensors
 
 pytestmark = pytest.mark.nats
 
@@ -33,6 +33,8 @@ Hook = Callable[[], Awaitable[None]] | None
 
 
 def _digest(path: Path) -> str:
+    if path.is_dir():  # its manifest digest, which test_checkpoint_artifact checks against sha256sum
+        return str(checkpoint_artifact(path).manifest_digest)
     return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -206,3 +208,31 @@ def test_a_file_written_while_its_digest_is_computed_is_refused(
     monkeypatch.setattr(module, "_file_digest", digest_then_rewrite)
     problem = check_artifact(announced)
     assert isinstance(problem, tuple) and problem[0] == "digest_mismatch" and "while it was checked" in problem[1]
+
+
+async def test_a_checkpoint_directory_is_caught_up_to_and_a_shard_replaced_under_the_load_quarantines(
+    nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path
+) -> None:
+    # What SGLang loads: a directory. v1 and v2 each in a directory of their own; v2's shard replaced under its load.
+    state, url = served
+    pub = await VersionPublisher(nats_bus, policy, trainer_id="t").start()
+    first = write_checkpoint(tmp_path / "step-1", seed=1)
+    async with pub.update(artifact=checkpoint_artifact(first)):
+        pass
+    engine = _RecordingEngine(url)
+    try:
+        result = await catch_up(nats_bus, policy, engine)
+    finally:
+        await engine.aclose()
+    assert (result.outcome, state.weight_version, state.model_path) == ("caught_up", "1", str(first))
+
+    second = write_checkpoint(tmp_path / "step-2", seed=2)
+    async with pub.update(artifact=checkpoint_artifact(second)):
+        pass
+
+    async def trainer_rewrites_a_shard() -> None:
+        _replace_atomically(second / "model-00001-of-00002.safetensors", 9)
+
+    error = await _run(nats_bus, policy, _RecordingEngine(url, before_pause=trainer_rewrites_a_shard))
+    assert "model-00001-of-00002.safetensors" in error.detail
+    assert error.quarantined and state.weight_version == "quarantine:2" and state.pause_mode is None

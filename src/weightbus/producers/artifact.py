@@ -1,20 +1,27 @@
-"""The checksums of a weights artifact on disk: written by the trainer, checked by a catch-up before any load.
+r"""The checksums of a weights artifact on disk: written by the trainer, checked by a catch-up before any load.
 
-One definition of the digests (``WeightArtifact.manifest_digest``: ``sha256:`` of the file's bytes; ``tensors``: the
-sha256 of each tensor's bytes in a safetensors file, as the format's header indexes them), used on both sides.
+One definition of the digests, used on both sides. An artifact is one file (a safetensors file) or a checkpoint
+directory (what SGLang's ``update_weights_from_disk`` loads: ``config.json``, the safetensors shards, the tokenizer).
+``WeightArtifact.manifest_digest`` is ``sha256:`` of a file's bytes; of a directory, it is ``sha256:`` of its
+manifest, one ``"<sha256 hex>  <path>\n"`` line per regular file below it (symbolic links followed, paths relative
+and ``/``-separated, in byte order): what ``sha256sum`` prints for those files, so ``cd DIR && find -L . -type f |
+sed 's|^\./||' | LC_ALL=C sort | xargs -d '\n' sha256sum | sha256sum`` gives the same hex. ``tensors``: the sha256
+of each tensor's bytes in the safetensors files, as the format's header indexes them (names unique across shards).
 Files are read in chunks, never whole, and no torch is needed. ``check_artifact`` says what is wrong, or returns the
-``CheckedFile``; ``verify_artifact`` only says what is wrong.
+``CheckedArtifact``; ``verify_artifact`` only says what is wrong.
 
-The engine reads the file again after the check, so a check alone proves nothing about what it loads: a trainer that
-writes every version to one path can rewrite it in between. A ``CheckedFile`` keeps the file's identity as it was
-before its bytes were hashed (device, inode, size, modification and change times, in ns); ``changed()`` compares it
-with the file's now. A rewrite or a replace moves it, even with the same bytes, so the check errs toward "changed".
+The engine reads the files again after the check, so a check alone proves nothing about what it loads: a trainer
+that writes every version to one path can rewrite it in between. A ``CheckedArtifact`` keeps the identity of every
+file as it was before their bytes were hashed (device, inode, size, modification and change times, in ns);
+``changed()`` compares it with the files' now. A rewrite, a replace, an added or a removed file moves it, even with
+the same bytes, so the check errs toward "changed".
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,8 +33,9 @@ from weightbus.schemas import WeightArtifact
 
 __all__ = [
     "ArtifactProblem",
-    "CheckedFile",
+    "CheckedArtifact",
     "check_artifact",
+    "checkpoint_artifact",
     "local_path",
     "safetensors_artifact",
     "safetensors_tensor_digests",
@@ -83,21 +91,59 @@ def _tensor_ranges(f: BinaryIO) -> Iterator[tuple[str, int, int]]:
         yield name, start + int(first), start + int(last)
 
 
-def safetensors_tensor_digests(path: Path) -> tuple[tuple[str, str], ...]:
-    """``(name, "sha256:<hex>")`` of every tensor of the safetensors file at ``path``, sorted by name.
+def _members(path: Path) -> list[tuple[str, Path]]:
+    """The regular files an artifact is made of, as ``(name, path)``: the file itself (named ``""``), or every file
+    below a checkpoint directory (its relative ``/``-separated path; links followed), in byte order of the names.
 
     Raises:
-        OSError: the file cannot be read.
-        ValueError: it is not a safetensors file.
+        OSError: the directory cannot be listed.
     """
-    with path.open("rb") as f:
-        ranges = list(_tensor_ranges(f))
-        return tuple(sorted((name, _hash_range(f, start, end)) for name, start, end in ranges))
+    if not path.is_dir():
+        return [("", path)]
+    found: list[tuple[str, Path]] = []
+
+    def refuse(error: OSError) -> None:
+        raise error
+
+    for root, _dirs, files in os.walk(path, onerror=refuse, followlinks=True):
+        for name in files:
+            full = Path(root) / name
+            found.append((full.relative_to(path).as_posix(), full))
+    return sorted(found, key=lambda member: member[0].encode())
+
+
+def safetensors_tensor_digests(path: Path) -> tuple[tuple[str, str], ...]:
+    """``(name, "sha256:<hex>")`` of every tensor of the safetensors file at ``path``, or of every ``*.safetensors``
+    file below the checkpoint directory ``path``, sorted by name.
+
+    Raises:
+        OSError: a file cannot be read.
+        ValueError: it is not a safetensors file, or two shards name the same tensor.
+    """
+    digests: dict[str, str] = {}
+    for name, file in _members(path):
+        if name and not name.endswith(".safetensors"):
+            continue
+        with file.open("rb") as f:
+            for tensor, start, end in list(_tensor_ranges(f)):
+                if tensor in digests:
+                    raise ValueError(f"the tensor {tensor!r} is in two files of {path}")
+                digests[tensor] = _hash_range(f, start, end)
+    return tuple(sorted(digests.items()))
 
 
 def _file_digest(path: Path) -> str:
     with path.open("rb") as f:
         return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _digest(path: Path) -> str:
+    """The manifest digest of the file or checkpoint directory at ``path`` (see the module docstring)."""
+    members = _members(path)
+    if members == [("", path)]:
+        return _file_digest(path)
+    manifest = "".join(f"{_file_digest(file).removeprefix('sha256:')}  {name}\n" for name, file in members)
+    return "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()
 
 
 def safetensors_artifact(path: Path, base: int | None = None) -> WeightArtifact:
@@ -120,46 +166,83 @@ def safetensors_artifact(path: Path, base: int | None = None) -> WeightArtifact:
     )
 
 
+def checkpoint_artifact(directory: Path, base: int | None = None, *, tensors: bool = False) -> WeightArtifact:
+    """The ``WeightArtifact`` of the checkpoint directory a trainer wrote for SGLang's ``update_weights_from_disk``.
+
+    Its manifest digest covers every regular file below it (module docstring), so a catch-up loads the directory
+    only if every file is what the trainer wrote.
+
+    Args:
+        directory: the checkpoint directory.
+        base: the version a delta is the difference from (None: a full checkpoint).
+        tensors: also give each tensor's digest, across the shards. A model of more than a few hundred tensors
+            does not fit one announcement (``MAX_EVENT_BYTES``), and the manifest digest covers their bytes anyway.
+
+    Raises:
+        OSError: a file cannot be read.
+        ValueError: ``directory`` is not a directory, or (``tensors``) a shard is not a safetensors file.
+    """
+    if not directory.is_dir():
+        raise ValueError(f"{directory} is not a directory (for one safetensors file: safetensors_artifact)")
+    return WeightArtifact(
+        uri=str(directory),
+        lineage="full" if base is None else "delta",
+        base=base,
+        manifest_digest=_digest(directory),
+        tensors=safetensors_tensor_digests(directory) if tensors else (),
+    )
+
+
 #: A file's identity without its bytes: device, inode, size, modification and change times (ns).
 _Identity = tuple[int, int, int, int, int]
 
 
-def _identity(path: Path) -> _Identity | None:
+def _identities(path: Path) -> dict[str, _Identity] | None:
+    """The identity of every file of the artifact at ``path``, by name; None when one cannot be looked at."""
     try:
-        st = path.stat()
+        members = _members(path)
+        out: dict[str, _Identity] = {}
+        for name, file in members:
+            st = file.stat()
+            out[name] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
-class CheckedFile:
-    """A file whose bytes matched an artifact's digests, and its identity from before they were read.
+class CheckedArtifact:
+    """An artifact whose bytes matched its digests, and the identity of its files from before they were read.
 
     Attributes:
-        path: the file.
-        identity: device, inode, size, modification and change times (ns) before its bytes were hashed.
+        path: the file or checkpoint directory.
+        identities: per file (``""`` for a lone file), its device, inode, size, modification and change times (ns).
     """
 
     path: Path
-    identity: _Identity
+    identities: dict[str, _Identity]
 
     def changed(self) -> str | None:
-        """Why the file may no longer hold the bytes that were checked (written again, replaced, removed), or None."""
-        now = _identity(self.path)
+        """Why the files may no longer hold the bytes that were checked (written again, replaced, added, removed),
+        or None."""
+        now = _identities(self.path)
         if now is None:
-            return f"{self.path} is no longer there"
-        if now != self.identity:
-            return f"{self.path} was written or replaced (its inode, size or times moved)"
-        return None
+            return f"{self.path} is no longer there, or a file of it"
+        if now == self.identities:
+            return None
+        names = now.keys() | self.identities.keys()
+        moved = sorted(name for name in names if now.get(name) != self.identities.get(name))
+        which = "" if moved == [""] else f" ({', '.join(moved[:4])}{', ...' if len(moved) > 4 else ''})"
+        return f"{self.path} was written, replaced, added to or removed from{which}"
 
 
-def check_artifact(artifact: WeightArtifact) -> ArtifactProblem | CheckedFile:
-    """Check the file ``artifact`` names against its digests; the ``CheckedFile`` when every announced one matches.
+def check_artifact(artifact: WeightArtifact) -> ArtifactProblem | CheckedArtifact:
+    """Check the file or directory ``artifact`` names against its digests; the ``CheckedArtifact`` when every
+    announced one matches.
 
     An artifact without a ``manifest_digest`` cannot be checked, so it is refused (``digest_mismatch``): a
     catch-up loads only bytes it verified. Where per-tensor digests are given, every tensor must be there with
-    its digest, and no other. A file written while it was read is refused too (``digest_mismatch``).
+    its digest, and no other. Files written while they were read are refused too (``digest_mismatch``).
     """
     path = local_path(artifact.uri)
     if path is None:
@@ -170,11 +253,11 @@ def check_artifact(artifact: WeightArtifact) -> ArtifactProblem | CheckedFile:
     algorithm = expected.split(":", 1)[0]
     if algorithm != "sha256":
         return "digest_mismatch", f"{artifact.uri}: cannot check a {algorithm!r} digest (only sha256)"
-    identity = _identity(path)
+    identities = _identities(path)
     try:
-        actual = _file_digest(path)
+        actual = _digest(path)
     except FileNotFoundError:
-        return "missing_file", f"{artifact.uri} does not exist"
+        return "missing_file", f"{artifact.uri} does not exist, or a file of it"
     except OSError as exc:
         return "missing_file", f"{artifact.uri} cannot be read: {exc}"
     if actual != expected:
@@ -187,7 +270,7 @@ def check_artifact(artifact: WeightArtifact) -> ArtifactProblem | CheckedFile:
         if tensors != tuple(sorted(artifact.tensors)):
             differ = sorted(set(tensors) ^ set(artifact.tensors))
             return "digest_mismatch", f"{artifact.uri}: tensor digests differ from the announced ones: {differ[:4]}"
-    checked = CheckedFile(path, identity) if identity is not None else None
+    checked = CheckedArtifact(path, identities) if identities is not None else None
     why = "it could not be looked at" if checked is None else checked.changed()
     if checked is None or why is not None:
         return "digest_mismatch", f"{artifact.uri} changed while it was checked: {why}"
@@ -195,6 +278,7 @@ def check_artifact(artifact: WeightArtifact) -> ArtifactProblem | CheckedFile:
 
 
 def verify_artifact(artifact: WeightArtifact) -> ArtifactProblem | None:
-    """What is wrong with the file ``artifact`` names (see ``check_artifact``), or None when it matches."""
+    """What is wrong with the file or directory ``artifact`` names (see ``check_artifact``), or None when it
+    matches."""
     checked = check_artifact(artifact)
-    return None if isinstance(checked, CheckedFile) else checked
+    return None if isinstance(checked, CheckedArtifact) else checked

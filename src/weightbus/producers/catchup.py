@@ -34,7 +34,7 @@ from weightbus.errors import (
     CatchupError,
     EngineError,
 )
-from weightbus.producers.artifact import CheckedFile, check_artifact
+from weightbus.producers.artifact import CheckedArtifact, check_artifact
 from weightbus.producers.coverage import fold_lineage, is_boot_label
 from weightbus.producers.fleet import EngineFleet, EngineStamp
 from weightbus.producers.lora import push_lora_adapter
@@ -101,10 +101,10 @@ class _Failed(Exception):
         super().__init__(f"{reason}: {detail}")
 
 
-def _unchanged(checked: list[CheckedFile], target: int) -> None:
+def _unchanged(checked: list[CheckedArtifact], target: int) -> None:
     """Raise unless every checked file is still the one whose bytes were checked."""
-    for file in checked:
-        why = file.changed()
+    for artifact in checked:
+        why = artifact.changed()
         if why is not None:
             raise _Failed(
                 "digest_mismatch",
@@ -217,11 +217,11 @@ class _Catchup:
                 plan = plan_catchup(history.updates, target, boot_base=True)
             if isinstance(plan, PlanRefused):
                 raise _Failed(plan.reason, plan.detail)
-            checked: list[CheckedFile] = []
+            checked: list[CheckedArtifact] = []
             for announcement in plan.announcements:
                 assert announcement.artifact is not None  # a plan names only announcements with one
                 result = check_artifact(announcement.artifact)
-                if not isinstance(result, CheckedFile):
+                if not isinstance(result, CheckedArtifact):
                     raise _Failed(*result)
                 checked.append(result)
             if not self.paused:
@@ -280,7 +280,7 @@ class _Catchup:
         lineage = fold_lineage(e.event for e in events.events)
         return lineage.untouched or (lineage.boot_base and is_boot_label(label))
 
-    async def _load(self, plan: CatchupPlan, label: str, checked: list[CheckedFile]) -> None:
+    async def _load(self, plan: CatchupPlan, label: str, checked: list[CheckedArtifact]) -> None:
         """Load the plan's checked files; a label is set only with the weights it names (see the module docstring).
 
         A file that changed between its check and the end of the load may not be what the engine holds: the engine
