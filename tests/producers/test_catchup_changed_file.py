@@ -9,8 +9,10 @@ version's announced ones.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -236,3 +238,36 @@ async def test_a_checkpoint_directory_is_caught_up_to_and_a_shard_replaced_under
     error = await _run(nats_bus, policy, _RecordingEngine(url, before_pause=trainer_rewrites_a_shard))
     assert "model-00001-of-00002.safetensors" in error.detail
     assert error.quarantined and state.weight_version == "quarantine:2" and state.pause_mode is None
+
+
+async def test_the_check_hashes_beside_the_loop_so_the_bus_and_other_engines_go_on(
+    nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from weightbus.producers import artifact as module
+
+    state, url = served
+    await _announce_at_one_path(nats_bus, policy, tmp_path)
+    digest = module._file_digest
+
+    def slow_digest(at: Path) -> str:  # a checkpoint of many gigabytes
+        time.sleep(0.5)
+        return digest(at)
+
+    monkeypatch.setattr(module, "_file_digest", slow_digest)
+    ticks = 0
+
+    async def loop_goes_on() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(loop_goes_on())
+    engine = _RecordingEngine(url)
+    try:
+        result = await catch_up(nats_bus, policy, engine)
+    finally:
+        ticker.cancel()
+        await engine.aclose()
+    assert result.outcome == "caught_up" and state.weight_version == "1"
+    assert ticks >= 10  # about 50 in the half second the hash took; a blocked loop gives 0 to 2

@@ -220,7 +220,8 @@ class _Catchup:
             checked: list[CheckedArtifact] = []
             for announcement in plan.announcements:
                 assert announcement.artifact is not None  # a plan names only announcements with one
-                result = check_artifact(announcement.artifact)
+                # In a thread: a real checkpoint is gigabytes to hash, and the loop must go on (the bus, other engines).
+                result = await asyncio.to_thread(check_artifact, announcement.artifact)
                 if not isinstance(result, CheckedArtifact):
                     raise _Failed(*result)
                 checked.append(result)
