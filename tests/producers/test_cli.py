@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +15,13 @@ from weightbus.bus import connect
 from weightbus.cli import app
 from weightbus.embedded.server import free_port
 from weightbus.producers import VersionPublisher
+from weightbus.producers.artifact import checkpoint_artifact
+from weightbus.producers.status import read_weights_history
 from weightbus.refengine.reference import EngineState, create_app
 from weightbus.refengine.serve import ServedEngine
+from weightbus.schemas import WeightUpdated
+
+from .conftest import write_checkpoint, write_safetensors
 
 runner = CliRunner()
 
@@ -162,3 +169,52 @@ def test_status_of_an_unknown_policy(nats_url: str, policy: str) -> None:
     result = invoke("status", "--policy", policy, "--nats", nats_url, "--json")
     assert result.exit_code == 4
     assert json.loads(result.stdout)["version"] is None
+
+
+def _announced(nats_url: str, policy: str) -> list[WeightUpdated]:
+    async def read() -> list[WeightUpdated]:
+        async with await connect(nats_url) as bus:
+            history = await read_weights_history(bus, policy)
+            return list(history.updates)
+
+    return asyncio.run(read())
+
+
+def test_publish_announces_the_artifact_and_a_restarted_engine_is_caught_up_from_it(
+    nats_url: str, policy: str, served: Any, tmp_path: Path
+) -> None:
+    state, url = served
+    checkpoint = write_checkpoint(tmp_path / "step-1")
+    base = ("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--trainer-id", "ops")
+    first = invoke(*base, "--artifact", str(checkpoint))
+    assert first.exit_code == 0, first.output
+    [update] = _announced(nats_url, policy)
+    assert update.artifact == checkpoint_artifact(checkpoint)  # the directory, with its manifest digest
+    adapter = write_safetensors(tmp_path / "adapter.safetensors", 2)
+    lora = ("--lora-adapter", "math", "--lora-path", str(adapter), "--artifact", str(adapter))
+    second = invoke(*base, *lora)
+    assert second.exit_code == 0, second.output
+    delta = _announced(nats_url, policy)[-1].artifact
+    assert delta is not None and (delta.lineage, delta.base, delta.uri) == ("delta", 1, str(adapter))
+
+    state.weight_version, state.lora_adapters = "default", {}  # the engine restarted with its boot weights
+    caught = invoke("catchup", "--policy", policy, "--nats", nats_url, "--engine", url)
+    assert caught.exit_code == 0, caught.output
+    assert (state.weight_version, state.model_path) == ("2", str(checkpoint))
+    assert state.lora_adapters["math"].path == str(adapter)
+
+
+def test_publish_refuses_an_artifact_it_cannot_digest_before_touching_anything(
+    nats_url: str, policy: str, served: Any, tmp_path: Path
+) -> None:
+    state, url = served
+    base = ("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--pause", "retract")
+    missing = invoke(*base, "--artifact", str(tmp_path / "nowhere"))
+    assert missing.exit_code == 2 and "does not exist" in missing.stderr
+    (tmp_path / "weights.bin").write_bytes(b"\x00" * 16)
+    unreadable = invoke(*base, "--artifact", str(tmp_path / "weights.bin"))
+    assert unreadable.exit_code == 2 and "not a safetensors file" in unreadable.stderr
+    no_base = invoke(*base, "--lora-adapter", "a", "--artifact", str(write_safetensors(tmp_path / "a.st", 1)))
+    assert no_base.exit_code == 2 and "has none" in no_base.stderr
+    # Only the claim's label reads reached the engine: nothing paused, relabelled or loaded, nothing announced.
+    assert {r.path for r in state.requests} == {"/model_info"} and _announced(nats_url, policy) == []

@@ -10,6 +10,7 @@ import asyncio
 import getpass
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Final
 
 import typer
@@ -40,9 +41,10 @@ from weightbus.errors import (
 )
 from weightbus.process.logs import setup_logging
 from weightbus.producers import EngineFleet, VersionPublisher
+from weightbus.producers.artifact import checkpoint_artifact, safetensors_artifact
 from weightbus.producers.lora import push_lora_adapter
 from weightbus.producers.status import read_weights_history
-from weightbus.schemas import LoraAdapter, now
+from weightbus.schemas import LoraAdapter, WeightArtifact, now
 
 __all__ = [
     "EXIT_ENGINE",
@@ -85,6 +87,7 @@ class _Request:
     engine_timeout: float
     api_key: str | None
     connection: ConnectOptions | None = None
+    artifact: Path | None = None
 
 
 async def _resume(fleet: EngineFleet) -> None:
@@ -92,6 +95,33 @@ async def _resume(fleet: EngineFleet) -> None:
         await fleet.resume()
     except EngineError as exc:
         typer.echo(f"warning: resuming the engines failed: {exc}", err=True)
+
+
+async def _artifact(path: Path, lora: bool, current: int | None) -> WeightArtifact:
+    """The artifact of what was pushed: a checkpoint directory or a safetensors file; a LoRA adapter is a delta on
+    the version before this one (the base weights it is loaded on).
+
+    Raises:
+        ValueError: it cannot be read or is no safetensors file, or an adapter has no version before it.
+    """
+    base = None
+    if lora:
+        if current is None:
+            raise ValueError(
+                "--artifact with --lora-adapter is a delta on the version before this one, and the policy has none"
+            )
+        base = current
+
+    def build() -> WeightArtifact:
+        return checkpoint_artifact(path, base) if path.is_dir() else safetensors_artifact(path, base)
+
+    try:
+        # In a thread: hashing a checkpoint takes seconds, and the engines are not paused yet.
+        return await asyncio.to_thread(build)
+    except OSError as exc:
+        raise ValueError(f"--artifact {path}: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"--artifact {path}: {exc}") from None
 
 
 async def _publish(req: _Request) -> int:
@@ -114,10 +144,13 @@ async def _publish(req: _Request) -> int:
         # One update per run: reserving a next number would make the next run's claim skip it.
         pub = VersionPublisher(bus, req.policy, trainer_id=req.trainer_id, fleet=fleet, reserve_next=False)
         await pub.start()
+        artifact = None
+        if req.artifact is not None:
+            artifact = await _artifact(req.artifact, req.lora is not None, pub.state.version)
         if req.pause is not None and fleet is not None:
             paused = True  # before the await: a cancel mid-pause may have paused some engines already
             await fleet.pause(req.pause)
-        async with pub.update(lora=req.lora) as version:
+        async with pub.update(lora=req.lora, artifact=artifact) as version:
             if req.lora is not None and req.lora.path is not None and fleet is not None:
                 await push_lora_adapter(fleet, req.lora.name, req.lora.path, replace=req.lora_replace)
         if paused and fleet is not None:
@@ -160,6 +193,15 @@ PauseOption = Annotated[
 ]
 TakeoverOption = Annotated[
     bool, typer.Option("--takeover", help="Claim the counter even if its owner is alive (fences it).")
+]
+ArtifactOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--artifact",
+        help="Announce where these weights are, with their sha256: a checkpoint directory (what SGLang loads) or a "
+        "safetensors file; with --lora-adapter, the adapter's. Lets `weightbus catchup` bring a restarted engine "
+        "to this version.",
+    ),
 ]
 AliveWindowOption = Annotated[
     float, typer.Option("--alive-window", min=0.0, help="An owner with an event this recent (seconds) is alive.")
@@ -223,6 +265,7 @@ def publish_command(
     lora_adapter: LoraAdapterOption = None,
     lora_path: LoraPathOption = None,
     lora_replace: LoraReplaceOption = True,
+    artifact: ArtifactOption = None,
     trainer_id: TrainerIdOption = None,
     pause: PauseOption = None,
     takeover: TakeoverOption = False,
@@ -245,6 +288,8 @@ def publish_command(
     setup_logging(verbose)
     engines = list(engine or [])
     _check_targets(engines, router, no_engines, pause, lora_adapter, lora_path)
+    if artifact is not None and not artifact.exists():
+        raise fail(f"--artifact {artifact} does not exist", EXIT_USAGE)
     request = _Request(
         nats=nats,
         policy=policy,
@@ -260,6 +305,7 @@ def publish_command(
         engine_timeout=engine_timeout,
         api_key=api_key,
         connection=connection,
+        artifact=None if artifact is None else artifact.absolute(),  # the path the engines and catch-ups read
     )
     typer.echo(str(_run(request)))
 

@@ -80,15 +80,20 @@ def _tensor_ranges(f: BinaryIO) -> Iterator[tuple[str, int, int]]:
     (length,) = struct.unpack("<Q", head)
     if length > _MAX_HEADER:
         raise ValueError(f"not a safetensors file: a {length}-byte header")
-    header = json.loads(f.read(length))
+    try:
+        header = json.loads(f.read(length))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("not a safetensors file: its header is not JSON") from None
     if not isinstance(header, dict):
         raise ValueError("not a safetensors file: the header is not an object")
     start = 8 + length
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        first, last = meta["data_offsets"]
-        yield name, start + int(first), start + int(last)
+        offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            raise ValueError(f"not a safetensors file: the tensor {name!r} has no data_offsets [begin, end]")
+        yield name, start + offsets[0], start + offsets[1]
 
 
 def _members(path: Path) -> list[tuple[str, Path]]:
