@@ -196,6 +196,10 @@ def test_publish_announces_the_artifact_and_a_restarted_engine_is_caught_up_from
     assert second.exit_code == 0, second.output
     delta = _announced(nats_url, policy)[-1].artifact
     assert delta is not None and (delta.lineage, delta.base, delta.uri) == ("delta", 1, str(adapter))
+    shown = json.loads(invoke("status", "--policy", policy, "--nats", nats_url, "--json").stdout)["artifact"]
+    assert shown == {"uri": str(adapter), "lineage": "delta", "base": 1, "manifest_digest": delta.manifest_digest}
+    human = invoke("status", "--policy", policy, "--nats", nats_url).stdout
+    assert f"artifact   {adapter} (delta on v1, {delta.manifest_digest})" in human
 
     state.weight_version, state.lora_adapters = "default", {}  # the engine restarted with its boot weights
     caught = invoke("catchup", "--policy", policy, "--nats", nats_url, "--engine", url)

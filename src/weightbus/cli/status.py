@@ -90,6 +90,7 @@ class _Status:
         h = self.history
         last = h.last_accepted
         lora = last.lora if isinstance(last, WeightUpdated) else None
+        artifact = last.artifact if isinstance(last, WeightUpdated) else None
         return {
             "policy": h.policy,
             "version": h.state.version,
@@ -99,6 +100,14 @@ class _Status:
             "published_at": None if last is None else last.published_at,
             "age_s": None if last is None else max(0.0, now() - last.published_at),
             "lora": None if lora is None else {"name": lora.name, "path": lora.path},
+            "artifact": None
+            if artifact is None
+            else {
+                "uri": artifact.uri,
+                "lineage": artifact.lineage,
+                "base": artifact.base,
+                "manifest_digest": artifact.manifest_digest,
+            },
             "seq": h.last_accepted_seq,
             "counter_issued": h.issued,
             "unexplained_marks": [
@@ -216,6 +225,11 @@ def _render(status: _Status) -> str:
             f"publisher  {doc['publisher']}",
             f"last event {doc['last_event']} {_age(doc['age_s'])}",
         ]
+        artifact = doc["artifact"]
+        if artifact is not None:
+            kind = "full" if artifact["base"] is None else f"delta on v{artifact['base']}"
+            digest = artifact["manifest_digest"] or "no digest: a catch-up cannot check it"
+            lines.append(f"artifact   {artifact['uri']} ({kind}, {digest})")
     if h.issued is not None:
         # Above the version: each announcement reserves the next number; failed updates burn theirs.
         lines.append(f"counter    v{h.issued} (every number up to it issued or reserved)")
