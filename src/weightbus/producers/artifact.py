@@ -114,7 +114,7 @@ def _members(path: Path) -> list[tuple[str, Path]]:
         for name in files:
             full = Path(root) / name
             found.append((full.relative_to(path).as_posix(), full))
-    return sorted(found, key=lambda member: member[0].encode())
+    return sorted(found, key=lambda member: os.fsencode(member[0]))  # the file system's bytes, as sort sees them
 
 
 def safetensors_tensor_digests(path: Path) -> tuple[tuple[str, str], ...]:
@@ -147,8 +147,9 @@ def _digest(path: Path) -> str:
     members = _members(path)
     if members == [("", path)]:
         return _file_digest(path)
-    manifest = "".join(f"{_file_digest(file).removeprefix('sha256:')}  {name}\n" for name, file in members)
-    return "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()
+    lines = (_file_digest(file).removeprefix("sha256:").encode() + b"  " + os.fsencode(name) for name, file in members)
+    manifest = b"".join(line + b"\n" for line in lines)
+    return "sha256:" + hashlib.sha256(manifest).hexdigest()
 
 
 def safetensors_artifact(path: Path, base: int | None = None) -> WeightArtifact:
