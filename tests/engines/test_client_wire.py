@@ -11,6 +11,7 @@ import pytest
 
 from weightbus.engines import SGLangClient
 from weightbus.errors import EngineError
+from weightbus.producers import EngineFleet
 
 URL = "http://engine-0:30000"
 OK_UPDATE = {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
@@ -269,6 +270,23 @@ async def test_transport_errors_have_no_status(exc: Exception, words: str) -> No
     assert (info.value.url, info.value.status) == (URL, None)
     assert words in info.value.message
     assert isinstance(info.value.__cause__, httpx.HTTPError)
+
+
+async def test_an_http_client_that_breaks_inside_is_an_engine_error_not_a_crash_of_the_caller() -> None:
+    # Seen in the demo: an engine killed as the trainer connected, on uvloop, made anyio (under httpcore) raise
+    # AttributeError ('NoneType' object has no attribute 'getpeername'); it escaped httpx, the fleet's step and the
+    # trainer's retry of engine errors, and the trainer process died.
+    def broken(request: httpx.Request) -> httpx.Response:
+        raise AttributeError("'NoneType' object has no attribute 'getpeername'")
+
+    client = SGLangClient(URL, http=httpx.AsyncClient(transport=httpx.MockTransport(broken)))
+    with pytest.raises(EngineError) as info:
+        await client.pause_generation()
+    assert (info.value.url, info.value.status) == (URL, None)
+    assert "AttributeError" in info.value.message and "getpeername" in info.value.message
+    fleet = EngineFleet([client])
+    with pytest.raises(EngineError):  # what update() and the trainer's retry handle as an engine failure
+        await fleet.pause()
 
 
 async def test_borrowed_http_client_is_not_closed() -> None:

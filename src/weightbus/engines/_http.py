@@ -1,16 +1,22 @@
-"""HTTP helpers shared by the engine and router clients: URL normalisation and error-message extraction.
+"""HTTP helpers shared by the engine and router clients: URL normalisation, error-message extraction, and one
+request through httpx whose every failure is an ``EngineError``.
 
-Internal; nothing here raises ``httpx`` errors (a malformed URL is a ``ValueError``) or reads the network.
+Internal; nothing here raises ``httpx`` errors (a malformed URL is a ``ValueError``).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import logging
+from typing import Any, Protocol
 
 import httpx
 import msgspec
 
-__all__ = ["Reply", "normalize_url", "server_message"]
+from weightbus.errors import EngineError
+
+__all__ = ["Reply", "httpx_request", "normalize_url", "server_message"]
+
+log = logging.getLogger("weightbus.engines")
 
 
 class Reply(Protocol):
@@ -77,3 +83,24 @@ def server_message(response: Reply) -> str:
     if text:
         return text[:_MAX_MESSAGE]
     return response.reason_phrase or "empty response"
+
+
+async def httpx_request(http: httpx.AsyncClient, base: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """``http.request(method, base + path, **kwargs)``, any answer returned, every failure an ``EngineError`` of
+    ``base`` with no status (a timeout says so).
+
+    Raises:
+        EngineError: no answer: the connection, the TLS handshake, a timeout, or the HTTP client itself failed.
+    """
+    try:
+        return await http.request(method, base + path, **kwargs)
+    except httpx.TimeoutException as exc:
+        raise EngineError(base, None, f"{method} {path} timed out ({type(exc).__name__})") from exc
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+        raise EngineError(base, None, f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        # A connection the engine resets as it is made can break the layers under httpx (anyio on uvloop:
+        # AttributeError on a socket already gone). There is no answer either way; raised as it was, it escaped
+        # every caller's handling of engine failures and ended the demo's trainer. Logged with its traceback.
+        log.warning("the HTTP client failed inside", exc_info=True, extra={"engine": base, "path": path})
+        raise EngineError(base, None, f"{method} {path} failed in the HTTP client: {exc!r}") from exc

@@ -10,7 +10,7 @@ from typing import TypeVar
 import httpx
 import msgspec
 
-from weightbus.engines._http import normalize_url, server_message
+from weightbus.engines._http import httpx_request, normalize_url, server_message
 from weightbus.errors import EngineError
 
 __all__ = ["discover_workers"]
@@ -36,12 +36,7 @@ class _ListWorkersResponse(msgspec.Struct, frozen=True):
 
 
 async def _get(http: httpx.AsyncClient, router: str, path: str) -> httpx.Response:
-    try:
-        return await http.get(router + path)
-    except httpx.TimeoutException as exc:
-        raise EngineError(router, None, f"GET {path} timed out ({type(exc).__name__})") from exc
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        raise EngineError(router, None, f"GET {path} failed: {type(exc).__name__}: {exc}") from exc
+    return await httpx_request(http, router, "GET", path)
 
 
 def _decode(response: httpx.Response, router: str, path: str, type_: type[_T]) -> _T:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from weightbus.engines._http import Reply, normalize_url, server_message
+from weightbus.engines._http import Reply, httpx_request, normalize_url, server_message
 from weightbus.engines.keepalive import KeepAliveHttp
 from weightbus.engines.wire import (
     AbortReq,
@@ -126,20 +126,16 @@ class SGLangClient:
             content = msgspec.json.encode(body)
             headers["Content-Type"] = "application/json"
         response: Reply
-        try:
-            if isinstance(self._http, KeepAliveHttp):
-                response = await self._http.request(
-                    method, path, content=content, headers=headers, params=params, timeout=timeout
-                )
-            else:
-                extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-                response = await self._http.request(
-                    method, self.url + path, content=content, headers=headers, params=params, **extra
-                )
-        except httpx.TimeoutException as exc:
-            raise EngineError(self.url, None, f"{method} {path} timed out ({type(exc).__name__})") from exc
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-            raise EngineError(self.url, None, f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
+        if isinstance(self._http, KeepAliveHttp):
+            # Its failures are typed already (EngineTransportError); a closed client is the caller's error.
+            response = await self._http.request(
+                method, path, content=content, headers=headers, params=params, timeout=timeout
+            )
+        else:
+            extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+            response = await httpx_request(
+                self._http, self.url, method, path, content=content, headers=headers, params=params, **extra
+            )
         if not response.is_success:
             raise EngineError(self.url, response.status_code, server_message(response))
         return response
