@@ -130,3 +130,22 @@ async def test_a_rollout_that_requires_the_current_version_sends_nothing_through
     sent = len(engine.recorded("/generate"))
     assert sent >= 2 * rollout.buffer.capacity
     assert registry.get_sample_value("weightbus_request_version_over_requested_count", {"policy": "p"}) == sent
+
+
+async def test_a_request_the_http_client_breaks_inside_is_an_engine_error_the_producer_recycles() -> None:
+    # An engine restarted as a request connected broke anyio under httpx on uvloop (AttributeError): it must be a
+    # failed generation (the group recycled and generated again), never the end of the rollout.
+    import httpx
+
+    from weightbus.errors import EngineError
+    from weightbus.rl.rollout import _GENERATION_FAILURES
+
+    def broken(request: httpx.Request) -> httpx.Response:
+        raise AttributeError("'NoneType' object has no attribute 'getpeername'")
+
+    config = RolloutConfig(nats_url="nats://unused", router_url="http://router", policy="p", group_size=2)
+    async with httpx.AsyncClient(base_url="http://router", transport=httpx.MockTransport(broken)) as http:
+        with pytest.raises(EngineError) as caught:
+            await generate_group(http, config, ReverseDigits(3), Group(prompt_index=0), "407.", itertools.count())
+    assert caught.value.url == "http://router" and "getpeername" in caught.value.message
+    assert isinstance(caught.value, _GENERATION_FAILURES)

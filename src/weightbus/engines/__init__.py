@@ -5,6 +5,7 @@ It imports only httpx, msgspec and the standard library; the CPU reference engin
 
 from __future__ import annotations
 
+from weightbus.engines._http import httpx_request
 from weightbus.engines.keepalive import HttpReply, KeepAliveHttp
 from weightbus.engines.router import discover_workers
 from weightbus.engines.sglang import SGLangClient
@@ -32,4 +33,5 @@ __all__ = [
     "UpdateResult",
     "WeightVersionSpan",
     "discover_workers",
+    "httpx_request",
 ]

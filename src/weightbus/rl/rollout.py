@@ -44,6 +44,7 @@ from weightbus.consumers.replicas import (
     VersionConstraint,
     VersionRouter,
 )
+from weightbus.engines import httpx_request
 from weightbus.errors import EngineError, VersionUnavailableError
 from weightbus.process.overhead import BusyTimer
 from weightbus.rl.batches import BatchReply, BatchRequest, serve_batches
@@ -60,6 +61,10 @@ if TYPE_CHECKING:
 __all__ = ["ROUTER_WAIT_S", "RolloutConfig", "RolloutProgress", "generate_group", "run_rollout", "wait_for_router"]
 
 log = logging.getLogger("weightbus.rl")
+
+#: What a failed generation of a group raises: no answer (EngineError), an error status, a malformed answer, or no
+#: engine serving the required version in time. The group is recycled and generated again.
+_GENERATION_FAILURES: Final = (httpx.HTTPError, EngineError, KeyError, TypeError, ValueError, VersionUnavailableError)
 
 #: The waits after a failed generation, one producer's failures in a row: 0.2 s growing to 1 s, jittered.
 _RETRY: Final = Backoff(first_s=0.2, cap_s=1.0)
@@ -114,7 +119,8 @@ async def generate_group(
     the drain judges the older. Without, requests go through the router as before.
 
     Raises:
-        httpx.HTTPError: the router (or the engine picked) failed or answered an error.
+        EngineError: the router (or the engine picked) did not answer (the HTTP client failed, however it failed).
+        httpx.HTTPStatusError: it answered an error status.
         VersionUnavailableError: no engine was known to serve an allowed version within ``versions.wait_s``.
         ValueError: a ``constraint`` without ``versions``.
     """
@@ -133,8 +139,10 @@ async def generate_group(
         picked = None
         if constraint is not None and versions is not None:
             picked = await versions.pick(constraint)
-        url = "/generate" if picked is None else f"{picked.engine}/generate"  # an absolute URL bypasses the router
-        response = await http.post(url, json=body if flight is None else {**body, "rid": flight.rids[i]})
+        # An engine picked by version is addressed directly (an absolute URL bypasses the router's base URL).
+        base = str(http.base_url).rstrip("/") if picked is None else picked.engine
+        payload = body if flight is None else {**body, "rid": flight.rids[i]}
+        response = await httpx_request(http, base, "POST", "/generate", json=payload)  # no answer: EngineError
         response.raise_for_status()
         answer: dict[str, Any] = response.json()
         if flight is not None and inflight is not None:
@@ -291,7 +299,7 @@ class _Rollout:
                             versions=self.versions,
                             constraint=constraint,
                         )
-                    except (httpx.HTTPError, KeyError, TypeError, ValueError, VersionUnavailableError) as exc:
+                    except _GENERATION_FAILURES as exc:
                         failures += 1
                         wait = _RETRY.delay(failures)
                         log.warning(
