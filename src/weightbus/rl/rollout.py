@@ -460,15 +460,15 @@ async def wait_for_router(router_url: str, timeout_s: float, *, interval_s: floa
     """
     last = "no answer"
     try:
-        async with asyncio.timeout(timeout_s), httpx.AsyncClient(base_url=router_url, timeout=interval_s * 4) as http:
+        async with asyncio.timeout(timeout_s), httpx.AsyncClient(timeout=interval_s * 4) as http:
             while True:
                 try:
-                    await http.get("/workers")
+                    await httpx_request(http, router_url.rstrip("/"), "GET", "/workers")
                     return
-                except httpx.HTTPError as exc:
+                except EngineError as exc:
                     if last == "no answer":
                         log.warning("waiting for the router", extra={"router": router_url, "wait_s": timeout_s})
-                    last = f"{type(exc).__name__}: {exc}"
+                    last = exc.message
                 await asyncio.sleep(interval_s)
     except TimeoutError:
         raise EngineError(router_url, None, f"GET /workers: no answer within {timeout_s:g} s ({last})") from None
