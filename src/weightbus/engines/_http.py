@@ -1,7 +1,8 @@
 """HTTP helpers shared by the engine and router clients: URL normalisation, error-message extraction, and one
 request through httpx whose every failure is an ``EngineError``.
 
-Internal; nothing here raises ``httpx`` errors (a malformed URL is a ``ValueError``).
+Internal (``weightbus.engines`` exports ``httpx_request``); nothing here raises ``httpx`` errors (a malformed URL is
+a ``ValueError``).
 """
 
 from __future__ import annotations
