@@ -32,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+from fleet import machine as describe_machine  # one description of the machine for every benchmark
 from prometheus_client import CollectorRegistry
 
 from weightbus.consumers import FullyAsyncBuffer, StalenessMetrics, StalenessStage
@@ -293,6 +294,7 @@ def main() -> None:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "cpu_model": describe_machine()["cpu_model"],
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
     }

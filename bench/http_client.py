@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fleet import machine as describe_machine  # one description of the machine for every benchmark
 
 from weightbus.engines.keepalive import KeepAliveHttp
 from weightbus.engines.sglang import SGLangClient
@@ -110,7 +111,11 @@ async def _run(ports: list[int], rounds: int) -> dict[str, Any]:
         await k.aclose()
     p50 = {f"{client}/{route}": statistics.median(values) for (client, route), values in cpu.items()}
     return {
-        "machine": {"cpus": len(os.sched_getaffinity(0)), "python": platform.python_version()},
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "cpu_model": describe_machine()["cpu_model"],
+            "python": platform.python_version(),
+        },
         "httpx": httpx.__version__,
         "engines": engines,
         "rounds": rounds,

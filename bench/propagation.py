@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleet import machine as describe_machine  # one description of the machine for every benchmark
 from propagation_report import fmt, ratios, summarise, write_reports
 from propagation_rows import (
     POLL_TTL,
@@ -154,6 +155,7 @@ class _Run:
             },
             "machine": {
                 "cpus": os.cpu_count(),
+                "cpu_model": describe_machine()["cpu_model"],
                 "python": platform.python_version(),
                 "platform": platform.platform(),
                 "nats_server": self.nats_version,

@@ -117,7 +117,8 @@ def _markdown(result: dict[str, Any]) -> str:
         f"{result['config']['repeats']} repeats, rows interleaved; one publisher, a version every "
         f"{1000 * result['config']['interval_s']:g} ms; versions per trial by M: "
         + ", ".join(f"M={m}: {n}" for m, n in result["config"]["versions"].items())
-        + f". Machine: {result['machine']['cpus']} CPUs, 1-min load average {result['machine']['load_min']:.2f}"
+        + f". Machine: {result['machine']['cpus']} CPUs{_model(result['machine'])}, 1-min load average "
+        f"{result['machine']['load_min']:.2f}"
         f"–{result['machine']['load_max']:.2f} during the trials; {result['machine']['note']} Event loop of the "
         f"publisher and every NATS row's subscribers: {result['config'].get('event_loop', 'asyncio')}; the Redis "
         "row's client blocks on its socket, the poll row sleeps.",
@@ -226,3 +227,9 @@ def write_reports(result: dict[str, Any], out: Path) -> None:
     if problem:
         print(problem)
     print(f"wrote {out}/propagation.json, .md" + ("" if problem else ", .png"))
+
+
+def _model(machine: dict[str, Any]) -> str:
+    """`` (<CPU model>)`` where the run recorded it (runs before it was recorded say nothing)."""
+    model = machine.get("cpu_model")
+    return f" ({model})" if model else ""
