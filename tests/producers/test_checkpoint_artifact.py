@@ -27,6 +27,9 @@ from .conftest import write_checkpoint, write_safetensors
 def test_the_manifest_digest_is_what_the_documented_shell_recipe_prints(tmp_path: Path) -> None:
     root = write_checkpoint(tmp_path / "ckpt")
     os.symlink(root / "config.json", root / "generation_config.json")  # an HF cache snapshot is made of links
+    os.symlink(root, root / "tokenizer" / "loop")  # a link back up: never walked forever, skipped as find -L does
+    os.symlink(root / "gone.bin", root / "dangling.bin")  # a broken link and a fifo are no files
+    os.mkfifo(root / "fifo")
     recipe = "find -L . -type f | sed 's|^\\./||' | LC_ALL=C sort | xargs -d '\\n' sha256sum | sha256sum"
     printed = subprocess.run(["bash", "-c", recipe], cwd=root, capture_output=True, text=True, check=True).stdout
     assert checkpoint_artifact(root).manifest_digest == "sha256:" + printed.split()[0]

@@ -97,23 +97,31 @@ def _tensor_ranges(f: BinaryIO) -> Iterator[tuple[str, int, int]]:
 
 
 def _members(path: Path) -> list[tuple[str, Path]]:
-    """The regular files an artifact is made of, as ``(name, path)``: the file itself (named ``""``), or every file
-    below a checkpoint directory (its relative ``/``-separated path; links followed), in byte order of the names.
+    """The regular files an artifact is made of, as ``(name, path)``: the file itself (named ``""``), or every regular
+    file below a checkpoint directory (its relative ``/``-separated path; links followed, a link back to a directory
+    above skipped, as ``find -L`` does), in byte order of the names.
 
     Raises:
-        OSError: the directory cannot be listed.
+        OSError: a directory cannot be listed.
     """
     if not path.is_dir():
         return [("", path)]
     found: list[tuple[str, Path]] = []
 
-    def refuse(error: OSError) -> None:
-        raise error
+    def visit(directory: Path, above: frozenset[tuple[int, int]]) -> None:
+        st = directory.stat()
+        here = (st.st_dev, st.st_ino)
+        if here in above:
+            return  # a loop: walking it would never end
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_dir():
+                    visit(Path(entry.path), above | {here})
+                elif entry.is_file():  # not a fifo, a socket or a broken link: what `find -L -type f` lists
+                    full = Path(entry.path)
+                    found.append((full.relative_to(path).as_posix(), full))
 
-    for root, _dirs, files in os.walk(path, onerror=refuse, followlinks=True):
-        for name in files:
-            full = Path(root) / name
-            found.append((full.relative_to(path).as_posix(), full))
+    visit(path, frozenset())
     return sorted(found, key=lambda member: os.fsencode(member[0]))  # the file system's bytes, as sort sees them
 
 
