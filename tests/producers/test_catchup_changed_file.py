@@ -271,3 +271,38 @@ async def test_the_check_hashes_beside_the_loop_so_the_bus_and_other_engines_go_
         await engine.aclose()
     assert result.outcome == "caught_up" and state.weight_version == "1"
     assert ticks >= 10  # about 50 in the half second the hash took; a blocked loop gives 0 to 2
+
+
+async def test_a_catch_up_cancelled_during_its_load_never_leaves_a_number_on_unchecked_bytes(
+    nats_bus: NatsBus, policy: str, served: tuple[EngineState, str], tmp_path: Path
+) -> None:
+    # As `catchup --watch --duration` or a SIGTERM does: cancelled while the engine loads a file the trainer rewrites.
+    state, url = served
+    path = await _announce_at_one_path(nats_bus, policy, tmp_path)
+    state.weight_update_delay = 1.0
+    engine = _RecordingEngine(url)
+    try:
+        task = asyncio.create_task(catch_up(nats_bus, policy, engine))
+        while not state.recorded("/update_weights_from_disk"):
+            await asyncio.sleep(0.01)
+        _rewrite_in_place(path, 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while state.model_path != str(path) or state.pause_mode is not None:  # the load lands, the engine resumes
+            assert not state.weight_version.isdigit()
+            await asyncio.sleep(0.01)
+    finally:
+        await engine.aclose()
+    assert state.weight_version == "quarantine:1"  # loaded under it; the number never came: no check passed
+
+
+def test_a_checkpoint_of_any_depth_is_walked(tmp_path: Path) -> None:
+    deep = leaf = tmp_path / "ckpt"
+    deep.mkdir()
+    for _ in range(1100):  # deeper than Python's recursion limit (one level at a time: mkdir(parents) recurses too)
+        leaf = leaf / "d"
+        leaf.mkdir()
+    (leaf / "w.bin").write_bytes(b"w")
+    checked = check_artifact(checkpoint_artifact(deep))
+    assert not isinstance(checked, tuple) and checked.changed() is None

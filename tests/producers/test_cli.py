@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from weightbus.bus import connect
+from weightbus.bus import connect, subjects
 from weightbus.cli import app
 from weightbus.embedded.server import free_port
 from weightbus.producers import VersionPublisher
@@ -171,6 +172,16 @@ def test_status_of_an_unknown_policy(nats_url: str, policy: str) -> None:
     assert json.loads(result.stdout)["version"] is None
 
 
+def _stored(nats_url: str, policy: str) -> int:
+    """How many events the weights subject holds (a claim too)."""
+
+    async def read() -> int:
+        async with await connect(nats_url) as bus:
+            return await bus.last_seq(subjects.weights(policy))
+
+    return asyncio.run(read())
+
+
 def _announced(nats_url: str, policy: str) -> list[WeightUpdated]:
     async def read() -> list[WeightUpdated]:
         async with await connect(nats_url) as bus:
@@ -214,11 +225,40 @@ def test_publish_refuses_an_artifact_it_cannot_digest_before_touching_anything(
     state, url = served
     base = ("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--pause", "retract")
     missing = invoke(*base, "--artifact", str(tmp_path / "nowhere"))
-    assert missing.exit_code == 2 and "does not exist" in missing.stderr
+    assert missing.exit_code == 2 and "is not a file or a directory" in missing.stderr
+    os.mkfifo(tmp_path / "fifo")  # read forever if it were hashed
+    fifo = invoke(*base, "--artifact", str(tmp_path / "fifo"))
+    assert fifo.exit_code == 2 and "is not a file or a directory" in fifo.stderr
+    other = write_safetensors(tmp_path / "other.safetensors", 1)
+    mismatch = invoke(*base, "--lora-adapter", "a", "--lora-path", "/adapters/a", "--artifact", str(other))
+    assert mismatch.exit_code == 2 and "is not the adapter --lora-path loads" in mismatch.stderr
     (tmp_path / "weights.bin").write_bytes(b"\x00" * 16)
     unreadable = invoke(*base, "--artifact", str(tmp_path / "weights.bin"))
     assert unreadable.exit_code == 2 and "not a safetensors file" in unreadable.stderr
     no_base = invoke(*base, "--lora-adapter", "a", "--artifact", str(write_safetensors(tmp_path / "a.st", 1)))
     assert no_base.exit_code == 2 and "has none" in no_base.stderr
-    # Only the claim's label reads reached the engine: nothing paused, relabelled or loaded, nothing announced.
-    assert {r.path for r in state.requests} == {"/model_info"} and _announced(nats_url, policy) == []
+    # Refused before the claim: no engine request, nothing claimed or announced.
+    assert state.requests == []
+    assert _announced(nats_url, policy) == [] and _stored(nats_url, policy) == 0
+
+
+def test_publish_announces_nothing_when_the_artifact_changes_while_the_engines_load_it(
+    nats_url: str, policy: str, served: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from weightbus.cli import publish as command
+
+    state, url = served
+    base = ("publish", "--policy", policy, "--nats", nats_url, "--engine", url, "--trainer-id", "ops")
+    assert invoke(*base).exit_code == 0
+    adapter = write_safetensors(tmp_path / "adapter.safetensors", 2)
+    push = command.push_lora_adapter
+
+    async def trainer_rewrites_it_during_the_push(*args: Any, **kwargs: Any) -> None:
+        await push(*args, **kwargs)
+        write_safetensors(adapter, 3)  # the engines may have read either
+
+    monkeypatch.setattr(command, "push_lora_adapter", trainer_rewrites_it_during_the_push)
+    refused = invoke(*base, "--lora-adapter", "math", "--lora-path", str(adapter), "--artifact", str(adapter))
+    assert refused.exit_code == 2 and "changed after it was hashed" in refused.stderr
+    assert [u.version for u in _announced(nats_url, policy)] == [1]  # v2 never announced
+    assert state.weight_version == "quarantine:2"  # the update's own cleanup: its adapter may match no digest

@@ -41,7 +41,7 @@ from weightbus.errors import (
 )
 from weightbus.process.logs import setup_logging
 from weightbus.producers import EngineFleet, VersionPublisher
-from weightbus.producers.artifact import checkpoint_artifact, safetensors_artifact
+from weightbus.producers.artifact import CheckedArtifact, checkpoint_artifact, safetensors_artifact
 from weightbus.producers.lora import push_lora_adapter
 from weightbus.producers.status import read_weights_history
 from weightbus.schemas import LoraAdapter, WeightArtifact, now
@@ -97,12 +97,13 @@ async def _resume(fleet: EngineFleet) -> None:
         typer.echo(f"warning: resuming the engines failed: {exc}", err=True)
 
 
-async def _artifact(path: Path, lora: bool, current: int | None) -> WeightArtifact:
-    """The artifact of what was pushed: a checkpoint directory or a safetensors file; a LoRA adapter is a delta on
-    the version before this one (the base weights it is loaded on).
+async def _artifact(path: Path, lora: bool, current: int | None) -> tuple[WeightArtifact, CheckedArtifact]:
+    """The artifact of what was pushed, a checkpoint directory or a safetensors file (a LoRA adapter is a delta on
+    the version before this one, the base weights it is loaded on), and its files' identities from before hashing.
 
     Raises:
-        ValueError: it cannot be read or is no safetensors file, or an adapter has no version before it.
+        ValueError: it cannot be read, is no safetensors file, changed while it was hashed, or an adapter has no
+            version before it.
     """
     base = None
     if lora:
@@ -112,15 +113,18 @@ async def _artifact(path: Path, lora: bool, current: int | None) -> WeightArtifa
             )
         base = current
 
-    def build() -> WeightArtifact:
-        return checkpoint_artifact(path, base) if path.is_dir() else safetensors_artifact(path, base)
+    def build() -> tuple[WeightArtifact, CheckedArtifact]:
+        checked = CheckedArtifact.now(path)
+        artifact = checkpoint_artifact(path, base) if path.is_dir() else safetensors_artifact(path, base)
+        why = checked.changed()
+        if why is not None:
+            raise ValueError(f"it changed while it was hashed: {why}")
+        return artifact, checked
 
     try:
-        # In a thread: hashing a checkpoint takes seconds, and the engines are not paused yet.
+        # In a thread: hashing a checkpoint takes seconds, and nothing is claimed or paused yet.
         return await asyncio.to_thread(build)
-    except OSError as exc:
-        raise ValueError(f"--artifact {path}: {exc}") from None
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         raise ValueError(f"--artifact {path}: {exc}") from None
 
 
@@ -130,6 +134,9 @@ async def _publish(req: _Request) -> int:
     paused = False
     try:
         history = await read_weights_history(bus, req.policy)
+        artifact = checked = None
+        if req.artifact is not None:  # refused before the claim, which would fence the owner
+            artifact, checked = await _artifact(req.artifact, req.lora is not None, history.state.version)
         owner = history.last_accepted
         if owner is not None and owner.trainer_id != req.trainer_id and not req.takeover:
             age = max(0.0, now() - owner.published_at)
@@ -144,15 +151,17 @@ async def _publish(req: _Request) -> int:
         # One update per run: reserving a next number would make the next run's claim skip it.
         pub = VersionPublisher(bus, req.policy, trainer_id=req.trainer_id, fleet=fleet, reserve_next=False)
         await pub.start()
-        artifact = None
-        if req.artifact is not None:
-            artifact = await _artifact(req.artifact, req.lora is not None, pub.state.version)
         if req.pause is not None and fleet is not None:
             paused = True  # before the await: a cancel mid-pause may have paused some engines already
             await fleet.pause(req.pause)
         async with pub.update(lora=req.lora, artifact=artifact) as version:
             if req.lora is not None and req.lora.path is not None and fleet is not None:
                 await push_lora_adapter(fleet, req.lora.name, req.lora.path, replace=req.lora_replace)
+            why = None if checked is None else await asyncio.to_thread(checked.changed)
+            if why is not None:  # the engines may hold other bytes than the digest says: nothing announced
+                raise ValueError(
+                    f"--artifact {req.artifact} changed after it was hashed ({why}); nothing was published"
+                )
         if paused and fleet is not None:
             paused = False
             await fleet.resume()
@@ -288,8 +297,10 @@ def publish_command(
     setup_logging(verbose)
     engines = list(engine or [])
     _check_targets(engines, router, no_engines, pause, lora_adapter, lora_path)
-    if artifact is not None and not artifact.exists():
-        raise fail(f"--artifact {artifact} does not exist", EXIT_USAGE)
+    if artifact is not None and not (artifact.is_file() or artifact.is_dir()):
+        raise fail(f"--artifact {artifact} is not a file or a directory", EXIT_USAGE)
+    if artifact is not None and lora_path is not None and artifact.absolute() != Path(lora_path).absolute():
+        raise fail(f"--artifact {artifact} is not the adapter --lora-path loads ({lora_path})", EXIT_USAGE)
     request = _Request(
         nats=nats,
         policy=policy,

@@ -102,26 +102,29 @@ def _members(path: Path) -> list[tuple[str, Path]]:
     above skipped, as ``find -L`` does), in byte order of the names.
 
     Raises:
-        OSError: a directory cannot be listed.
+        OSError: a directory cannot be listed, or ``path`` is neither a regular file nor a directory (a fifo or a
+            device would be read forever).
     """
     if not path.is_dir():
+        if path.exists() and not path.is_file():
+            raise OSError(f"{path} is neither a regular file nor a directory")
         return [("", path)]
     found: list[tuple[str, Path]] = []
-
-    def visit(directory: Path, above: frozenset[tuple[int, int]]) -> None:
+    # A stack, not recursion: a tree of any depth. Each entry carries the directories above it, to skip loops.
+    stack: list[tuple[Path, frozenset[tuple[int, int]]]] = [(path, frozenset())]
+    while stack:
+        directory, above = stack.pop()
         st = directory.stat()
         here = (st.st_dev, st.st_ino)
         if here in above:
-            return  # a loop: walking it would never end
+            continue  # a loop: walking it would never end
         with os.scandir(directory) as entries:
             for entry in entries:
                 if entry.is_dir():
-                    visit(Path(entry.path), above | {here})
+                    stack.append((Path(entry.path), above | {here}))
                 elif entry.is_file():  # not a fifo, a socket or a broken link: what `find -L -type f` lists
                     full = Path(entry.path)
                     found.append((full.relative_to(path).as_posix(), full))
-
-    visit(path, frozenset())
     return sorted(found, key=lambda member: os.fsencode(member[0]))  # the file system's bytes, as sort sees them
 
 
@@ -151,10 +154,21 @@ def _file_digest(path: Path) -> str:
 
 
 def _digest(path: Path) -> str:
-    """The manifest digest of the file or checkpoint directory at ``path`` (see the module docstring)."""
+    """The manifest digest of the file or checkpoint directory at ``path`` (see the module docstring).
+
+    Raises:
+        OSError: a file cannot be read.
+        ValueError: the directory holds no file, or a name ``sha256sum`` would escape (a backslash or a newline in
+            it), so the documented recipe would print another digest.
+    """
     members = _members(path)
     if members == [("", path)]:
         return _file_digest(path)
+    if not members:
+        raise ValueError(f"{path} holds no file: no checkpoint")
+    odd = [name for name, _ in members if "\\" in name or "\n" in name]
+    if odd:
+        raise ValueError(f"{path}: file names with a backslash or a newline are not supported: {odd[:3]}")
     lines = (_file_digest(file).removeprefix("sha256:").encode() + b"  " + os.fsencode(name) for name, file in members)
     manifest = b"".join(line + b"\n" for line in lines)
     return "sha256:" + hashlib.sha256(manifest).hexdigest()
@@ -199,7 +213,7 @@ def checkpoint_artifact(directory: Path, base: int | None = None, *, tensors: bo
     if not directory.is_dir():
         raise ValueError(f"{directory} is not a directory (for one safetensors file: safetensors_artifact)")
     return WeightArtifact(
-        uri=str(directory),
+        uri=str(directory.absolute()),  # read by engines and catch-ups whose working directories are not this one
         lineage="full" if base is None else "delta",
         base=base,
         manifest_digest=_digest(directory),
@@ -236,10 +250,25 @@ class CheckedArtifact:
     path: Path
     identities: dict[str, _Identity]
 
+    @classmethod
+    def now(cls, path: Path) -> CheckedArtifact:
+        """The identities of ``path``'s files as they are now, to compare after their bytes were read.
+
+        Raises:
+            OSError: a file cannot be looked at.
+        """
+        identities = _identities(path)
+        if identities is None:
+            raise OSError(f"{path}, or a file of it, cannot be looked at")
+        return cls(path, identities)
+
     def changed(self) -> str | None:
-        """Why the files may no longer hold the bytes that were checked (written again, replaced, added, removed),
-        or None."""
-        now = _identities(self.path)
+        """Why the files may no longer hold the bytes that were checked (written again, replaced, added, removed, or
+        no longer looked at), or None. Never raises: what cannot be told counts as changed."""
+        try:
+            now = _identities(self.path)
+        except Exception as exc:  # counted as a change, never raised: the caller quarantines on it
+            return f"{self.path} could not be looked at again: {exc!r}"
         if now is None:
             return f"{self.path} is no longer there, or a file of it"
         if now == self.identities:
@@ -274,6 +303,8 @@ def check_artifact(artifact: WeightArtifact) -> ArtifactProblem | CheckedArtifac
         return "missing_file", f"{artifact.uri} does not exist, or a file of it"
     except OSError as exc:
         return "missing_file", f"{artifact.uri} cannot be read: {exc}"
+    except ValueError as exc:
+        return "unsupported", str(exc)
     if actual != expected:
         return "digest_mismatch", f"{artifact.uri} is {actual}, announced as {expected}"
     if artifact.tensors:

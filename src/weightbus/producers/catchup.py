@@ -3,9 +3,10 @@
 The version and its artifacts come from the weights history as trackers fold it (``rules.history``); the plan is the
 pure rule ``rules.catchup``. Invariants: every file is checked against its announced digests before the engine is
 touched, and must still be the file that was checked when its load ends (else the engine is quarantined). A label
-is only ever set together with the weights it names: a full load carries ``weight_version``; a LoRA version's base
-is loaded as ``quarantine:<v>`` (or is the boot base that ``producers.coverage``'s lineage rule says the engine
-holds), and it is relabelled ``v`` only after its adapter, and only if nothing relabelled it meanwhile.
+is only ever set together with the weights it names, and only after that check: the files are loaded under
+``quarantine:<v>`` (a LoRA version's adapter may instead go on the boot base that ``producers.coverage``'s lineage
+rule says the engine holds, under its boot label), and the engine is relabelled ``v`` only then, and only if nothing
+relabelled it meanwhile.
 An engine at or above the target is never brought down. After a load the bus is read again and a newer announcement
 is followed (``rounds`` at most), else the engine is left truthfully labelled with the verified version it holds.
 On a failure the engine is quarantined (``quarantine:<v>``, a ``FleetQuarantined`` alert, a metric) and a
@@ -101,10 +102,11 @@ class _Failed(Exception):
         super().__init__(f"{reason}: {detail}")
 
 
-def _unchanged(checked: list[CheckedArtifact], target: int) -> None:
-    """Raise unless every checked file is still the one whose bytes were checked."""
+async def _unchanged(checked: list[CheckedArtifact], target: int) -> None:
+    """Raise unless every checked file is still the one whose bytes were checked (looked at in a thread: a checkpoint
+    on NFS is many slow stats)."""
     for artifact in checked:
-        why = artifact.changed()
+        why = await asyncio.to_thread(artifact.changed)
         if why is not None:
             raise _Failed(
                 "digest_mismatch",
@@ -284,30 +286,29 @@ class _Catchup:
     async def _load(self, plan: CatchupPlan, label: str, checked: list[CheckedArtifact]) -> None:
         """Load the plan's checked files; a label is set only with the weights it names (see the module docstring).
 
-        A file that changed between its check and the end of the load may not be what the engine holds: the engine
-        is then quarantined (``digest_mismatch``) before it is resumed, even if its load read the checked bytes.
+        The files are loaded under a label that names no version (``quarantine:<v>``, or the boot label a LoRA-only
+        run's adapter goes on), and the engine is relabelled ``v`` only once every file is found unchanged since its
+        check and nothing relabelled the engine meanwhile. So a catch-up cancelled or killed at any await leaves no
+        number on bytes nobody checked, and a file that changed under the load quarantines the engine
+        (``digest_mismatch``) before it is resumed, even if the load read the checked bytes (nothing can tell).
         """
         client, target = self.client, plan.target
         try:
-            if plan.adapter is None:
-                assert plan.full is not None and plan.full.artifact is not None
-                await client.update_weights_from_disk(plan.full.artifact.uri, weight_version=str(target))
-                _unchanged(checked, target)
-                return
-            adapter, lora = plan.adapter.artifact, plan.adapter.lora
-            assert adapter is not None and lora is not None
             if plan.full is None:
                 transitional = label  # the boot base it holds: relabelled only once the adapter is on it
             else:
                 assert plan.full.artifact is not None
-                # The base alone is no version's weights: labelled as quarantined until its adapter is on it.
                 transitional = quarantine_label(target)
                 await client.update_weights_from_disk(plan.full.artifact.uri, weight_version=transitional)
-            await push_lora_adapter(EngineFleet([client]), lora.name, adapter.uri)
+            if plan.adapter is not None:
+                assert plan.adapter.artifact is not None and plan.adapter.lora is not None
+                await push_lora_adapter(EngineFleet([client]), plan.adapter.lora.name, plan.adapter.artifact.uri)
+            await _unchanged(checked, target)
             label = await client.weight_version()
             if label != transitional:
-                raise _Failed("engine_error", f"relabelled {label!r} while its adapter was loaded")
-            _unchanged(checked, target)
+                if plan.adapter is not None:
+                    raise _Failed("engine_error", f"relabelled {label!r} while its adapter was loaded")
+                return  # a trainer's push landed over the load: its label stands (read back by the caller)
             await client.update_weight_version(str(target), abort_all_requests=False)
         except EngineError as exc:
             raise _Failed("engine_error", f"the load failed: {exc}") from exc
