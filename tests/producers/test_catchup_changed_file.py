@@ -300,9 +300,18 @@ async def test_a_catch_up_cancelled_during_its_load_never_leaves_a_number_on_unc
 def test_a_checkpoint_of_any_depth_is_walked(tmp_path: Path) -> None:
     deep = leaf = tmp_path / "ckpt"
     deep.mkdir()
-    for _ in range(1100):  # deeper than Python's recursion limit (one level at a time: mkdir(parents) recurses too)
-        leaf = leaf / "d"
-        leaf.mkdir()
-    (leaf / "w.bin").write_bytes(b"w")
-    checked = check_artifact(checkpoint_artifact(deep))
-    assert not isinstance(checked, tuple) and checked.changed() is None
+    levels = [leaf]
+    try:
+        for _ in range(1100):  # deeper than Python's recursion limit (one level at a time: mkdir(parents) recurses)
+            leaf = leaf / "d"
+            leaf.mkdir()
+            levels.append(leaf)
+        (leaf / "w.bin").write_bytes(b"w")
+        checked = check_artifact(checkpoint_artifact(deep))
+        assert not isinstance(checked, tuple) and checked.changed() is None
+    finally:
+        # Removed here, leaf first: shutil.rmtree recurses, so pytest's own clean-up of old temporary directories
+        # would fail on this tree in a later run (and leave a ResourceWarning that fails that run).
+        (leaf / "w.bin").unlink(missing_ok=True)
+        for level in reversed(levels):
+            level.rmdir()
